@@ -1,0 +1,44 @@
+# Every target creates/reuses .venv, so the two README commands work on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export PREFECT_HOME ?= $(CURDIR)/.prefect
+export MLFLOW_TRACKING_URI ?= sqlite:///$(CURDIR)/mlflow.db
+CONFIG ?= pipeline_config/presets/trifeature_mcl.yaml
+SEEDS ?= 0,1,2
+
+.PHONY: install run test test-all reproduce bench ui-mlflow ui-prefect clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/mclpipe run $(CONFIG)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+reproduce: $(STAMP)
+	$(BIN)/mclpipe reproduce $(CONFIG) --seeds $(SEEDS)
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.run_all
+
+ui-mlflow: $(STAMP)
+	$(BIN)/mlflow ui --backend-store-uri $(MLFLOW_TRACKING_URI) --port 5000
+
+ui-prefect: $(STAMP)
+	$(BIN)/prefect server start
+
+clean:
+	rm -rf runs mlflow.db .prefect

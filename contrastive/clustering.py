@@ -1,0 +1,255 @@
+"""Seeded faiss k-means over stage embeddings, and the on-disk format of its results.
+
+MCL clusters the embeddings Z_j of stage j into K groups (k-means; the paper uses faiss on GPU) and
+uses the assignments y_j, combined over stages, as pseudo-labels for the next stage. Unlike the
+public reference code (scikit-learn on CPU, no seed) this is seeded, uses the GPU when present, trains
+on every point (faiss silently subsamples to k * 256 points by default) and assigns every point.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import faiss
+import numpy as np
+from sklearn.metrics import adjusted_mutual_info_score
+
+from contrastive.errors import ConfigError, DataError
+
+__all__ = [
+    "KMeansResult",
+    "adjusted_mutual_information",
+    "kmeans",
+    "load_assignments",
+    "save_clusters",
+]
+
+ASSIGNMENTS_FILE = "assignments.npz"
+CENTROIDS_FILE = "centroids.npy"
+SUMMARY_FILE = "summary.json"
+
+_ROW_CHUNK = 1 << 16  # rows per chunk when normalising, so temporaries stay chunk x D
+
+
+@dataclass
+class KMeansResult:
+    """Output of kmeans.
+
+    assignments: int64 (M,) cluster id of every point. centroids: float32 (k, D) (unit rows when
+    spherical). sizes: int64 (k,) points per cluster (zeros = empty clusters). inertia: sum over all
+    points of ||x_i - c_{a_i}||^2 in the space clustered (after L2 normalisation when spherical).
+    """
+
+    assignments: np.ndarray
+    centroids: np.ndarray
+    sizes: np.ndarray
+    inertia: float
+    k: int
+    seed: int
+    spherical: bool = True
+
+
+def kmeans(
+    *,
+    features: np.ndarray,
+    k: int,
+    seed: int,
+    niter: int = 25,
+    spherical: bool = True,
+    use_gpu: bool | None = None,
+) -> KMeansResult:
+    """Lloyd's k-means (faiss.Kmeans) on all M points, then assign every point to its nearest centroid.
+
+    features: float (M, D), any float dtype (cast to float32 C-contiguous; float16 exports are fine).
+    spherical: L2-normalise rows first and keep unit centroids (cosine k-means), the usual choice for
+        contrastive embeddings, which live on the sphere.
+    use_gpu: None = use a GPU when faiss sees one; True = require one.
+    """
+    x = _prepare_features(features=features, k=k, spherical=spherical)
+    gpu = _resolve_gpu(use_gpu)
+    num_points, dim = x.shape
+    km = faiss.Kmeans(
+        dim,
+        k,
+        niter=niter,
+        seed=seed,
+        spherical=spherical,
+        gpu=gpu,
+        verbose=False,
+        # faiss trains on a random subset of k * max_points_per_centroid points (default 256 per
+        # centroid) and says so only on stdout; raise the cap so every point is used.
+        max_points_per_centroid=math.ceil(num_points / k) + 1,
+    )
+    km.train(x)
+    scores, labels = km.index.search(x, 1)
+    assignments = labels[:, 0].astype(np.int64)
+    centroids = np.asarray(km.centroids, dtype=np.float32).reshape(k, dim)
+    inertia = _inertia(
+        x=x, centroids=centroids, assignments=assignments, scores=scores[:, 0],
+        inner_product=km.index.metric_type == faiss.METRIC_INNER_PRODUCT,
+    )
+    return KMeansResult(
+        assignments=assignments,
+        centroids=centroids,
+        sizes=np.bincount(assignments, minlength=k).astype(np.int64),
+        inertia=inertia,
+        k=int(k),
+        seed=int(seed),
+        spherical=bool(spherical),
+    )
+
+
+def _prepare_features(*, features: np.ndarray, k: int, spherical: bool) -> np.ndarray:
+    """Validated float32 C-contiguous (M, D) copy-or-view; unit rows when spherical (never in place)."""
+    arr = np.asarray(features)
+    if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise DataError(f"features must be a non-empty (M, D) array, got shape {arr.shape}.")
+    if arr.dtype.kind not in "fiu":
+        raise DataError(f"features must be numeric, got dtype {arr.dtype}.")
+    num_points = arr.shape[0]
+    if not 1 <= k <= num_points:
+        raise ConfigError(
+            f"k={k} clusters for {num_points} points: k must be in [1, {num_points}]; lower k "
+            "(MCL also needs K^N <= M / batch_size so every cluster can fill a batch)."
+        )
+    # Copy when normalising so the caller's array is never modified.
+    x = np.array(arr, dtype=np.float32, order="C", copy=spherical or None)
+    _check_finite(x)
+    if spherical:
+        _l2_normalize_rows_(x)
+    return x
+
+
+def _check_finite(x: np.ndarray) -> None:
+    # Row sums in float64 are finite iff every entry is: float32 values cannot overflow a float64 sum,
+    # and this avoids an (M, D) boolean temporary.
+    bad = ~np.isfinite(x.sum(axis=1, dtype=np.float64))
+    if bad.any():
+        raise DataError(
+            f"{int(bad.sum())} of {x.shape[0]} embedding rows contain NaN or inf (e.g. row "
+            f"{int(np.flatnonzero(bad)[0])}); the encoder of the stage that exported them has probably "
+            "diverged: lower its learning rate (or enable gradient clipping) and retrain that stage."
+        )
+
+
+def _l2_normalize_rows_(x: np.ndarray) -> None:
+    """In place: x[i] /= ||x[i]||; all-zero rows stay zero."""
+    for start in range(0, x.shape[0], _ROW_CHUNK):
+        rows = x[start : start + _ROW_CHUNK]
+        norms = np.sqrt(np.einsum("ij,ij->i", rows, rows))
+        rows /= np.maximum(norms, 1e-12)[:, None]
+
+
+def _resolve_gpu(use_gpu: bool | None) -> bool:
+    available = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+    if use_gpu is None:
+        return available > 0
+    if use_gpu and available == 0:
+        raise ConfigError(
+            "use_gpu=True but faiss sees no GPU; install faiss-gpu (the project's [gpu] extra) on a GPU "
+            "machine, or set use_gpu to false/auto."
+        )
+    return bool(use_gpu)
+
+
+def _inertia(
+    *, x: np.ndarray, centroids: np.ndarray, assignments: np.ndarray, scores: np.ndarray, inner_product: bool
+) -> float:
+    """Sum of squared distances of all points to their assigned centroid, as float.
+
+    scores: (M,) what index.search returned: squared L2 distances, or inner products for the
+    spherical (IndexFlatIP) index, converted with ||x - c||^2 = ||x||^2 + ||c||^2 - 2 <x, c>.
+    """
+    if not inner_product:
+        return float(np.maximum(scores, 0).astype(np.float64).sum())
+    centroid_sq = np.einsum("ij,ij->i", centroids, centroids).astype(np.float64)
+    total = 0.0
+    for start in range(0, x.shape[0], _ROW_CHUNK):
+        rows = x[start : start + _ROW_CHUNK]
+        point_sq = np.einsum("ij,ij->i", rows, rows).astype(np.float64)
+        sq = point_sq + centroid_sq[assignments[start : start + _ROW_CHUNK]]
+        sq -= 2.0 * scores[start : start + _ROW_CHUNK].astype(np.float64)
+        total += float(np.maximum(sq, 0).sum())
+    return total
+
+
+def adjusted_mutual_information(*, a: np.ndarray, b: np.ndarray) -> float:
+    """AMI between two clusterings of the same samples (1.0 = identical up to relabelling, ~0 = independent).
+
+    a, b: int (M,). Used to check that a later stage's clusters differ from earlier ones'.
+    """
+    a, b = np.asarray(a).reshape(-1), np.asarray(b).reshape(-1)
+    if a.size != b.size:
+        raise DataError(
+            f"cannot compare clusterings of {a.size} and {b.size} samples; align both to the same sample "
+            "ids first (align_labels_to_ids)."
+        )
+    return float(adjusted_mutual_info_score(a, b))
+
+
+def save_clusters(*, result: KMeansResult, ids: np.ndarray, directory: Path) -> dict:
+    """Write assignments.npz (ids, assignments), centroids.npy and summary.json into directory.
+
+    ids: (M,) str or int sample ids, aligned with result.assignments. Every file is written to a temp
+    file in the same directory and renamed (atomic), summary.json last, so a present summary means the
+    other files are complete. Returns the summary dict.
+    """
+    directory = Path(directory)
+    ids = np.asarray(ids)
+    if ids.dtype.kind == "O":
+        ids = ids.astype(str)  # object arrays would need pickle to load
+    if ids.shape != result.assignments.shape:
+        raise DataError(
+            f"{ids.size} ids for {result.assignments.size} assignments; pass the sample ids exported with "
+            "the embeddings that were clustered."
+        )
+    directory.mkdir(parents=True, exist_ok=True)
+    _atomic_write(directory / ASSIGNMENTS_FILE, lambda f: np.savez(f, ids=ids, assignments=result.assignments))
+    _atomic_write(directory / CENTROIDS_FILE, lambda f: np.save(f, result.centroids))
+    summary = {
+        "k": int(result.k),
+        "sizes": [int(s) for s in result.sizes],
+        "inertia": float(result.inertia),
+        "seed": int(result.seed),
+        "spherical": bool(result.spherical),
+        "num_points": int(result.assignments.size),
+        "empty_clusters": int((result.sizes == 0).sum()),
+    }
+    text = json.dumps(summary, indent=2).encode()
+    _atomic_write(directory / SUMMARY_FILE, lambda f: f.write(text))
+    return summary
+
+
+def load_assignments(*, directory: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Read (ids (M,), assignments int64 (M,)) written by save_clusters."""
+    path = Path(directory) / ASSIGNMENTS_FILE
+    if not path.is_file() or not (Path(directory) / SUMMARY_FILE).is_file():
+        raise DataError(f"no complete clustering in {directory} (missing {path.name} or {SUMMARY_FILE}); "
+                        "re-run the clustering stage.")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            ids, assignments = data["ids"], data["assignments"].astype(np.int64, copy=False)
+    except (OSError, ValueError, KeyError) as exc:
+        raise DataError(f"{path} is corrupt or not a cluster file ({exc}); re-run the clustering stage.") from exc
+    if ids.shape != assignments.shape:
+        raise DataError(f"{path} holds {ids.size} ids but {assignments.size} assignments; re-run clustering.")
+    return ids, assignments
+
+
+def _atomic_write(path: Path, write: Callable) -> None:
+    """Call write(file) on a temp file beside path, then rename it over path (never a half-written file)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

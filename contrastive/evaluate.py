@@ -1,0 +1,112 @@
+"""Evaluation of representations: linear probe and kNN per attribute, plus plots."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from sklearn.linear_model import LogisticRegression
+from sklearn.preprocessing import StandardScaler
+
+from contrastive.integrate import l2_normalize
+
+
+def linear_probe_accuracy(*, train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray,
+                          c: float, max_iter: int) -> float:
+    """Multinomial logistic regression on standardised frozen features; top-1 accuracy on the test split.
+
+    train_x (N, D), train_y (N,) int; test_x (T, D), test_y (T,). Samples labelled -1 (unknown) are ignored.
+    """
+    train_mask, test_mask = train_y >= 0, test_y >= 0
+    if train_mask.sum() == 0 or test_mask.sum() == 0:
+        return float("nan")
+    scaler = StandardScaler().fit(train_x[train_mask])
+    probe = LogisticRegression(C=c, max_iter=max_iter)
+    probe.fit(scaler.transform(train_x[train_mask]), train_y[train_mask])
+    return float((probe.predict(scaler.transform(test_x[test_mask])) == test_y[test_mask]).mean())
+
+
+def knn_accuracy(*, train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray, k: int,
+                 temperature: float = 0.1, chunk: int = 1024) -> float:
+    """Weighted kNN on cosine similarity (Wu et al., 2018): class score = sum over the k nearest train samples of
+    exp(s / temperature). train_x (N, D), test_x (T, D); labels -1 ignored."""
+    train_mask, test_mask = train_y >= 0, test_y >= 0
+    if train_mask.sum() == 0 or test_mask.sum() == 0:
+        return float("nan")
+    bank = torch.from_numpy(l2_normalize(train_x[train_mask]).astype(np.float32))
+    bank_labels = torch.from_numpy(train_y[train_mask].astype(np.int64))
+    queries = torch.from_numpy(l2_normalize(test_x[test_mask]).astype(np.float32))
+    targets = torch.from_numpy(test_y[test_mask].astype(np.int64))
+    num_classes = int(bank_labels.max()) + 1
+    k = min(k, len(bank))
+    correct = 0
+    for start in range(0, len(queries), chunk):
+        sims, idx = (queries[start:start + chunk] @ bank.T).topk(k, dim=1)
+        votes = torch.zeros(len(idx), num_classes).scatter_add_(1, bank_labels[idx], (sims / temperature).exp())
+        correct += int((votes.argmax(1) == targets[start:start + chunk]).sum())
+    return correct / len(queries)
+
+
+def evaluate_representation(*, train_x: np.ndarray, test_x: np.ndarray, train_labels: dict[str, np.ndarray],
+                            test_labels: dict[str, np.ndarray], probe_c: float, probe_max_iter: int,
+                            probe_max_train: int, knn_k: int, seed: int) -> dict[str, float]:
+    """Linear-probe and kNN accuracy for every attribute: {"probe/<attr>": acc, "knn/<attr>": acc}."""
+    rng = np.random.default_rng(seed)
+    subset = np.sort(rng.permutation(len(train_x))[:probe_max_train])
+    metrics: dict[str, float] = {}
+    for attribute in sorted(train_labels):
+        metrics[f"probe/{attribute}"] = linear_probe_accuracy(
+            train_x=train_x[subset], train_y=train_labels[attribute][subset], test_x=test_x,
+            test_y=test_labels[attribute], c=probe_c, max_iter=probe_max_iter)
+        metrics[f"knn/{attribute}"] = knn_accuracy(train_x=train_x, train_y=train_labels[attribute], test_x=test_x,
+                                                   test_y=test_labels[attribute], k=knn_k)
+    return metrics
+
+
+def plot_attribute_accuracy(*, results: dict[str, dict[str, float]], path: Path, metric: str = "probe",
+                            title: str = "Linear-probe accuracy per attribute") -> Path:
+    """Grouped bars: one group per representation (stage 0, stage 1, ..., concat), one bar per attribute."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results)
+    attributes = sorted({key.split("/", 1)[1] for r in results.values() for key in r if key.startswith(metric + "/")})
+    width = 0.8 / max(1, len(attributes))
+    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(names), 3.6))
+    for i, attribute in enumerate(attributes):
+        values = [results[name].get(f"{metric}/{attribute}", np.nan) for name in names]
+        bars = ax.bar(np.arange(len(names)) + (i - (len(attributes) - 1) / 2) * width, values, width, label=attribute)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax.set_xticks(np.arange(len(names)), names, rotation=20, ha="right")
+    ax.set_ylim(0, 1.08)
+    ax.set_ylabel(f"{metric} accuracy")
+    ax.set_title(title)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_cluster_sizes(*, sizes_by_stage: dict[str, list[int]], path: Path) -> Path:
+    """One histogram of cluster sizes per clustered stage (sorted descending, log y)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, max(1, len(sizes_by_stage)), figsize=(4 * max(1, len(sizes_by_stage)), 3),
+                             squeeze=False)
+    for ax, (name, sizes) in zip(axes[0], sizes_by_stage.items()):
+        ordered = sorted(sizes, reverse=True)
+        ax.bar(np.arange(len(ordered)), ordered, width=1.0)
+        ax.set_yscale("log")
+        ax.set_title(f"{name}: {len(ordered)} clusters")
+        ax.set_xlabel("cluster (sorted by size)")
+        ax.set_ylabel("samples")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,3 @@
+from contrastive.models.encoders import ContrastiveModel, ProjectionHead, SmallCNN, build_model, resnet18_cifar
+
+__all__ = ["ContrastiveModel", "ProjectionHead", "SmallCNN", "build_model", "resnet18_cifar"]

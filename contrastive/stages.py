@@ -1,0 +1,193 @@
+"""The steps of one MCL stage as plain functions over directories.
+
+Each step reads what earlier steps wrote (paths), writes its own directory, and returns a small JSON-able record.
+Prefect tasks call these with keyword arguments unpacked from the config; nothing here knows about Prefect or
+MLflow.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from contrastive.augment import TwoViewAugment
+from contrastive.checkpoint import atomic_write_bytes
+from contrastive.clustering import adjusted_mutual_information, kmeans, load_assignments, save_clusters
+from contrastive.data.dataset import ImageArrayDataset
+from contrastive.embeddings import compute_embeddings, load_embeddings, save_embeddings
+from contrastive.errors import DataError
+from contrastive.evaluate import evaluate_representation
+from contrastive.integrate import concat_normalized
+from contrastive.losses import nt_xent
+from contrastive.models import build_model
+from contrastive.sampling import (ClusterBatchSampler, align_labels_to_ids, combine_pseudo_labels,
+                                  merge_small_groups)
+from contrastive.train import TrainCallback, resolve_device, seed_everything, train_contrastive
+
+
+def write_json(path: Path, value: dict) -> None:
+    atomic_write_bytes(Path(path), json.dumps(value, indent=2, default=str).encode())
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+# ---------------------------------------------------------------------------------------------------- training
+def load_pseudo_labels(*, path: Path, dataset: ImageArrayDataset) -> np.ndarray:
+    """Pseudo-label groups (M_train,) aligned to the dataset's train split, verified by sample id."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"pseudo-labels {path} are missing: rerun the pipeline so the clustering step writes them")
+    stored = np.load(path, allow_pickle=False)
+    train_ids = dataset.ids[dataset.indices("train")]
+    return align_labels_to_ids(label_ids=stored["ids"], labels=stored["groups"], dataset_ids=train_ids)
+
+
+def train_stage(*, dataset_dir: Path, stage_dir: Path, pseudo_labels_path: Path | None, model_kwargs: dict,
+                temperature: float, augment_kwargs: dict, epochs: int, batch_size: int, optimizer: str, lr: float,
+                weight_decay: float, schedule: str, warmup_fraction: float, seed: int, device: str,
+                remainder_policy: str, checkpoint_every_steps: int, log_every_steps: int, threads: int = 0,
+                callbacks: list[TrainCallback] = (), stop_after_steps: int | None = None) -> dict:
+    """Train a FRESH encoder for one stage (the paper shows inheriting weights from stage j-1 defeats MCL).
+
+    With ``pseudo_labels_path`` every batch comes from one pseudo-label group (MCL Algorithm 1); without it the
+    batches are ordinary random batches (stage 0 and the control run). Writes
+    ``stage_dir/checkpoints/last.pt`` (resumable), ``stage_dir/model/model.pt`` and ``train_summary.json``.
+    """
+    if threads:
+        torch.set_num_threads(threads)
+    stage_dir = Path(stage_dir)
+    dataset = ImageArrayDataset.load(dataset_dir)
+    train_indices = dataset.indices("train")
+    groups = None if pseudo_labels_path is None else load_pseudo_labels(path=pseudo_labels_path, dataset=dataset)
+    sampler = ClusterBatchSampler(groups=groups, batch_size=batch_size, seed=seed,
+                                  remainder_policy=remainder_policy)
+    seed_everything(seed)
+    model = build_model(**model_kwargs)
+    torch_device = resolve_device(device)
+    result = train_contrastive(
+        model=model, batch_sampler=sampler, get_batch=lambda rows: dataset.get_batch(train_indices[rows]),
+        augment=TwoViewAugment(**augment_kwargs),
+        loss_fn=lambda z1, z2: nt_xent(z1=z1, z2=z2, temperature=temperature),
+        epochs=epochs, optimizer=optimizer, lr=lr, weight_decay=weight_decay, schedule=schedule,
+        warmup_fraction=warmup_fraction, seed=seed, device=torch_device,
+        checkpoint_path=stage_dir / "checkpoints" / "last.pt", checkpoint_every_steps=checkpoint_every_steps,
+        log_every_steps=log_every_steps, callbacks=callbacks, stop_after_steps=stop_after_steps)
+    model_path = stage_dir / "model" / "model.pt"
+    model_path.parent.mkdir(parents=True, exist_ok=True)
+    buffer_path = model_path.with_suffix(".tmp")
+    torch.save({"state_dict": model.state_dict(), "model_kwargs": model_kwargs}, buffer_path)
+    buffer_path.replace(model_path)
+    summary = {"steps": result.steps, "epochs": result.epochs, "final_loss": result.final_loss,
+               "resumed_from_step": result.resumed_from_step, "seconds": result.seconds,
+               "views_per_second": result.views_per_second, "batch_plan": sampler.stats,
+               "cluster_pure_batches": groups is not None, "model_path": str(model_path)}
+    write_json(stage_dir / "train_summary.json", summary)
+    return summary
+
+
+def load_trained_model(*, model_path: Path, device: torch.device) -> torch.nn.Module:
+    if not Path(model_path).exists():
+        raise DataError(f"trained model {model_path} is missing: rerun the pipeline to retrain this stage")
+    saved = torch.load(model_path, map_location=device, weights_only=False)
+    model = build_model(**saved["model_kwargs"])
+    model.load_state_dict(saved["state_dict"])
+    return model.to(device).eval()
+
+
+# ---------------------------------------------------------------------------------------------------- export
+def export_stage_embeddings(*, dataset_dir: Path, model_path: Path, out_dir: Path, batch_size: int, device: str,
+                            progress: Callable[[int], None] | None = None) -> dict:
+    """Embed every sample (train and test) with the stage's backbone; float16 shards + ids in ``out_dir``."""
+    dataset = ImageArrayDataset.load(dataset_dir)
+    torch_device = resolve_device(device)
+    model = load_trained_model(model_path=model_path, device=torch_device)
+    embeddings = compute_embeddings(encode=model.embed, get_batch=dataset.get_batch, num_samples=len(dataset),
+                                    batch_size=batch_size, device=torch_device, progress=progress)
+    manifest = save_embeddings(embeddings=embeddings, ids=dataset.ids, directory=out_dir)
+    return {"dir": str(out_dir), "num_samples": manifest["num_samples"], "dim": manifest["dim"]}
+
+
+def _train_split_embeddings(*, embeddings_dir: Path, dataset: ImageArrayDataset) -> tuple[np.ndarray, np.ndarray]:
+    ids, embeddings = load_embeddings(directory=embeddings_dir)
+    dataset.verify_ids(ids)
+    train = dataset.indices("train")
+    return ids[train], embeddings[train]
+
+
+# ---------------------------------------------------------------------------------------------------- clustering
+def cluster_stage(*, dataset_dir: Path, embeddings_dir: Path, out_dir: Path, k: int, seed: int, niter: int,
+                  spherical: bool, earlier_cluster_dirs: list[Path]) -> dict:
+    """k-means on the train split's embeddings of one stage; AMI against every earlier stage's clustering."""
+    dataset = ImageArrayDataset.load(dataset_dir)
+    ids, features = _train_split_embeddings(embeddings_dir=embeddings_dir, dataset=dataset)
+    result = kmeans(features=features, k=k, seed=seed, niter=niter, spherical=spherical)
+    summary = save_clusters(result=result, ids=ids, directory=Path(out_dir))
+    ami = {}
+    for number, earlier in enumerate(earlier_cluster_dirs):
+        earlier_ids, earlier_assignments = load_assignments(directory=earlier)
+        aligned = align_labels_to_ids(label_ids=earlier_ids, labels=earlier_assignments, dataset_ids=ids)
+        ami[f"stage_{number}"] = adjusted_mutual_information(a=aligned, b=result.assignments)
+    # AMI against the ground-truth attributes says which features the clusters absorbed.
+    train = dataset.indices("train")
+    for attribute, labels in dataset.labels.items():
+        if (labels[train] >= 0).any():
+            ami[f"attr_{attribute}"] = adjusted_mutual_information(a=labels[train], b=result.assignments)
+    summary = {**summary, "ami": ami, "dir": str(out_dir)}
+    write_json(Path(out_dir) / "summary.json", summary)
+    return summary
+
+
+def build_pseudo_labels(*, dataset_dir: Path, cluster_dirs: list[Path], embeddings_dirs: list[Path], out_path: Path,
+                        min_group_size: int, small_group_policy: str) -> dict:
+    """Pseudo-label for the next stage = combine(y_0, ..., y_j): the tuple of ALL earlier stages' cluster ids.
+
+    Groups smaller than a batch are handled by ``small_group_policy`` (merge into the nearest group by centroid
+    in the concatenated earlier-stage embedding space, pool, or none); counts go in the returned stats.
+    """
+    dataset = ImageArrayDataset.load(dataset_dir)
+    train_ids = dataset.ids[dataset.indices("train")]
+    stage_assignments = []
+    for cluster_dir in cluster_dirs:
+        ids, assignments = load_assignments(directory=cluster_dir)
+        stage_assignments.append(align_labels_to_ids(label_ids=ids, labels=assignments, dataset_ids=train_ids))
+    combined = combine_pseudo_labels(stage_assignments=stage_assignments)
+    features = None
+    if small_group_policy == "merge_nearest":
+        features = concat_normalized(stage_embeddings=[
+            _train_split_embeddings(embeddings_dir=d, dataset=dataset)[1] for d in embeddings_dirs])
+    groups, stats = merge_small_groups(groups=combined, features=features, min_size=min_group_size,
+                                       policy=small_group_policy)
+    sizes = np.bincount(groups)
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(out_path.stem + ".tmp.npz")
+    np.savez(tmp, ids=train_ids, groups=groups)
+    tmp.replace(out_path)
+    stats = {**stats, "stages_combined": len(cluster_dirs), "num_groups": int(len(sizes)),
+             "min_group": int(sizes.min()), "max_group": int(sizes.max()), "path": str(out_path)}
+    write_json(out_path.with_suffix(".json"), stats)
+    return stats
+
+
+# ---------------------------------------------------------------------------------------------------- evaluation
+def evaluate_embeddings(*, dataset_dir: Path, embeddings_dirs: list[Path], probe_c: float, probe_max_iter: int,
+                        probe_max_train: int, knn_k: int, seed: int) -> dict[str, float]:
+    """Probe one stage (one dir) or the concatenation of several stages' L2-normalised embeddings."""
+    dataset = ImageArrayDataset.load(dataset_dir)
+    stage_embeddings = []
+    for directory in embeddings_dirs:
+        ids, embeddings = load_embeddings(directory=directory)
+        dataset.verify_ids(ids)
+        stage_embeddings.append(embeddings)
+    features = concat_normalized(stage_embeddings=stage_embeddings)
+    train, test = dataset.indices("train"), dataset.indices("test")
+    return evaluate_representation(
+        train_x=features[train], test_x=features[test],
+        train_labels={a: y[train] for a, y in dataset.labels.items()},
+        test_labels={a: y[test] for a, y in dataset.labels.items()},
+        probe_c=probe_c, probe_max_iter=probe_max_iter, probe_max_train=probe_max_train, knn_k=knn_k, seed=seed)

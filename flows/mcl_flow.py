@@ -1,0 +1,139 @@
+"""The MCL pipeline as a Prefect flow: stage 0 -> export -> k-means -> pseudo-labels -> stage 1 -> ... ->
+concatenation, plus the control run (same number of fresh stages with random batches).
+
+Every step's output directory is named by a content key (digest of the config that affects it and of the keys of
+what it consumes), so identical steps are shared (the control's stage 0 *is* MCL's stage 0) and a rerun skips
+whatever already finished.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+
+from pipeline_config.schema import PipelineConfig, digest_of
+from tasks import mcl_tasks as t
+
+RESULT_STORE = "prefect-results"
+
+
+def train_key(config: PipelineConfig, *, stage: int, data: dict, pseudo_key: str | None) -> str:
+    train = config.train.model_dump(exclude={"log_every_steps", "checkpoint_every_steps", "threads"})
+    return digest_of({"step": "train", "model": config.model.model_dump(mode="json"),
+                      "method": config.method.model_dump(mode="json"),
+                      "augment": config.augment.model_dump(mode="json"), "train": train,
+                      "seed": t.stage_seed(config, stage), "data": data["digest"], "pseudo_labels": pseudo_key,
+                      "remainder_policy": config.mcl.remainder_policy if pseudo_key else None})
+
+
+def run_step(step, *, storage: Path, **kwargs) -> dict:
+    """Call a cached task; if its cached record points at files that were deleted, recompute it."""
+    bound = step.with_options(result_storage=storage)
+    record = bound(**kwargs)
+    if not t.is_valid_record(record):
+        record = bound.with_options(refresh_cache=True)(**kwargs)
+    return record
+
+
+class StageRunner:
+    """Runs the steps of one pipeline invocation, logging reuse of cached steps into the current MLflow runs."""
+
+    def __init__(self, *, config: PipelineConfig, data: dict, parent_run_id: str, pipeline_id: str):
+        self.config = config
+        self.data = data
+        self.parent_run_id = parent_run_id
+        self.pipeline_id = pipeline_id
+        self.flow_run_id = flow_run.id
+        self.root = Path(config.output_dir).resolve()
+        self.storage = self.root / RESULT_STORE
+        self.stage_runs: dict[tuple[str, int], str] = {}
+
+    def stage_run(self, *, kind: str, stage: int) -> str:
+        if (kind, stage) not in self.stage_runs:
+            self.stage_runs[(kind, stage)] = t.open_stage_run(
+                config=self.config, parent_run_id=self.parent_run_id, stage=stage, kind=kind,
+                pipeline_id=self.pipeline_id, flow_run_id=self.flow_run_id)
+        return self.stage_runs[(kind, stage)]
+
+    def step(self, task_fn, *, prefix: str, key: str, run_id: str, what: str, **kwargs: Any) -> dict:
+        out_dir = str(self.root / "steps" / f"{prefix}-{key}")
+        record = run_step(task_fn, storage=self.storage, config=self.config, key=key, out_dir=out_dir,
+                          mlflow_run_id=run_id, **kwargs)
+        if record.get("mlflow_run_id") != run_id:
+            t.record_reuse(config=self.config, mlflow_run_id=run_id, record=record, what=what)
+        return record
+
+    def train_and_export(self, *, kind: str, stage: int, pseudo: dict | None) -> tuple[dict, dict]:
+        run_id = self.stage_run(kind=kind, stage=stage)
+        key = train_key(self.config, stage=stage, data=self.data, pseudo_key=pseudo["key"] if pseudo else None)
+        trained = self.step(t.train_stage, prefix=f"train{stage}", key=key, run_id=run_id, what="train",
+                            stage=stage, data=self.data, pseudo_labels=pseudo)
+        exported = self.step(t.export_embeddings, prefix=f"export{stage}", key=digest_of(["export", key]),
+                             run_id=run_id, what="export", trained=trained, data=self.data)
+        return trained, exported
+
+    def evaluate(self, *, name: str, exports: list[dict], run_id: str) -> dict:
+        key = digest_of(["eval", [e["key"] for e in exports], self.config.eval.model_dump(), self.config.seed])
+        return self.step(t.evaluate, prefix="eval", key=key, run_id=run_id, what=f"eval.{name}", name=name,
+                         exports=exports, data=self.data)
+
+
+@flow(name="mcl-pipeline", log_prints=True)
+def mcl_pipeline(config: PipelineConfig) -> dict:
+    """Multistage contrastive learning (MCL) end to end; returns the summary record (paths and accuracies)."""
+    logger = get_run_logger()
+    pipeline_id = config.config_hash()
+    data = t.prepare_data(config=config)
+    parent = t.open_pipeline_run(config=config, pipeline_id=pipeline_id, flow_run_id=flow_run.id)
+    runner = StageRunner(config=config, data=data, parent_run_id=parent, pipeline_id=pipeline_id)
+    results: dict[str, dict] = {}
+    status = "FAILED"
+    try:
+        exports, clusters, pseudo = [], [], None
+        for stage in range(config.mcl.num_stages):
+            run_id = runner.stage_run(kind="mcl", stage=stage)
+            _, exported = runner.train_and_export(kind="mcl", stage=stage, pseudo=pseudo)
+            exports.append(exported)
+            results[f"stage {stage}"] = runner.evaluate(name=f"stage{stage}", exports=[exported],
+                                                        run_id=run_id)["metrics"]
+            if stage + 1 < config.mcl.num_stages:
+                cluster_key = digest_of(["cluster", exported["key"], config.mcl.clusters_after(stage),
+                                         config.mcl.kmeans_niter, config.mcl.spherical_kmeans,
+                                         t.stage_seed(config, stage), [c["key"] for c in clusters]])
+                clusters.append(runner.step(t.cluster_embeddings, prefix=f"cluster{stage}", key=cluster_key,
+                                            run_id=run_id, what="cluster", stage=stage, exported=exported,
+                                            data=data, earlier=list(clusters)))
+                pseudo_key = digest_of(["pseudo", [c["key"] for c in clusters], config.mcl.small_group_policy,
+                                        config.train.batch_size])
+                pseudo = runner.step(t.make_pseudo_labels, prefix=f"pseudo{stage + 1}", key=pseudo_key,
+                                     run_id=run_id, what="pseudo_labels", for_stage=stage + 1, clusters=list(clusters),
+                                     exports=list(exports), data=data)
+            logger.info("stage %d done: %s", stage, results[f"stage {stage}"])
+        if config.mcl.num_stages > 1:
+            results["MCL concat"] = runner.evaluate(name="mcl_concat", exports=exports, run_id=parent)["metrics"]
+        if config.mcl.control and config.mcl.num_stages > 1:
+            control_exports = [exports[0]]  # stage 0 has no pseudo-labels: the control shares it
+            for stage in range(1, config.mcl.num_stages):
+                run_id = runner.stage_run(kind="control", stage=stage)
+                _, exported = runner.train_and_export(kind="control", stage=stage, pseudo=None)
+                control_exports.append(exported)
+            results["control concat"] = runner.evaluate(name="control_concat", exports=control_exports,
+                                                        run_id=parent)["metrics"]
+        summary = t.summarize(config=config, parent_run_id=parent, pipeline_id=pipeline_id, results=results,
+                              cluster_records=clusters, out_dir=str(runner.root / "pipelines" / pipeline_id))
+        status = "FINISHED"
+        return summary
+    finally:
+        close_runs(config=config, run_ids=[*runner.stage_runs.values(), parent], status=status)
+
+
+def close_runs(*, config: PipelineConfig, run_ids: list[str], status: str) -> None:
+    """Mark MLflow runs finished/failed; a tracking outage here must not hide the error that ended the flow."""
+    logger = get_run_logger()
+    for run_id in run_ids:
+        try:
+            t.close_run(config=config, mlflow_run_id=run_id, status=status)
+        except Exception as exc:  # noqa: BLE001 - reported, the original outcome stands
+            logger.warning("could not mark MLflow run %s %s: %s", run_id, status, exc)

@@ -1,0 +1,212 @@
+"""The one typed configuration schema of mclpipe.
+
+Every section rejects unknown keys (``extra="forbid"``), so a typo fails before any compute. Cross-field checks
+that need the data size (K^N <= M / b, batch vs dataset size) live in :func:`check_feasible`, which the flow calls
+once the dataset is known and before the first training step.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from contrastive.errors import ConfigError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TrifeatureConfig(_Section):
+    """Procedurally drawn shapes x textures x colours (Hermann & Lampinen, 2020)."""
+
+    num_train: int = Field(10_000, ge=16)
+    num_test: int = Field(3_000, ge=16)
+    image_size: int = Field(32, ge=16, le=256)
+    num_colors: int = Field(10, ge=2, le=10)
+    num_shapes: int = Field(10, ge=2, le=10)
+    num_textures: int = Field(10, ge=2, le=10)
+    seed: int = 0
+
+
+class ImageFolderConfig(_Section):
+    """A user's own images, optionally with a CSV of attribute labels (column ``id`` = relative path)."""
+
+    source: Path | None = None
+    labels_csv: Path | None = None
+    image_size: int = Field(32, ge=16, le=512)
+    test_fraction: float = Field(0.25, gt=0.0, lt=1.0)
+    seed: int = 0
+
+
+class DataConfig(_Section):
+    kind: Literal["trifeature", "image_folder"] = "trifeature"
+    cache_dir: Path = Path("data")
+    trifeature: TrifeatureConfig = TrifeatureConfig()
+    image_folder: ImageFolderConfig = ImageFolderConfig()
+
+    @model_validator(mode="after")
+    def _source_given(self) -> "DataConfig":
+        if self.kind == "image_folder" and self.image_folder.source is None:
+            raise ValueError("data.kind is image_folder but data.image_folder.source is not set: "
+                             "set it with --set data.image_folder.source=/path/to/images")
+        return self
+
+
+class ModelConfig(_Section):
+    encoder: Literal["small_cnn", "resnet18"] = "small_cnn"
+    widths: list[int] = Field(default_factory=lambda: [32, 64, 128, 256], min_length=1)
+    projection_hidden: int = Field(256, ge=1)
+    projection_dim: int = Field(128, ge=1)
+
+
+class MethodConfig(_Section):
+    name: Literal["simclr"] = "simclr"
+    temperature: float = 0.2
+
+    @field_validator("temperature")
+    @classmethod
+    def _positive_temperature(cls, value: float) -> float:
+        if not value > 0:
+            raise ValueError(f"method.temperature must be > 0 (got {value}); SimCLR uses 0.1-0.5")
+        return value
+
+
+class AugmentConfig(_Section):
+    """Random resized crop only by default: colour jitter destroys the colour attribute and flips turn one
+    diagonal stripe texture into the other (shared/DESIGN.md section 4)."""
+
+    crop_scale: tuple[float, float] = (0.25, 1.0)
+    crop_ratio: tuple[float, float] = (0.75, 4.0 / 3.0)
+    hflip: bool = False
+    color_jitter: float = Field(0.0, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "AugmentConfig":
+        for name in ("crop_scale", "crop_ratio"):
+            low, high = getattr(self, name)
+            if not 0 < low <= high:
+                raise ValueError(f"augment.{name} must be (low, high) with 0 < low <= high, got {(low, high)}")
+        if self.crop_scale[1] > 1.0:
+            raise ValueError("augment.crop_scale upper bound must be <= 1.0 (a crop cannot exceed the image)")
+        return self
+
+
+class TrainConfig(_Section):
+    epochs: int = Field(8, ge=1)
+    batch_size: int = Field(128, ge=2)
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(1e-6, ge=0)
+    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    scheduler: Literal["cosine", "constant"] = "cosine"
+    warmup_fraction: float = Field(0.0, ge=0.0, lt=1.0)
+    log_every_steps: int = Field(10, ge=1)
+    checkpoint_every_steps: int = Field(100, ge=1)
+    threads: int = Field(0, ge=0, description="torch CPU threads; 0 = torch default")
+
+
+class MclConfig(_Section):
+    """Multistage contrastive learning: stage j >= 1 draws every batch from one pseudo-label group, where the
+    pseudo-label combines the k-means cluster ids of ALL earlier stages."""
+
+    num_stages: int = Field(3, ge=1, description="stages including stage 0")
+    clusters: int | list[int] = Field(
+        64, description="K for k-means after each stage but the last; a list gives one K per stage")
+    spherical_kmeans: bool = True
+    kmeans_niter: int = Field(25, ge=1)
+    small_group_policy: Literal["merge_nearest", "pool", "none"] = "merge_nearest"
+    remainder_policy: Literal["partial", "pool", "drop"] = "partial"
+    control: bool = Field(True, description="also train the same number of plain SimCLR stages with random "
+                                            "batches and concatenate them, to separate MCL's gain from ensembling")
+
+    @field_validator("num_stages", mode="before")
+    @classmethod
+    def _at_least_one(cls, value):
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"mcl.num_stages must be >= 1 (got {value}); 1 means plain contrastive learning")
+        return value
+
+    def clusters_after(self, stage: int) -> int:
+        """K used to cluster the embeddings of ``stage`` (0-based)."""
+        if isinstance(self.clusters, int):
+            return self.clusters
+        return self.clusters[stage]
+
+    @model_validator(mode="after")
+    def _cluster_list_length(self) -> "MclConfig":
+        needed = self.num_stages - 1
+        if isinstance(self.clusters, list) and len(self.clusters) < needed:
+            raise ValueError(f"mcl.clusters lists {len(self.clusters)} values but {needed} clusterings are needed "
+                             f"for {self.num_stages} stages: give one K per stage but the last, or a single int")
+        values = [self.clusters] if isinstance(self.clusters, int) else self.clusters
+        if any(k < 2 for k in values):
+            raise ValueError(f"mcl.clusters must be >= 2 (got {self.clusters})")
+        return self
+
+
+class EvalConfig(_Section):
+    probe_max_iter: int = Field(300, ge=10)
+    probe_c: float = Field(1.0, gt=0)
+    probe_max_train: int = Field(10_000, ge=100, description="train-split samples used to fit each probe")
+    knn_k: int = Field(20, ge=1)
+
+
+class TrackingConfig(_Section):
+    uri: str | None = Field(None, description="MLflow tracking URI; None = $MLFLOW_TRACKING_URI or "
+                                              "sqlite:///mlflow.db in the working directory")
+    experiment: str = "mclpipe"
+
+
+class PipelineConfig(_Section):
+    """Everything one MCL pipeline needs. ``name`` and ``tracking`` do not change results and are left out of
+    the config hash; everything else is in it."""
+
+    name: str = "mcl"
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    output_dir: Path = Path("runs")
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    method: MethodConfig = MethodConfig()
+    augment: AugmentConfig = AugmentConfig()
+    train: TrainConfig = TrainConfig()
+    mcl: MclConfig = MclConfig()
+    eval: EvalConfig = EvalConfig()
+    tracking: TrackingConfig = TrackingConfig()
+
+    def config_hash(self) -> str:
+        """Digest of everything that changes results."""
+        return digest_of(self.model_dump(mode="json", exclude={"name", "tracking", "output_dir"}))
+
+
+def digest_of(value) -> str:
+    """Stable 16-hex digest of a JSON-serialisable value (keys sorted)."""
+    blob = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def check_feasible(config: PipelineConfig, *, num_train: int) -> None:
+    """Checks that need the dataset size, run before any training.
+
+    MCL draws every batch of stage j from one pseudo-label group. With K clusters per stage and N clusterings,
+    there are up to K^N groups; each must hold at least a batch on average: prod(K_j) <= M / b (paper, Sec. 4).
+    """
+    batch = config.train.batch_size
+    if batch > num_train:
+        raise ConfigError(f"train.batch_size={batch} is larger than the {num_train} training samples: "
+                          f"lower it (--set train.batch_size={max(2, num_train // 8)}) or use more data")
+    num_clusterings = config.mcl.num_stages - 1
+    if num_clusterings == 0:
+        return
+    groups = math.prod(config.mcl.clusters_after(j) for j in range(num_clusterings))
+    capacity = num_train / batch
+    if groups > capacity:
+        raise ConfigError(
+            f"MCL needs prod(K) <= M/b so every pseudo-label group can hold a batch: K={config.mcl.clusters} over "
+            f"{num_clusterings} clusterings gives up to {groups} groups but M/b = {num_train}/{batch} = "
+            f"{capacity:.0f}. Fix: fewer clusters (e.g. --set mcl.clusters=[{max(2, int(capacity) // 2 ** (num_clusterings - 1))}"
+            f"{', 2' * (num_clusterings - 1)}]), a smaller train.batch_size, fewer mcl.num_stages, or more data")

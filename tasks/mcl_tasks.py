@@ -1,0 +1,299 @@
+"""Prefect tasks of the MCL pipeline: each unpacks the config, calls one ``contrastive`` function, logs to
+MLflow through ``tasks.tracking`` and returns a small JSON record (paths, numbers), never tensors.
+
+Caching: every expensive task takes a ``key`` (a digest of the config that affects it and the keys of what it
+consumes) and writes into ``out_dir`` named by that key. Prefect caches the returned record under the key, and
+the body itself returns early when ``out_dir/record.json`` already holds a finished result, so a new run of the
+same pipeline, a retried flow run, or a run whose Prefect result store was wiped all skip finished work.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+from prefect.context import TaskRunContext
+
+from contrastive import stages
+from contrastive.data.dataset import ImageArrayDataset
+from contrastive.data.image_folder import prepare_image_folder
+from contrastive.data.trifeature import prepare_trifeature
+from contrastive.evaluate import plot_attribute_accuracy, plot_cluster_sizes
+from pipeline_config.loader import dump_config
+from pipeline_config.schema import PipelineConfig, check_feasible
+from tasks.tracking import MetricBuffer, Tracker
+
+RECORD = "record.json"
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
+def cache_key_from_parameters(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+    """Prefect cache key = task name + the content key the flow computed (config + input digests)."""
+    return f"{context.task.name}-{parameters['key']}"
+
+
+def finished_record(out_dir: Path | str) -> dict | None:
+    path = Path(out_dir) / RECORD
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def is_valid_record(record: dict | None) -> bool:
+    """A (possibly cached) record is only usable while its files are still on disk."""
+    return bool(record) and (Path(record["dir"]) / RECORD).exists()
+
+
+def save_record(out_dir: Path, record: dict) -> dict:
+    stages.write_json(Path(out_dir) / RECORD, record)
+    return record
+
+
+def tracker_for(config: PipelineConfig) -> Tracker:
+    return Tracker(uri=config.tracking.uri, experiment=config.tracking.experiment,
+                   artifact_root=Path(config.output_dir) / "mlartifacts")
+
+
+def stage_seed(config: PipelineConfig, stage: int) -> int:
+    return config.seed + stage
+
+
+def cached_task(name: str, **kwargs):
+    return task(name=name, cache_key_fn=cache_key_from_parameters, persist_result=True, **kwargs)
+
+
+class PrefectProgress:
+    """Training callback that mirrors progress into a Prefect progress artifact (visible in the UI)."""
+
+    def __init__(self, *, total_steps: int, description: str):
+        self.total_steps = max(1, total_steps)
+        self.artifact_id = create_progress_artifact(progress=0.0, description=description)
+        self.last_percent = 0.0
+
+    def on_step(self, *, step: int, epoch: int, metrics: dict[str, float]) -> None:
+        percent = min(100.0, 100.0 * step / self.total_steps)
+        if percent - self.last_percent >= 5 or percent >= 100:
+            update_progress_artifact(self.artifact_id, progress=percent)
+            self.last_percent = percent
+
+    def on_epoch_end(self, *, epoch: int, metrics: dict[str, float]) -> None:
+        get_run_logger().info("epoch %d: loss %.4f", epoch, metrics.get("train/epoch_loss", float("nan")))
+
+    def on_checkpoint(self, *, path: Path, step: int) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------------- tasks
+@task(name="prepare-data")
+def prepare_data(*, config: PipelineConfig) -> dict:
+    """Generate (or find) the dataset and check the config against its size before any training."""
+    data = config.data
+    if data.kind == "trifeature":
+        t = data.trifeature
+        path = prepare_trifeature(root=data.cache_dir, num_train=t.num_train, num_test=t.num_test,
+                                  image_size=t.image_size, num_colors=t.num_colors, num_shapes=t.num_shapes,
+                                  num_textures=t.num_textures, seed=t.seed)
+    else:
+        f = data.image_folder
+        path = prepare_image_folder(source=f.source, root=data.cache_dir, image_size=f.image_size,
+                                    labels_csv=f.labels_csv, test_fraction=f.test_fraction, seed=f.seed)
+    dataset = ImageArrayDataset.load(path)
+    num_train = len(dataset.indices("train"))
+    check_feasible(config, num_train=num_train)
+    return {"dir": str(path), "digest": dataset.digest, "num_train": num_train,
+            "num_test": len(dataset.indices("test")), "attributes": list(dataset.labels)}
+
+
+@task(name="open-pipeline-run")
+def open_pipeline_run(*, config: PipelineConfig, pipeline_id: str, flow_run_id: str | None) -> str:
+    tracker = tracker_for(config)
+    tags = {"pipeline_id": pipeline_id, "config_hash": config.config_hash(), "kind": "pipeline",
+            "pipeline_name": config.name}
+    if flow_run_id:
+        tags["prefect.flow_run_id"] = flow_run_id
+    run_id = tracker.start_run(name=f"{config.name}-{pipeline_id[:8]}", tags=tags,
+                               reuse_tags={"prefect.flow_run_id": flow_run_id} if flow_run_id else None)
+    tracker.log_params(run_id, config.model_dump(mode="json"))
+    tracker.log_text(run_id, dump_config(config), "config.yaml")
+    return run_id
+
+
+@task(name="open-stage-run")
+def open_stage_run(*, config: PipelineConfig, parent_run_id: str, stage: int, kind: str, pipeline_id: str,
+                   flow_run_id: str | None) -> str:
+    tracker = tracker_for(config)
+    tags = {"pipeline_id": pipeline_id, "stage": str(stage), "kind": kind, "config_hash": config.config_hash()}
+    if flow_run_id:
+        tags["prefect.flow_run_id"] = flow_run_id
+    reuse = {"stage": str(stage), "kind": kind}
+    return tracker.start_run(name=f"{kind}-stage{stage}", tags=tags, parent_run_id=parent_run_id,
+                             reuse_tags=reuse if flow_run_id else None)
+
+
+@cached_task("train-stage")
+def train_stage(*, config: PipelineConfig, key: str, out_dir: str, stage: int, data: dict,
+                pseudo_labels: dict | None, mlflow_run_id: str) -> dict:
+    """Train a fresh encoder for one stage; resumes from ``out_dir/checkpoints/last.pt`` if a run was killed."""
+    if (done := finished_record(out_dir)) is not None:
+        return done
+    logger = get_run_logger()
+    tracker = tracker_for(config)
+    t = config.train
+    seed = stage_seed(config, stage)
+    tracker.set_tags(mlflow_run_id, {"train_key": key, "cluster_pure_batches": pseudo_labels is not None})
+    tracker.log_params(mlflow_run_id, {"stage_seed": seed, "pseudo_labels": (pseudo_labels or {}).get("path")})
+    buffer = MetricBuffer(tracker=tracker, run_id=mlflow_run_id)
+    steps_estimate = t.epochs * max(1, data["num_train"] // t.batch_size)
+    progress = PrefectProgress(total_steps=steps_estimate, description=f"stage {stage} training ({out_dir})")
+    logger.info("training stage %d (%s batches) into %s", stage,
+                "cluster-pure" if pseudo_labels else "random", out_dir)
+    summary = stages.train_stage(
+        dataset_dir=data["dir"], stage_dir=Path(out_dir),
+        pseudo_labels_path=pseudo_labels["path"] if pseudo_labels else None,
+        model_kwargs=config.model.model_dump(mode="json"),
+        temperature=config.method.temperature, augment_kwargs=config.augment.model_dump(),
+        epochs=t.epochs, batch_size=t.batch_size, optimizer=t.optimizer, lr=t.lr, weight_decay=t.weight_decay,
+        schedule=t.scheduler, warmup_fraction=t.warmup_fraction, seed=seed, device=config.device,
+        remainder_policy=config.mcl.remainder_policy, checkpoint_every_steps=t.checkpoint_every_steps,
+        log_every_steps=t.log_every_steps, threads=t.threads, callbacks=[buffer, progress])
+    buffer.flush()
+    if summary["resumed_from_step"] is not None:
+        tracker.set_tags(mlflow_run_id, {"resumed_from_step": summary["resumed_from_step"]})
+    tracker.log_metrics(mlflow_run_id, {"train/final_loss": summary["final_loss"],
+                                        "train/seconds": summary["seconds"],
+                                        "train/views_per_second": summary["views_per_second"],
+                                        **{f"batch_plan/{k}": v for k, v in summary["batch_plan"].items()
+                                           if isinstance(v, (int, float))}})
+    tracker.log_artifact(mlflow_run_id, Path(out_dir) / "checkpoints", artifact_path="checkpoints")
+    tracker.log_artifact(mlflow_run_id, Path(out_dir) / "model", artifact_path="model")
+    tracker.log_artifact(mlflow_run_id, Path(out_dir) / "train_summary.json")
+    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "stage": stage, "mlflow_run_id": mlflow_run_id,
+                                       "model_path": summary["model_path"], "summary": summary})
+
+
+@cached_task("export-embeddings")
+def export_embeddings(*, config: PipelineConfig, key: str, out_dir: str, trained: dict, data: dict,
+                      mlflow_run_id: str) -> dict:
+    if (done := finished_record(out_dir)) is not None:
+        return done
+    tracker = tracker_for(config)
+    result = stages.export_stage_embeddings(dataset_dir=data["dir"], model_path=trained["model_path"],
+                                            out_dir=Path(out_dir) / "embeddings", batch_size=512,
+                                            device=config.device)
+    tracker.log_artifact(mlflow_run_id, Path(out_dir) / "embeddings", artifact_path="embeddings")
+    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "embeddings_dir": result["dir"],
+                                       "mlflow_run_id": mlflow_run_id, **result})
+
+
+@cached_task("cluster-embeddings")
+def cluster_embeddings(*, config: PipelineConfig, key: str, out_dir: str, stage: int, exported: dict, data: dict,
+                       earlier: list[dict], mlflow_run_id: str) -> dict:
+    if (done := finished_record(out_dir)) is not None:
+        return done
+    tracker = tracker_for(config)
+    k = config.mcl.clusters_after(stage)
+    summary = stages.cluster_stage(dataset_dir=data["dir"], embeddings_dir=exported["embeddings_dir"],
+                                   out_dir=Path(out_dir) / "clusters", k=k, seed=stage_seed(config, stage),
+                                   niter=config.mcl.kmeans_niter, spherical=config.mcl.spherical_kmeans,
+                                   earlier_cluster_dirs=[e["clusters_dir"] for e in earlier])
+    plot = plot_cluster_sizes(sizes_by_stage={f"stage {stage}": summary["sizes"]},
+                              path=Path(out_dir) / "clusters" / "cluster_sizes.png")
+    tracker.log_metrics(mlflow_run_id, {"kmeans/inertia": summary["inertia"], "kmeans/k": k,
+                                        "kmeans/empty_clusters": summary.get("empty_clusters", 0),
+                                        **{f"ami/{name}": v for name, v in summary["ami"].items()}})
+    tracker.log_artifact(mlflow_run_id, Path(out_dir) / "clusters", artifact_path="clusters")
+    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "stage": stage,
+                                       "clusters_dir": str(Path(out_dir) / "clusters"), "sizes": summary["sizes"],
+                                       "inertia": summary["inertia"], "ami": summary["ami"], "plot": str(plot),
+                                       "mlflow_run_id": mlflow_run_id})
+
+
+@cached_task("pseudo-labels")
+def make_pseudo_labels(*, config: PipelineConfig, key: str, out_dir: str, for_stage: int, clusters: list[dict],
+                       exports: list[dict], data: dict, mlflow_run_id: str) -> dict:
+    """Pseudo-labels for ``for_stage`` = combination of the cluster ids of ALL stages before it."""
+    if (done := finished_record(out_dir)) is not None:
+        return done
+    tracker = tracker_for(config)
+    stats = stages.build_pseudo_labels(dataset_dir=data["dir"], cluster_dirs=[c["clusters_dir"] for c in clusters],
+                                       embeddings_dirs=[e["embeddings_dir"] for e in exports],
+                                       out_path=Path(out_dir) / "pseudo_labels.npz",
+                                       min_group_size=config.train.batch_size,
+                                       small_group_policy=config.mcl.small_group_policy)
+    get_run_logger().info("pseudo-labels for stage %d: %s", for_stage, stats)
+    tracker.log_metrics(mlflow_run_id, {f"pseudo_labels/{k}": v for k, v in stats.items()
+                                        if isinstance(v, (int, float))})
+    tracker.log_artifact(mlflow_run_id, Path(out_dir), artifact_path="pseudo_labels")
+    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "path": stats["path"], "stats": stats,
+                                       "mlflow_run_id": mlflow_run_id})
+
+
+@cached_task("evaluate")
+def evaluate(*, config: PipelineConfig, key: str, out_dir: str, name: str, exports: list[dict], data: dict,
+             mlflow_run_id: str) -> dict:
+    """Linear probe + kNN per attribute for one stage alone or the concatenation of several stages."""
+    if (done := finished_record(out_dir)) is not None:
+        return done
+    tracker = tracker_for(config)
+    e = config.eval
+    metrics = stages.evaluate_embeddings(dataset_dir=data["dir"], embeddings_dirs=[x["embeddings_dir"] for x in exports],
+                                         probe_c=e.probe_c, probe_max_iter=e.probe_max_iter,
+                                         probe_max_train=e.probe_max_train, knn_k=e.knn_k, seed=config.seed)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    stages.write_json(Path(out_dir) / "metrics.json", {"name": name, "metrics": metrics})
+    tracker.log_metrics(mlflow_run_id, {f"eval/{name}/{k}": v for k, v in metrics.items()})
+    tracker.log_artifact(mlflow_run_id, Path(out_dir) / "metrics.json", artifact_path=f"eval/{name}")
+    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "name": name, "metrics": metrics,
+                                       "mlflow_run_id": mlflow_run_id})
+
+
+@task(name="record-reuse")
+def record_reuse(*, config: PipelineConfig, mlflow_run_id: str, record: dict, what: str) -> None:
+    """A cached step did not run: say in the current stage run where its result and artifacts came from."""
+    tracker = tracker_for(config)
+    tracker.set_tags(mlflow_run_id, {f"reused.{what}": "true", f"reused.{what}.source_run_id":
+                                     record.get("mlflow_run_id", ""), f"reused.{what}.dir": record["dir"]})
+    if "metrics" in record:
+        tracker.log_metrics(mlflow_run_id, {f"eval/{record['name']}/{k}": v for k, v in record["metrics"].items()})
+
+
+@task(name="close-run")
+def close_run(*, config: PipelineConfig, mlflow_run_id: str, status: str = "FINISHED") -> None:
+    tracker_for(config).end_run(mlflow_run_id, status=status)
+
+
+@task(name="summarize")
+def summarize(*, config: PipelineConfig, parent_run_id: str, pipeline_id: str, results: dict[str, dict],
+              cluster_records: list[dict], out_dir: str) -> dict:
+    """Plots and a results table for the whole pipeline, on the parent MLflow run and as a Prefect artifact."""
+    tracker = tracker_for(config)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    probe = plot_attribute_accuracy(results=results, path=out / "probe_accuracy.png")
+    knn = plot_attribute_accuracy(results=results, path=out / "knn_accuracy.png", metric="knn",
+                                  title="kNN accuracy per attribute")
+    paths = [probe, knn]
+    if cluster_records:
+        paths.append(plot_cluster_sizes(sizes_by_stage={f"stage {c['stage']}": c["sizes"] for c in cluster_records},
+                                        path=out / "cluster_sizes.png"))
+    table = results_table_markdown(results)
+    summary = {"pipeline_id": pipeline_id, "config_hash": config.config_hash(), "results": results,
+               "mlflow_run_id": parent_run_id}
+    stages.write_json(out / "summary.json", summary)
+    (out / "results.md").write_text(table)
+    for path in paths:
+        tracker.log_artifact(parent_run_id, path, artifact_path="eval")
+    tracker.log_artifact(parent_run_id, out / "summary.json", artifact_path="eval")
+    tracker.log_metrics(parent_run_id, {f"{name}/{k}": v for name, m in results.items() for k, v in m.items()})
+    create_markdown_artifact(markdown=f"# {config.name}: linear-probe accuracy\n\n{table}",
+                             key=f"mcl-results-{pipeline_id[:8]}", description="MCL results")
+    return {**summary, "dir": str(out), "tracking_hint": tracker.run_url_hint(parent_run_id)}
+
+
+def results_table_markdown(results: dict[str, dict], metric: str = "probe") -> str:
+    attributes = sorted({k.split("/", 1)[1] for m in results.values() for k in m if k.startswith(metric + "/")})
+    lines = ["| representation | " + " | ".join(attributes) + " |", "|---" * (len(attributes) + 1) + "|"]
+    for name, metrics in results.items():
+        lines.append(f"| {name} | " + " | ".join(f"{metrics.get(f'{metric}/{a}', float('nan')):.3f}"
+                                                  for a in attributes) + " |")
+    return "\n".join(lines) + "\n"
