@@ -209,7 +209,8 @@ def save_clusters(*, result: KMeansResult, ids: np.ndarray, directory: Path) -> 
             "the embeddings that were clustered."
         )
     directory.mkdir(parents=True, exist_ok=True)
-    _atomic_write(directory / ASSIGNMENTS_FILE, lambda f: np.savez(f, ids=ids, assignments=result.assignments))
+    assignments = result.assignments
+    _atomic_write(directory / ASSIGNMENTS_FILE, lambda f: np.savez(f, ids=ids, assignments=assignments))
     _atomic_write(directory / CENTROIDS_FILE, lambda f: np.save(f, result.centroids))
     summary = {
         "k": int(result.k),
@@ -235,7 +236,9 @@ def load_assignments(*, directory: Path) -> tuple[np.ndarray, np.ndarray]:
         with np.load(path, allow_pickle=False) as data:
             ids, assignments = data["ids"], data["assignments"].astype(np.int64, copy=False)
     except (OSError, ValueError, KeyError) as exc:
-        raise DataError(f"{path} is corrupt or not a cluster file ({exc}); re-run the clustering stage.") from exc
+        raise DataError(
+            f"{path} is corrupt or not a cluster file ({exc}); re-run the clustering stage."
+        ) from exc
     if ids.shape != assignments.shape:
         raise DataError(f"{path} holds {ids.size} ids but {assignments.size} assignments; re-run clustering.")
     return ids, assignments

@@ -64,7 +64,7 @@ def train_stage(*, dataset_dir: Path, stage_dir: Path, pseudo_labels_path: Path 
     dataset = ImageArrayDataset.load(dataset_dir)
     train_indices = dataset.indices("train")
     groups = None if pseudo_labels_path is None else load_pseudo_labels(path=pseudo_labels_path, dataset=dataset)
-    sampler = ClusterBatchSampler(groups=groups, batch_size=batch_size, seed=seed,
+    sampler = ClusterBatchSampler(groups=groups, num_samples=len(train_indices), batch_size=batch_size, seed=seed,
                                   remainder_policy=remainder_policy)
     seed_everything(seed)
     model = build_model(**model_kwargs)

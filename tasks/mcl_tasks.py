@@ -126,8 +126,10 @@ def open_stage_run(*, config: PipelineConfig, parent_run_id: str, stage: int, ki
     if flow_run_id:
         tags["prefect.flow_run_id"] = flow_run_id
     reuse = {"stage": str(stage), "kind": kind}
-    return tracker.start_run(name=f"{kind}-stage{stage}", tags=tags, parent_run_id=parent_run_id,
-                             reuse_tags=reuse if flow_run_id else None)
+    run_id = tracker.start_run(name=f"{kind}-stage{stage}", tags=tags, parent_run_id=parent_run_id,
+                               reuse_tags=reuse if flow_run_id else None)
+    tracker.log_params(run_id, config.model_dump(mode="json"))
+    return run_id
 
 
 @cached_task("train-stage")
@@ -182,7 +184,8 @@ def export_embeddings(*, config: PipelineConfig, key: str, out_dir: str, trained
                                             device=config.device)
     tracker.log_artifact(mlflow_run_id, Path(out_dir) / "embeddings", artifact_path="embeddings")
     return save_record(Path(out_dir), {"key": key, "dir": out_dir, "embeddings_dir": result["dir"],
-                                       "mlflow_run_id": mlflow_run_id, **result})
+                                       "num_samples": result["num_samples"], "dim": result["dim"],
+                                       "mlflow_run_id": mlflow_run_id})
 
 
 @cached_task("cluster-embeddings")

@@ -1,0 +1,446 @@
+"""The on-disk format of a prepared dataset, its atomic writer, and :class:`ImageArrayDataset` to read it.
+
+A prepared dataset is one directory::
+
+    images.npy     uint8 (N, H, W, 3), read with ``np.load(mmap_mode="r")``
+    index.npz      ids (N,) str, unique and stable; split (N,) str "train"/"test";
+                   label_<attr> (N,) int64 per attribute, -1 where unknown
+    manifest.json  {"kind", "num_samples", "num_train", "num_test", "image_size",
+                    "attributes": {attr: [class names]}, "params": {...}, "digest": sha256 hex}
+
+Every writer goes through :func:`atomic_dataset_dir`: files are written into a hidden temporary directory next
+to the target and renamed into place at the end, so an interrupted preparation never leaves a directory that
+looks complete. ``manifest.json`` is written last, and a directory without one is never treated as a dataset.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import socket
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from contrastive.errors import ConfigError, DataError
+
+IMAGES_FILE = "images.npy"
+INDEX_FILE = "index.npz"
+MANIFEST_FILE = "manifest.json"
+SPLITS = ("train", "test")
+LABEL_PREFIX = "label_"
+_TMP_MARK = ".tmp-"
+# Rows hashed per step when computing the digest: bounds memory for memmapped images of any size.
+_DIGEST_CHUNK_BYTES = 64 * 2**20
+
+
+# --------------------------------------------------------------------------------------------- hashing
+def params_hash(params: Mapping[str, Any], *, length: int = 10) -> str:
+    """Short, stable hex hash of JSON-serialisable ``params`` (key order does not matter)."""
+    blob = json.dumps(params, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:length]
+
+
+def _array_bytes_for_digest(array: np.ndarray) -> bytes:
+    # String arrays are hashed as UTF-8 lines so the digest does not depend on the '<U' width numpy picked.
+    if array.dtype.kind in ("U", "S", "O"):
+        return "\n".join(str(x) for x in array.tolist()).encode("utf-8")
+    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+
+
+def compute_digest(*, images: np.ndarray, index: Mapping[str, np.ndarray]) -> str:
+    """sha256 hex of the image bytes and every index array (names included, sorted by name).
+
+    Args:
+        images: uint8 (N, H, W, 3); a memmap is fine, it is read in chunks.
+        index: name -> (N,) array (``ids``, ``split``, ``label_<attr>``).
+    """
+    digest = hashlib.sha256()
+    digest.update(f"images{tuple(images.shape)}{images.dtype.str}".encode())
+    row_bytes = max(1, int(np.prod(images.shape[1:])) * images.dtype.itemsize)
+    step = max(1, _DIGEST_CHUNK_BYTES // row_bytes)
+    for start in range(0, images.shape[0], step):
+        digest.update(np.ascontiguousarray(images[start:start + step]).tobytes())
+    for name in sorted(index):
+        digest.update(f"|{name}|".encode())
+        digest.update(_array_bytes_for_digest(np.asarray(index[name])))
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------- writing
+def _tmp_prefix(target: Path) -> str:
+    return f".{target.name}{_TMP_MARK}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def clean_stale_tmp_dirs(target: Path) -> list[Path]:
+    """Remove temporary directories left next to ``target`` by interrupted writers on this host.
+
+    A temporary directory is named ``.<target>.tmp-<host>-<pid>-<token>``; it is stale when its writer process
+    no longer runs. Directories from other hosts (shared file systems) are left alone: their pid means nothing
+    here. Returns the removed paths.
+    """
+    removed = []
+    host = socket.gethostname()
+    prefix = _tmp_prefix(target)
+    if not target.parent.is_dir():
+        return removed
+    for path in target.parent.iterdir():
+        if not path.name.startswith(prefix):
+            continue
+        parts = path.name[len(prefix):].rsplit("-", 2)
+        if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
+            continue
+        if _pid_alive(int(parts[1])):  # includes this process: another thread may be writing it
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+@contextlib.contextmanager
+def atomic_dataset_dir(target: Path, *, keep_existing: Callable[[Path], bool] | None = None) -> Iterator[Path]:
+    """Yield a fresh temporary directory; on success rename it to ``target``, on error delete it.
+
+    Args:
+        target: final dataset directory. An existing one is replaced, unless ``keep_existing(target)`` is
+            true at the end: then another writer (thread or process) finished the same dataset first, and
+            ours is discarded instead of pulling a finished dataset from under its readers.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale_tmp_dirs(target)
+    tmp = target.parent / f"{_tmp_prefix(target)}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        if keep_existing is not None and keep_existing(target):
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            _move_into_place(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _move_into_place(tmp: Path, target: Path) -> None:
+    if target.exists():
+        # Move the invalid old directory aside first: rename() cannot replace a non-empty directory.
+        trash = target.parent / f"{_tmp_prefix(target)}{socket.gethostname()}-{os.getpid()}-old{uuid.uuid4().hex[:4]}"
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(target, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    try:
+        os.rename(tmp, target)
+    except OSError:
+        if not (target / MANIFEST_FILE).is_file():  # not a concurrent writer winning the race: a real failure
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_json_atomic(path: Path, payload: Mapping[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+def write_dataset_files(
+    directory: Path,
+    *,
+    kind: str,
+    ids: Sequence[str] | np.ndarray,
+    split: Sequence[str] | np.ndarray,
+    labels: Mapping[str, np.ndarray],
+    attributes: Mapping[str, Sequence[str]],
+    params: Mapping[str, Any],
+    images: np.ndarray | None = None,
+) -> dict[str, Any]:
+    """Write ``index.npz``, ``images.npy`` (unless already written there) and, last, ``manifest.json``.
+
+    Args:
+        directory: the (temporary) dataset directory, normally from :func:`atomic_dataset_dir`.
+        kind: dataset kind for the manifest, e.g. "trifeature".
+        ids: (N,) unique sample ids.
+        split: (N,) "train" / "test".
+        labels: attr -> (N,) int64 class index, -1 where unknown; keys must match ``attributes``.
+        attributes: attr -> class names (index i of the list is class i).
+        params: JSON-serialisable generation or source parameters.
+        images: uint8 (N, H, W, 3). ``None`` when the caller already wrote ``directory/images.npy``.
+
+    Returns:
+        The manifest that was written.
+    """
+    directory = Path(directory)
+    image_path = directory / IMAGES_FILE
+    if images is not None:
+        np.save(image_path, np.ascontiguousarray(images), allow_pickle=False)
+    stored = np.load(image_path, mmap_mode="r")
+    index = _build_index(ids=ids, split=split, labels=labels, attributes=attributes, num_samples=stored.shape[0])
+    _check_images_array(stored, where=str(image_path))
+    np.savez(directory / INDEX_FILE, **index)
+    manifest = {
+        "kind": kind,
+        "num_samples": int(stored.shape[0]),
+        "num_train": int(np.count_nonzero(index["split"] == "train")),
+        "num_test": int(np.count_nonzero(index["split"] == "test")),
+        "image_size": int(stored.shape[1]),
+        "attributes": {attr: [str(n) for n in names] for attr, names in attributes.items()},
+        "params": json.loads(json.dumps(dict(params), default=str)),
+        "digest": compute_digest(images=stored, index=index),
+    }
+    del stored  # release the memmap before the directory is renamed
+    _write_json_atomic(directory / MANIFEST_FILE, manifest)
+    return manifest
+
+
+def _build_index(*, ids, split, labels, attributes, num_samples: int) -> dict[str, np.ndarray]:
+    ids_arr = np.asarray([str(i) for i in ids], dtype=np.str_)
+    split_arr = np.asarray([str(s) for s in split], dtype=np.str_)
+    if set(labels) != set(attributes):
+        raise ValueError(f"labels {sorted(labels)} and attributes {sorted(attributes)} name different attributes")
+    for name, arr in (("ids", ids_arr), ("split", split_arr)):
+        if arr.shape != (num_samples,):
+            raise ValueError(f"{name} has shape {arr.shape}, expected ({num_samples},)")
+    if len(np.unique(ids_arr)) != num_samples:
+        raise ValueError("sample ids are not unique")
+    bad_split = sorted(set(np.unique(split_arr).tolist()) - set(SPLITS))
+    if bad_split:
+        raise ValueError(f"split values must be 'train' or 'test', got {bad_split[:3]}")
+    index = {"ids": ids_arr, "split": split_arr}
+    for attr in attributes:
+        arr = np.asarray(labels[attr], dtype=np.int64)
+        if arr.shape != (num_samples,):
+            raise ValueError(f"label_{attr} has shape {arr.shape}, expected ({num_samples},)")
+        if arr.size and (arr.min() < -1 or arr.max() >= len(attributes[attr])):
+            raise ValueError(f"label_{attr} outside [-1, {len(attributes[attr]) - 1}]")
+        index[LABEL_PREFIX + attr] = arr
+    return index
+
+
+def _check_images_array(images: np.ndarray, *, where: str) -> None:
+    if images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8:
+        raise DataError(f"{where} holds {images.dtype} {tuple(images.shape)}, expected uint8 (N, H, W, 3)")
+
+
+def read_manifest(directory: Path) -> dict[str, Any] | None:
+    """The manifest of ``directory``, or None when it is missing or not valid JSON."""
+    try:
+        manifest = json.loads((Path(directory) / MANIFEST_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) else None
+
+
+def is_prepared(directory: Path, *, kind: str, params: Mapping[str, Any]) -> bool:
+    """Cheap check that ``directory`` is a complete dataset of ``kind`` made from ``params``.
+
+    Reads the manifest and the array headers (not the pixels), so it is safe to call on every run.
+    """
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    if manifest is None or manifest.get("kind") != kind:
+        return False
+    if manifest.get("params") != json.loads(json.dumps(dict(params), default=str)):
+        return False
+    try:
+        images = np.load(directory / IMAGES_FILE, mmap_mode="r")
+        with np.load(directory / INDEX_FILE, allow_pickle=False) as index:
+            names = set(index.files)
+    except (OSError, ValueError):
+        return False
+    expected = {"ids", "split"} | {LABEL_PREFIX + a for a in manifest.get("attributes", {})}
+    return images.shape[0] == manifest.get("num_samples") and expected <= names
+
+
+# --------------------------------------------------------------------------------------------- reading
+class ImageArrayDataset:
+    """A prepared dataset opened for reading; images stay on disk (memmap).
+
+    Attributes:
+        path: the dataset directory.
+        images: uint8 memmap (N, H, W, 3).
+        ids: (N,) str sample ids, unique and stable.
+        split: (N,) str, "train" or "test".
+        labels: attr -> (N,) int64 class index, -1 where unknown.
+        attributes: attribute names in manifest order.
+        class_names: attr -> list of class names.
+        manifest: the parsed ``manifest.json``.
+        digest: sha256 hex of images + index, from the manifest.
+    """
+
+    def __init__(self, *, path: Path, images: np.ndarray, index: Mapping[str, np.ndarray],
+                 manifest: Mapping[str, Any]) -> None:
+        self.path = Path(path)
+        self.images = images
+        self.ids: np.ndarray = index["ids"]
+        self.split: np.ndarray = index["split"]
+        self.manifest: dict[str, Any] = dict(manifest)
+        self.class_names: dict[str, list[str]] = {a: list(n) for a, n in manifest["attributes"].items()}
+        self.attributes: list[str] = list(self.class_names)
+        self.labels: dict[str, np.ndarray] = {a: index[LABEL_PREFIX + a] for a in self.attributes}
+        self.digest: str = str(manifest["digest"])
+
+    # ----------------------------------------------------------------------------------------- loading
+    @classmethod
+    def load(cls, path: Path, *, verify_digest: bool = False) -> "ImageArrayDataset":
+        """Open a prepared dataset directory.
+
+        Args:
+            path: directory written by ``prepare_trifeature`` / ``prepare_image_folder``.
+            verify_digest: re-hash images and index and compare with the manifest (reads every pixel once).
+
+        Raises:
+            DataError: a file is missing or unreadable, or the files disagree with each other or the manifest.
+        """
+        path = Path(path)
+        fix = (f"run `mclpipe run` again to regenerate it, or delete the directory {path} "
+               "if it keeps failing")
+        if not path.is_dir():
+            raise DataError(f"prepared dataset {path} does not exist: {fix}")
+        missing = [n for n in (IMAGES_FILE, INDEX_FILE, MANIFEST_FILE) if not (path / n).is_file()]
+        if missing:
+            raise DataError(f"prepared dataset {path} is incomplete (missing {', '.join(missing)}): {fix}")
+        manifest = read_manifest(path)
+        if manifest is None or not _manifest_fields_ok(manifest):
+            raise DataError(f"{path / MANIFEST_FILE} is corrupt or from an incompatible version: {fix}")
+        images = _load_images(path / IMAGES_FILE, fix=fix)
+        index = _load_index(path / INDEX_FILE, attributes=list(manifest["attributes"]), fix=fix)
+        _check_consistent(path=path, images=images, index=index, manifest=manifest, fix=fix)
+        dataset = cls(path=path, images=images, index=index, manifest=manifest)
+        if verify_digest:
+            dataset.verify_digest()
+        return dataset
+
+    def verify_digest(self) -> None:
+        """Re-hash images and index; raise DataError when they no longer match the manifest's digest."""
+        index = {"ids": self.ids, "split": self.split}
+        index.update({LABEL_PREFIX + a: v for a, v in self.labels.items()})
+        actual = compute_digest(images=self.images, index=index)
+        if actual != self.digest:
+            raise DataError(f"dataset {self.path} changed after it was written (digest {actual[:12]} != manifest "
+                            f"{self.digest[:12]}): delete the directory and run `mclpipe run` again to regenerate it")
+
+    # ----------------------------------------------------------------------------------------- access
+    def __len__(self) -> int:
+        return int(self.images.shape[0])
+
+    def __repr__(self) -> str:
+        return (f"ImageArrayDataset({str(self.path)!r}, kind={self.manifest.get('kind')!r}, n={len(self)}, "
+                f"image_size={self.image_size}, attributes={self.attributes})")
+
+    @property
+    def image_size(self) -> int:
+        return int(self.images.shape[1])
+
+    def indices(self, split: str) -> np.ndarray:
+        """int64 (n,) row indices of ``split`` ("train", "test" or "all"), ascending."""
+        if split == "all":
+            return np.arange(len(self), dtype=np.int64)
+        if split not in SPLITS:
+            raise ConfigError(f"unknown split {split!r}: use 'train', 'test' or 'all'")
+        return np.flatnonzero(self.split == split).astype(np.int64)
+
+    def get_batch(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> torch.Tensor:
+        """Gather rows ``indices`` into a uint8 tensor (B, 3, H, W), in the order given.
+
+        The memmap is read in ascending row order (sequential disk access, one fancy-index call) and the rows
+        are put back into the requested order afterwards.
+        """
+        idx = _as_index_array(indices, size=len(self))
+        order = np.argsort(idx, kind="stable")
+        gathered = self.images[idx[order]]  # (B, H, W, 3), rows ascending
+        batch = np.empty_like(gathered)
+        batch[order] = gathered
+        return torch.from_numpy(batch).permute(0, 3, 1, 2).contiguous()
+
+    def verify_ids(self, ids: Sequence[str] | np.ndarray, *, split: str = "all") -> None:
+        """Check that ``ids`` are exactly this dataset's ids of ``split``, in the same order.
+
+        Used to prove that a consumer (training) sees rows in the order a producer (embedding export,
+        clustering) saw them, so labels keyed by position still belong to the same samples.
+
+        Raises:
+            DataError: naming how many ids differ and showing the first mismatch.
+        """
+        expected = self.ids[self.indices(split)]
+        given = np.asarray([str(i) for i in ids], dtype=np.str_)
+        fix = ("the ids were produced from a different dataset or sample order; rerun the stages that produced "
+               "them (`mclpipe run` redoes what is stale)")
+        if given.shape != expected.shape:
+            raise DataError(f"got {given.size} ids but dataset {self.path.name} has {expected.size} in split "
+                            f"{split!r}: {fix}")
+        mismatch = np.flatnonzero(given != expected)
+        if mismatch.size == 0:
+            return
+        first = int(mismatch[0])
+        same_set = bool(np.array_equal(np.sort(given), np.sort(expected)))
+        what = "same ids in a different order" if same_set else "different ids"
+        raise DataError(f"{mismatch.size} of {expected.size} ids differ from dataset {self.path.name} split "
+                        f"{split!r} ({what}; first at position {first}: {given[first]!r} != "
+                        f"{expected[first]!r}): {fix}")
+
+
+def _as_index_array(indices, *, size: int) -> np.ndarray:
+    if isinstance(indices, torch.Tensor):
+        indices = indices.detach().cpu().numpy()
+    idx = np.asarray(indices)
+    if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
+        raise IndexError(f"indices must be a 1-D integer array, got {idx.dtype} {idx.shape}")
+    idx = idx.astype(np.int64, copy=False)
+    if idx.size and (idx.min() < 0 or idx.max() >= size):
+        raise IndexError(f"indices must lie in [0, {size}), got [{idx.min()}, {idx.max()}]")
+    return idx
+
+
+def _manifest_fields_ok(manifest: Mapping[str, Any]) -> bool:
+    required = ("kind", "num_samples", "num_train", "num_test", "image_size", "attributes", "params", "digest")
+    return all(k in manifest for k in required) and isinstance(manifest["attributes"], dict)
+
+
+def _load_images(path: Path, *, fix: str) -> np.ndarray:
+    try:
+        images = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as err:  # truncated file, bad header
+        raise DataError(f"{path} is unreadable ({err}): {fix}") from err
+    _check_images_array(images, where=str(path))
+    return images
+
+
+def _load_index(path: Path, *, attributes: list[str], fix: str) -> dict[str, np.ndarray]:
+    names = ["ids", "split"] + [LABEL_PREFIX + a for a in attributes]
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            missing = [n for n in names if n not in npz.files]
+            if missing:
+                raise DataError(f"{path} lacks arrays {missing}: {fix}")
+            return {n: npz[n] for n in names}
+    except DataError:
+        raise
+    except Exception as err:  # zipfile.BadZipFile, OSError, ValueError: all mean a damaged file
+        raise DataError(f"{path} is unreadable ({type(err).__name__}: {err}): {fix}") from err
+
+
+def _check_consistent(*, path: Path, images, index, manifest, fix: str) -> None:
+    n = images.shape[0]
+    if n != manifest["num_samples"]:
+        raise DataError(f"{path} has {n} images but its manifest says {manifest['num_samples']}: {fix}")
+    for name, arr in index.items():
+        if arr.shape != (n,):
+            raise DataError(f"{path / INDEX_FILE}: {name} has shape {arr.shape}, expected ({n},): {fix}")
+    if len(np.unique(index["ids"])) != n:
+        raise DataError(f"{path / INDEX_FILE}: sample ids are not unique: {fix}")

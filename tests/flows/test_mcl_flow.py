@@ -1,0 +1,113 @@
+"""The MCL flow under Prefect's test harness: MLflow run tree, artifacts, caching and rerun after a failure."""
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from contrastive import stages
+from flows.mcl_flow import mcl_pipeline
+
+
+def run_tree(uri: str) -> tuple[list, list]:
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("mclpipe").experiment_id], max_results=500)
+    parents = [r for r in runs if r.data.tags.get("kind") == "pipeline"]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    return parents, children
+
+
+def artifact_paths(client: MlflowClient, run_id: str, path: str | None = None) -> set[str]:
+    out = set()
+    for item in client.list_artifacts(run_id, path):
+        out |= artifact_paths(client, run_id, item.path) if item.is_dir else {item.path}
+    return out
+
+
+@pytest.fixture
+def count_training(monkeypatch):
+    """Counts real training calls per stage directory, and can make one stage fail."""
+    calls: list[str] = []
+    fail_for: set[str] = set()
+    real = stages.train_stage
+
+    def wrapped(**kwargs):
+        name = Path(kwargs["stage_dir"]).name.split("-")[0]
+        calls.append(name)
+        if name in fail_for:
+            raise RuntimeError(f"injected failure in {name}")
+        return real(**kwargs)
+
+    monkeypatch.setattr(stages, "train_stage", wrapped)
+    return calls, fail_for
+
+
+def test_run_tree_artifacts_and_cache(tiny_config, count_training):
+    calls, _ = count_training
+    config = tiny_config()
+    summary = mcl_pipeline(config)
+    assert set(summary["results"]) == {"stage 0", "stage 1", "stage 2", "MCL concat", "control concat"}
+    for metrics in summary["results"].values():
+        assert {"probe/color", "probe/shape", "probe/texture", "knn/color"} <= set(metrics)
+        assert all(0.0 <= v <= 1.0 for v in metrics.values())
+    # three MCL stages + two control stages (the control shares stage 0)
+    assert sorted(calls) == ["train0", "train1", "train1", "train2", "train2"]
+
+    uri = config.tracking.uri
+    client = MlflowClient(tracking_uri=uri)
+    parents, children = run_tree(uri)
+    assert len(parents) == 1
+    parent = parents[0]
+    assert parent.data.tags["pipeline_id"] == config.config_hash()
+    assert "prefect.flow_run_id" in parent.data.tags and parent.info.status == "FINISHED"
+    assert {(c.data.tags["kind"], c.data.tags["stage"]) for c in children} == {
+        ("mcl", "0"), ("mcl", "1"), ("mcl", "2"), ("control", "1"), ("control", "2")}
+    assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
+    assert {"config.yaml", "eval/probe_accuracy.png", "eval/cluster_sizes.png"} <= artifact_paths(client, parent.info.run_id)
+    stage1 = next(c for c in children if c.data.tags["kind"] == "mcl" and c.data.tags["stage"] == "1")
+    files = artifact_paths(client, stage1.info.run_id)
+    for expected in ("checkpoints/last.pt", "model/model.pt", "embeddings/manifest.json", "embeddings/ids.npy",
+                     "clusters/summary.json", "clusters/assignments.npz", "clusters/cluster_sizes.png",
+                     "eval/stage1/metrics.json"):
+        assert expected in files, expected
+    assert "ami/stage_0" in stage1.data.metrics and "train/loss" in stage1.data.metrics
+    assert stage1.data.params["train.epochs"] == "1"
+
+    # The same pipeline again: nothing is retrained, and the new stage runs say where results came from.
+    calls.clear()
+    again = mcl_pipeline(config)
+    assert calls == []
+    assert again["results"] == summary["results"]
+    parents, children = run_tree(uri)
+    assert len(parents) == 2
+    newest = max(parents, key=lambda r: r.info.start_time)
+    new_children = [c for c in children if c.data.tags["mlflow.parentRunId"] == newest.info.run_id]
+    assert len(new_children) == 5 and all(c.data.tags.get("reused.train") == "true" for c in new_children)
+
+
+def test_failed_stage_rerun_retrains_only_what_failed(tiny_config, count_training):
+    calls, fail_for = count_training
+    config = tiny_config()
+    fail_for.add("train2")
+    with pytest.raises(RuntimeError, match="injected failure in train2"):
+        mcl_pipeline(config)
+    assert calls == ["train0", "train1", "train2"]
+    parents, _ = run_tree(config.tracking.uri)
+    assert parents[0].info.status == "FAILED"
+
+    calls.clear()
+    fail_for.clear()
+    mcl_pipeline(config)
+    assert calls == ["train2", "train1", "train2"]  # MCL stage 2, then the control's stages 1-2
+
+
+def test_deleted_artifacts_are_recomputed_not_trusted(tiny_config, count_training):
+    calls, _ = count_training
+    config = tiny_config("mcl.num_stages=1")
+    mcl_pipeline(config)
+    steps = Path(config.output_dir) / "steps"
+    train_dir = next(steps.glob("train0-*"))
+    (train_dir / "record.json").unlink()
+    (train_dir / "model" / "model.pt").unlink()
+    calls.clear()
+    mcl_pipeline(config)
+    assert calls == ["train0"]

@@ -1,0 +1,178 @@
+"""Tests for contrastive.clustering: seeded faiss k-means, AMI, and the cluster files."""
+from __future__ import annotations
+
+import json
+
+import faiss
+import numpy as np
+import pytest
+
+from contrastive.clustering import (
+    KMeansResult,
+    adjusted_mutual_information,
+    kmeans,
+    load_assignments,
+    save_clusters,
+)
+from contrastive.errors import ConfigError, DataError
+
+
+def _blobs(*, centers: np.ndarray, per_blob: int, std: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Gaussian blobs around centers (k, D): features float32 (k * per_blob, D), truth int64, shuffled."""
+    rng = np.random.default_rng(seed)
+    truth = np.repeat(np.arange(len(centers)), per_blob)
+    x = centers[truth] + std * rng.standard_normal((truth.size, centers.shape[1]))
+    perm = rng.permutation(truth.size)
+    return x[perm].astype(np.float32), truth[perm]
+
+
+@pytest.fixture
+def blobs():
+    centers = 10.0 * np.eye(4, 8)  # 4 well-separated blobs in 8-D
+    return _blobs(centers=centers, per_blob=150, std=0.5)
+
+
+def _sq_dist(x: np.ndarray, c: np.ndarray) -> np.ndarray:
+    x64, c64 = x.astype(np.float64), c.astype(np.float64)
+    return (x64**2).sum(1)[:, None] + (c64**2).sum(1)[None, :] - 2 * x64 @ c64.T
+
+
+def test_kmeans_recovers_separated_blobs(blobs):
+    x, truth = blobs
+    result = kmeans(features=x, k=4, seed=0, spherical=False)
+    assert isinstance(result, KMeansResult)
+    assert result.assignments.shape == (x.shape[0],) and result.assignments.dtype == np.int64
+    assert result.centroids.shape == (4, 8) and result.centroids.dtype == np.float32
+    assert adjusted_mutual_information(a=result.assignments, b=truth) == pytest.approx(1.0, abs=1e-12)
+    assert result.sizes.dtype == np.int64 and result.sizes.sum() == x.shape[0]
+    np.testing.assert_array_equal(result.sizes, np.bincount(result.assignments, minlength=4))
+    np.testing.assert_array_equal(np.sort(result.sizes), [150] * 4)
+    assert (result.k, result.seed, result.spherical) == (4, 0, False)
+
+
+def test_every_point_is_assigned_to_its_nearest_centroid_and_inertia_matches(blobs):
+    x, _ = blobs
+    result = kmeans(features=x, k=4, seed=1, spherical=False)
+    d2 = _sq_dist(x, result.centroids)
+    np.testing.assert_array_equal(result.assignments, d2.argmin(1))
+    expected = ((x.astype(np.float64) - result.centroids[result.assignments]) ** 2).sum()
+    assert result.inertia == pytest.approx(expected, rel=1e-4)
+
+
+def test_all_points_train_the_centroids_no_subsampling():
+    # faiss trains on at most k * 256 points by default; with 2 clusters of 1,000 points each the
+    # centroids of a subsample differ from the means of all points by ~ std / sqrt(256).
+    centers = np.array([[5.0, 0.0], [-5.0, 0.0]])
+    x, _ = _blobs(centers=centers, per_blob=1000, std=1.0, seed=3)
+    result = kmeans(features=x, k=2, seed=0, spherical=False)
+    for j in range(2):
+        np.testing.assert_allclose(result.centroids[j], x[result.assignments == j].mean(0), atol=1e-4)
+
+
+def test_seed_determinism(blobs):
+    x, _ = blobs
+    noisy = x + np.random.default_rng(5).standard_normal(x.shape).astype(np.float32) * 4  # overlapping blobs
+    a = kmeans(features=noisy, k=6, seed=123, spherical=False)
+    b = kmeans(features=noisy, k=6, seed=123, spherical=False)
+    np.testing.assert_array_equal(a.assignments, b.assignments)
+    np.testing.assert_array_equal(a.centroids, b.centroids)
+    assert a.inertia == b.inertia
+
+
+def test_spherical_clusters_directions_and_ignores_norms():
+    rng = np.random.default_rng(0)
+    directions = np.array([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0]])
+    x, truth = _blobs(centers=directions, per_blob=100, std=0.05, seed=1)
+    scaled = x * rng.uniform(0.1, 50.0, size=(x.shape[0], 1)).astype(np.float32)
+    original = scaled.copy()
+    result = kmeans(features=scaled, k=3, seed=0, spherical=True)
+    np.testing.assert_array_equal(scaled, original)  # input not normalised in place
+    assert adjusted_mutual_information(a=result.assignments, b=truth) == pytest.approx(1.0, abs=1e-12)
+    np.testing.assert_allclose(np.linalg.norm(result.centroids, axis=1), 1.0, atol=1e-5)
+    unit = x / np.linalg.norm(x, axis=1, keepdims=True)
+    np.testing.assert_array_equal(kmeans(features=unit, k=3, seed=0).assignments, result.assignments)
+    expected = ((unit.astype(np.float64) - result.centroids[result.assignments]) ** 2).sum()
+    assert result.inertia == pytest.approx(expected, rel=1e-3)
+
+
+def test_float16_and_k_equal_m(blobs):
+    x, truth = blobs
+    result = kmeans(features=x.astype(np.float16), k=4, seed=0, spherical=False)
+    assert adjusted_mutual_information(a=result.assignments, b=truth) == pytest.approx(1.0, abs=1e-12)
+    tiny = np.eye(3, dtype=np.float32)
+    assert sorted(kmeans(features=tiny, k=3, seed=0).assignments.tolist()) == [0, 1, 2]
+
+
+def test_k_out_of_range_is_a_config_error(blobs):
+    x, _ = blobs
+    with pytest.raises(ConfigError, match="lower k"):
+        kmeans(features=x[:5], k=6, seed=0)
+    with pytest.raises(ConfigError):
+        kmeans(features=x, k=0, seed=0)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_embeddings_are_a_data_error(blobs, bad):
+    x, _ = blobs
+    x = x.copy()
+    x[7, 3] = bad
+    with pytest.raises(DataError, match="learning rate") as info:
+        kmeans(features=x, k=4, seed=0)
+    assert "row 7" in str(info.value)
+
+
+def test_bad_shapes_and_gpu_request_without_gpu(blobs):
+    x, _ = blobs
+    with pytest.raises(DataError, match="shape"):
+        kmeans(features=x[:, 0], k=2, seed=0)
+    if faiss.get_num_gpus() == 0:
+        with pytest.raises(ConfigError, match="faiss-gpu"):
+            kmeans(features=x, k=4, seed=0, use_gpu=True)
+
+
+def test_adjusted_mutual_information():
+    a = np.array([0, 0, 1, 1, 2, 2])
+    assert adjusted_mutual_information(a=a, b=np.array([5, 5, 3, 3, 9, 9])) == pytest.approx(1.0)
+    rng = np.random.default_rng(0)
+    independent = adjusted_mutual_information(a=rng.integers(0, 4, 4000), b=rng.integers(0, 4, 4000))
+    assert abs(independent) < 0.01
+    with pytest.raises(DataError, match="align"):
+        adjusted_mutual_information(a=a, b=a[:3])
+
+
+def test_save_and_load_roundtrip(tmp_path, blobs):
+    x, _ = blobs
+    result = kmeans(features=x, k=4, seed=7, spherical=False)
+    ids = np.array([f"img_{i:05d}" for i in range(x.shape[0])])
+    directory = tmp_path / "stage0" / "clusters"
+    summary = save_clusters(result=result, ids=ids, directory=directory)
+
+    assert sorted(p.name for p in directory.iterdir()) == ["assignments.npz", "centroids.npy", "summary.json"]
+    assert json.loads((directory / "summary.json").read_text()) == summary
+    assert summary["k"] == 4 and summary["seed"] == 7 and summary["num_points"] == x.shape[0]
+    assert summary["sizes"] == result.sizes.tolist() and summary["empty_clusters"] == 0
+    assert summary["inertia"] == pytest.approx(result.inertia)
+    np.testing.assert_array_equal(np.load(directory / "centroids.npy"), result.centroids)
+
+    loaded_ids, loaded = load_assignments(directory=directory)
+    np.testing.assert_array_equal(loaded_ids, ids)
+    np.testing.assert_array_equal(loaded, result.assignments)
+    assert loaded.dtype == np.int64
+
+
+def test_save_counts_empty_clusters_and_checks_ids(tmp_path):
+    result = KMeansResult(
+        assignments=np.array([0, 0, 2], dtype=np.int64), centroids=np.zeros((3, 2), np.float32),
+        sizes=np.array([2, 0, 1], dtype=np.int64), inertia=0.5, k=3, seed=0,
+    )
+    summary = save_clusters(result=result, ids=np.array([10, 11, 12]), directory=tmp_path)
+    assert summary["empty_clusters"] == 1
+    ids, _ = load_assignments(directory=tmp_path)
+    np.testing.assert_array_equal(ids, [10, 11, 12])
+    with pytest.raises(DataError, match="ids"):
+        save_clusters(result=result, ids=np.array([1, 2]), directory=tmp_path)
+
+
+def test_load_missing_directory_says_to_rerun_clustering(tmp_path):
+    with pytest.raises(DataError, match="re-run the clustering stage"):
+        load_assignments(directory=tmp_path / "nope")

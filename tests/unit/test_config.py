@@ -1,0 +1,51 @@
+import pytest
+
+from contrastive.errors import ConfigError
+from pipeline_config.loader import load_config, parse_override, preset_names
+from pipeline_config.schema import PipelineConfig, check_feasible
+
+
+def test_presets_load_and_default_is_feasible():
+    assert {"trifeature_mcl", "trifeature_tiny"} <= set(preset_names())
+    config = load_config("trifeature_mcl")
+    check_feasible(config, num_train=config.data.trifeature.num_train)
+
+
+def test_overrides_are_yaml_typed():
+    config = load_config("trifeature_tiny", ["train.epochs=3", "mcl.clusters=[8, 2]", "augment.hflip=true"])
+    assert config.train.epochs == 3 and config.mcl.clusters == [8, 2] and config.augment.hflip is True
+    assert parse_override("a.b=0.5") == (["a", "b"], 0.5)
+
+
+@pytest.mark.parametrize("override, fix", [
+    ("train.epoch=3", "unknown key"),
+    ("method.temperature=0", "must be > 0"),
+    ("mcl.num_stages=0", "num_stages must be >= 1"),
+    ("mcl.clusters=[8]", "one K per stage"),
+    ("data.kind=image_folder", "data.image_folder.source"),
+    ("augment.crop_scale=[0.5, 0.2]", "low <= high"),
+    ("train", "key.path=value"),
+])
+def test_bad_configs_name_the_fix(override, fix):
+    with pytest.raises(ConfigError, match=fix):
+        load_config("trifeature_tiny", [override])
+
+
+def test_missing_config_file_lists_presets():
+    with pytest.raises(ConfigError, match="trifeature_mcl"):
+        load_config("no/such/file.yaml")
+
+
+def test_cluster_capacity_rule():
+    config = PipelineConfig.model_validate({"train": {"batch_size": 100}, "mcl": {"num_stages": 3, "clusters": 10}})
+    check_feasible(config, num_train=10_000)  # 10 * 10 = 100 groups <= 10000 / 100
+    with pytest.raises(ConfigError, match=r"prod\(K\) <= M/b"):
+        check_feasible(config, num_train=9_000)
+    with pytest.raises(ConfigError, match="batch_size=100 is larger"):
+        check_feasible(config, num_train=50)
+
+
+def test_config_hash_ignores_name_and_tracking_only():
+    a = PipelineConfig()
+    assert a.config_hash() == PipelineConfig(name="other", tracking={"experiment": "x"}).config_hash()
+    assert a.config_hash() != PipelineConfig(seed=1).config_hash()
