@@ -21,8 +21,7 @@ from contrastive.embeddings import compute_embeddings, load_embeddings, save_emb
 from contrastive.errors import DataError
 from contrastive.evaluate import evaluate_representation
 from contrastive.integrate import concat_normalized
-from contrastive.losses import nt_xent
-from contrastive.models import build_model
+from contrastive.methods import build_method
 from contrastive.sampling import (ClusterBatchSampler, align_labels_to_ids, combine_pseudo_labels,
                                   merge_small_groups)
 from contrastive.train import TrainCallback, resolve_device, seed_everything, train_contrastive
@@ -48,7 +47,7 @@ def load_pseudo_labels(*, path: Path, dataset: ImageArrayDataset) -> np.ndarray:
 
 
 def train_stage(*, dataset_dir: Path, stage_dir: Path, pseudo_labels_path: Path | None, model_kwargs: dict,
-                temperature: float, augment_kwargs: dict, epochs: int, batch_size: int, optimizer: str, lr: float,
+                method_kwargs: dict, augment_kwargs: dict, epochs: int, batch_size: int, optimizer: str, lr: float,
                 weight_decay: float, schedule: str, warmup_fraction: float, seed: int, device: str,
                 remainder_policy: str, checkpoint_every_steps: int, log_every_steps: int, threads: int = 0,
                 callbacks: list[TrainCallback] = (), stop_after_steps: int | None = None) -> dict:
@@ -67,20 +66,19 @@ def train_stage(*, dataset_dir: Path, stage_dir: Path, pseudo_labels_path: Path 
     sampler = ClusterBatchSampler(groups=groups, num_samples=len(train_indices), batch_size=batch_size, seed=seed,
                                   remainder_policy=remainder_policy)
     seed_everything(seed)
-    model = build_model(**model_kwargs)
+    method = build_method(model_kwargs=model_kwargs, method_kwargs=method_kwargs)
     torch_device = resolve_device(device)
     result = train_contrastive(
-        model=model, batch_sampler=sampler, get_batch=lambda rows: dataset.get_batch(train_indices[rows]),
-        augment=TwoViewAugment(**augment_kwargs),
-        loss_fn=lambda z1, z2: nt_xent(z1=z1, z2=z2, temperature=temperature),
-        epochs=epochs, optimizer=optimizer, lr=lr, weight_decay=weight_decay, schedule=schedule,
+        model=method, batch_sampler=sampler, get_batch=lambda rows: dataset.get_batch(train_indices[rows]),
+        augment=TwoViewAugment(**augment_kwargs), epochs=epochs, optimizer=optimizer, lr=lr, weight_decay=weight_decay, schedule=schedule,
         warmup_fraction=warmup_fraction, seed=seed, device=torch_device,
         checkpoint_path=stage_dir / "checkpoints" / "last.pt", checkpoint_every_steps=checkpoint_every_steps,
         log_every_steps=log_every_steps, callbacks=callbacks, stop_after_steps=stop_after_steps)
     model_path = stage_dir / "model" / "model.pt"
     model_path.parent.mkdir(parents=True, exist_ok=True)
     buffer_path = model_path.with_suffix(".tmp")
-    torch.save({"state_dict": model.state_dict(), "model_kwargs": model_kwargs}, buffer_path)
+    torch.save({"state_dict": method.state_dict(), "model_kwargs": model_kwargs, "method_kwargs": method_kwargs},
+               buffer_path)
     buffer_path.replace(model_path)
     summary = {"steps": result.steps, "epochs": result.epochs, "final_loss": result.final_loss,
                "resumed_from_step": result.resumed_from_step, "seconds": result.seconds,
@@ -94,9 +92,9 @@ def load_trained_model(*, model_path: Path, device: torch.device) -> torch.nn.Mo
     if not Path(model_path).exists():
         raise DataError(f"trained model {model_path} is missing: rerun the pipeline to retrain this stage")
     saved = torch.load(model_path, map_location=device, weights_only=False)
-    model = build_model(**saved["model_kwargs"])
-    model.load_state_dict(saved["state_dict"])
-    return model.to(device).eval()
+    method = build_method(model_kwargs=saved["model_kwargs"], method_kwargs=saved["method_kwargs"])
+    method.load_state_dict(saved["state_dict"])
+    return method.to(device).eval()
 
 
 # ---------------------------------------------------------------------------------------------------- export

@@ -11,13 +11,15 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
 import torch
-from torch import nn
 
 from contrastive.checkpoint import load_checkpoint, save_checkpoint
+
+if TYPE_CHECKING:
+    from contrastive.methods.base import ContrastiveMethod
 
 
 class TrainCallback(Protocol):
@@ -86,20 +88,20 @@ def _restore_rng(state: dict, generator: torch.Generator) -> None:
     generator.set_state(state["augment"])
 
 
-def train_contrastive(*, model: nn.Module, batch_sampler, get_batch: Callable[[np.ndarray], torch.Tensor],
-                      augment: Callable, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                      epochs: int, optimizer: str, lr: float, weight_decay: float, schedule: str,
+def train_contrastive(*, model: "ContrastiveMethod", batch_sampler,
+                      get_batch: Callable[[np.ndarray], torch.Tensor], augment: Callable, epochs: int, optimizer: str, lr: float, weight_decay: float, schedule: str,
                       warmup_fraction: float, seed: int, device: torch.device, checkpoint_path: Path,
                       checkpoint_every_steps: int, log_every_steps: int,
                       callbacks: list[TrainCallback] = (), stop_after_steps: int | None = None) -> TrainResult:
-    """Train ``model`` on two augmented views per sample, batches taken from ``batch_sampler``.
+    """Train a contrastive method on two augmented views per sample, batches taken from ``batch_sampler``.
 
-    batch_sampler: a ClusterBatchSampler-like object (set_epoch, state_dict, load_state_dict, __iter__ of index
-    lists, __len__). get_batch(indices) -> uint8 (B, 3, H, W). augment(uint8 batch, generator) -> two views.
-    loss_fn(z1, z2) with z (B, D) -> scalar. ``stop_after_steps`` stops early after that many global steps,
+    model: a ContrastiveMethod (training_loss(view1, view2, step) -> (loss, metrics); after_optimizer_step).
+    batch_sampler: a ClusterBatchSampler-like object (state_dict, load_state_dict, __iter__ of index lists,
+    __len__). get_batch(indices) -> uint8 (B, 3, H, W). augment(uint8 batch, generator) -> two float views. ``stop_after_steps`` stops early after that many global steps,
     as a crash would (used by tests of resumption).
     """
-    model.to(device)
+    # channels_last runs the conv stack about 30% faster on CPU (oneDNN) and is what cuDNN prefers too.
+    model.to(device, memory_format=torch.channels_last)
     opt = build_optimizer(params=model.parameters(), name=optimizer, lr=lr, weight_decay=weight_decay)
     steps_per_epoch = max(1, len(batch_sampler))
     total_steps = steps_per_epoch * epochs
@@ -138,11 +140,9 @@ def train_contrastive(*, model: nn.Module, batch_sampler, get_batch: Callable[[n
         window_start, window_views = time.perf_counter(), 0
         for batch_indices in batch_sampler:
             images = get_batch(np.asarray(batch_indices, dtype=np.int64))
-            view1, view2 = augment(images, generator)
-            # Both views in one forward: BatchNorm sees the whole 2B batch, as in SimCLR.
-            z = model(torch.cat([view1, view2]).to(device, non_blocking=True))
-            z1, z2 = z.chunk(2)
-            loss = loss_fn(z1, z2)
+            view1, view2 = (v.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)
+                            for v in augment(images, generator))
+            loss, method_metrics = model.training_loss(view1, view2, step=step)
             if not torch.isfinite(loss):
                 from contrastive.errors import MclpipeError
                 raise MclpipeError(f"training diverged at step {step} (loss {loss.item()}): lower train.lr; "
@@ -151,6 +151,7 @@ def train_contrastive(*, model: nn.Module, batch_sampler, get_batch: Callable[[n
             loss.backward()
             opt.step()
             scheduler.step()
+            model.after_optimizer_step(step=step)
             step += 1
             consumed += 1
             last_loss = loss.item()
@@ -160,7 +161,8 @@ def train_contrastive(*, model: nn.Module, batch_sampler, get_batch: Callable[[n
             if step % log_every_steps == 0:
                 elapsed = time.perf_counter() - window_start
                 metrics = {"train/loss": last_loss, "train/lr": scheduler.get_last_lr()[0],
-                           "train/views_per_s": window_views / max(elapsed, 1e-9), "train/epoch": float(epoch)}
+                           "train/views_per_s": window_views / max(elapsed, 1e-9), "train/epoch": float(epoch),
+                           **method_metrics}
                 history.append({"step": float(step), **metrics})
                 for callback in callbacks:
                     callback.on_step(step=step, epoch=epoch, metrics=metrics)

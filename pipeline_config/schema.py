@@ -165,6 +165,7 @@ class PipelineConfig(_Section):
     """Everything one MCL pipeline needs. ``name`` and ``tracking`` do not change results and are left out of
     the config hash; everything else is in it."""
 
+    pipeline: Literal["mcl"] = "mcl"
     name: str = "mcl"
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -153,7 +153,7 @@ def train_stage(*, config: PipelineConfig, key: str, out_dir: str, stage: int, d
         dataset_dir=data["dir"], stage_dir=Path(out_dir),
         pseudo_labels_path=pseudo_labels["path"] if pseudo_labels else None,
         model_kwargs=config.model.model_dump(mode="json"),
-        temperature=config.method.temperature, augment_kwargs=config.augment.model_dump(),
+        method_kwargs=config.method.model_dump(mode="json"), augment_kwargs=config.augment.model_dump(),
         epochs=t.epochs, batch_size=t.batch_size, optimizer=t.optimizer, lr=t.lr, weight_decay=t.weight_decay,
         schedule=t.scheduler, warmup_fraction=t.warmup_fraction, seed=seed, device=config.device,
         remainder_policy=config.mcl.remainder_policy, checkpoint_every_steps=t.checkpoint_every_steps,

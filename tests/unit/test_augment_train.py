@@ -3,8 +3,7 @@ import torch
 
 from contrastive.augment import TwoViewAugment, random_resized_crop
 from contrastive.checkpoint import load_checkpoint, save_checkpoint
-from contrastive.losses import nt_xent
-from contrastive.models import build_model
+from contrastive.methods import build_method
 from contrastive.sampling import ClusterBatchSampler
 from contrastive.train import lr_multiplier, seed_everything, train_contrastive
 
@@ -48,12 +47,13 @@ def _train(tmp_path, *, stop_after_steps=None, epochs=2):
     images = torch.randint(0, 255, (48, 3, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     groups = np.repeat(np.arange(3), 16)
     seed_everything(0)
-    model = build_model(encoder="small_cnn", widths=[4, 8], projection_hidden=8, projection_dim=4)
+    model = build_method(model_kwargs=dict(encoder="small_cnn", widths=[4, 8], projection_hidden=8, projection_dim=4),
+                         method_kwargs=dict(name="simclr", temperature=0.5))
     sampler = ClusterBatchSampler(groups=groups, batch_size=8, seed=0)
     result = train_contrastive(
         model=model, batch_sampler=sampler, get_batch=lambda rows: images[torch.from_numpy(rows)],
         augment=TwoViewAugment(crop_scale=(0.3, 1.0), crop_ratio=(0.75, 1.33), hflip=False, color_jitter=0.0),
-        loss_fn=lambda a, b: nt_xent(z1=a, z2=b, temperature=0.5), epochs=epochs, optimizer="adam", lr=1e-2,
+        epochs=epochs, optimizer="adam", lr=1e-2,
         weight_decay=0.0, schedule="cosine", warmup_fraction=0.1, seed=0, device=torch.device("cpu"),
         checkpoint_path=tmp_path / "ckpt" / "last.pt", checkpoint_every_steps=2, log_every_steps=1,
         stop_after_steps=stop_after_steps)
