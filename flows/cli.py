@@ -47,8 +47,14 @@ def results_table(title: str, results: dict[str, dict[str, float]], metric: str 
     return table
 
 
-def run_pipeline(config):
+def run_pipeline(config) -> dict:
+    """Dispatch on the config's ``pipeline`` kind; every flow returns {"results", "dir", "tracking_hint", ...}."""
+    if config.pipeline == "clip":
+        from flows.clip_flow import clip_pipeline
+        return clip_pipeline(config)
     from flows.mcl_flow import mcl_pipeline
+    from pipeline_config.schema import preflight
+    preflight(config)  # fail on user mistakes before the Prefect server starts or anything is computed
     return mcl_pipeline(config)
 
 

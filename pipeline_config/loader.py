@@ -69,9 +69,20 @@ def format_validation_error(exc: ValidationError) -> str:
     return "invalid config: " + "; ".join(parts)
 
 
+def config_schema_for(raw: dict):
+    """The schema named by the top-level ``pipeline`` key (mcl by default)."""
+    kind = raw.get("pipeline", "mcl")
+    if kind == "clip":
+        from pipeline_config.schema import ClipPipelineConfig
+        return ClipPipelineConfig
+    if kind != "mcl":
+        raise ConfigError(f"pipeline: {kind!r} is not a pipeline kind; use mcl or clip")
+    return PipelineConfig
+
+
 def config_from_dict(raw: dict) -> PipelineConfig:
     try:
-        return PipelineConfig.model_validate(raw)
+        return config_schema_for(raw).model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc)) from None
 

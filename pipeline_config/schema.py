@@ -211,3 +211,20 @@ def check_feasible(config: PipelineConfig, *, num_train: int) -> None:
             f"{num_clusterings} clusterings gives up to {groups} groups but M/b = {num_train}/{batch} = "
             f"{capacity:.0f}. Fix: fewer clusters (e.g. --set mcl.clusters=[{max(2, int(capacity) // 2 ** (num_clusterings - 1))}"
             f"{', 2' * (num_clusterings - 1)}]), a smaller train.batch_size, fewer mcl.num_stages, or more data")
+
+
+def preflight(config: PipelineConfig) -> None:
+    """Every check that can run before any compute: input paths exist, and the cluster/batch capacity rule
+    when the training-set size is known from the config alone (generated data)."""
+    data = config.data
+    if data.kind == "image_folder":
+        source = data.image_folder.source
+        if source is None or not Path(source).is_dir():
+            raise ConfigError(f"data.image_folder.source {str(source)!r} is not a directory: point it at your "
+                              f"images with --set data.image_folder.source=/path/to/images")
+        csv = data.image_folder.labels_csv
+        if csv is not None and not Path(csv).is_file():
+            raise ConfigError(f"data.image_folder.labels_csv {str(csv)!r} does not exist: fix the path or drop "
+                              f"the key to use class subfolders as labels")
+    else:
+        check_feasible(config, num_train=data.trifeature.num_train)

@@ -1,0 +1,35 @@
+# mclpipe on a CUDA runtime: GPU training and GPU k-means (faiss-gpu) inside; runs as a non-root user.
+# Build:  docker build -t mclpipe .
+# Run:    docker run --gpus all -v $PWD/runs:/home/mcl/app/runs mclpipe run trifeature_mcl
+FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+
+ENV DEBIAN_FRONTEND=noninteractive \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PREFECT_SERVER_ANALYTICS_ENABLED=false
+
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv python3-dev build-essential make git \
+ && rm -rf /var/lib/apt/lists/*
+
+RUN useradd --create-home --uid 1000 mcl
+USER mcl
+WORKDIR /home/mcl/app
+
+COPY --chown=mcl:mcl pyproject.toml README.md ./
+COPY --chown=mcl:mcl contrastive ./contrastive
+COPY --chown=mcl:mcl pipeline_config ./pipeline_config
+COPY --chown=mcl:mcl tasks ./tasks
+COPY --chown=mcl:mcl flows ./flows
+
+# The dependency set is pinned in pyproject.toml (torch, torchvision, prefect, fastapi < 0.155, mlflow 3.17);
+# on a GPU image swap faiss-cpu for the CUDA build of faiss.
+RUN python3 -m venv /home/mcl/venv \
+ && /home/mcl/venv/bin/pip install --upgrade pip \
+ && /home/mcl/venv/bin/pip install . \
+ && /home/mcl/venv/bin/pip uninstall -y faiss-cpu \
+ && /home/mcl/venv/bin/pip install "faiss-gpu-cu12>=1.9"
+
+ENV PATH=/home/mcl/venv/bin:$PATH
+ENTRYPOINT ["mclpipe"]
+CMD ["--help"]

@@ -1,0 +1,62 @@
+"""The CLI as a user runs it: a real `mclpipe run` (temporary local Prefect server, MLflow on sqlite), the cache
+on a second run, and one-line errors for user mistakes."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+MCLPIPE = str(Path(sys.executable).with_name("mclpipe"))
+
+
+def mclpipe(tmp_path: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "COLUMNS": "200"}
+    env.pop("PREFECT_API_URL", None)  # a real user run: its own temporary local server, not the test harness
+    return subprocess.run([MCLPIPE, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def tiny_args(tmp_path: Path) -> list[str]:
+    return ["trifeature_tiny", "--set", f"output_dir={tmp_path / 'runs'}", "--set",
+            f"data.cache_dir={tmp_path / 'data'}", "--set", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"]
+
+
+def test_run_then_rerun_hits_the_cache(tmp_path):
+    first = mclpipe(tmp_path, "run", *tiny_args(tmp_path))
+    assert first.returncode == 0, first.stderr[-3000:]
+    for row in ("stage 0", "stage 2", "MCL concat", "control concat", "mlflow ui --backend-store-uri"):
+        assert row in first.stdout, row
+    assert (tmp_path / "mlflow.db").exists()
+    summary_dirs = list((tmp_path / "runs" / "pipelines").iterdir())
+    assert len(summary_dirs) == 1 and (summary_dirs[0] / "probe_accuracy.png").stat().st_size > 1000
+
+    second = mclpipe(tmp_path, "run", *tiny_args(tmp_path))
+    assert second.returncode == 0, second.stderr[-3000:]
+    log = second.stdout + second.stderr
+    assert log.count("train-stage") >= 5 and "training stage" not in log  # every stage came from the cache
+    assert "Cached" in log
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("mclpipe")
+    parents = client.search_runs([experiment.experiment_id], "tags.kind = 'pipeline'")
+    assert len(parents) == 2 and all(p.info.status == "FINISHED" for p in parents)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--set", "train.epoch=3"], "train.epoch: unknown key"),
+    (["--set", "mcl.clusters=[100, 100]"], "prod(K) <= M/b"),
+    (["--set", "data.kind=image_folder", "--set", "data.image_folder.source=/no/such/dir"], "/no/such/dir"),
+])
+def test_user_mistakes_end_in_one_line(tmp_path, extra, message):
+    result = mclpipe(tmp_path, "run", *tiny_args(tmp_path), *extra)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and message in error_lines[0], result.stderr[-2000:]
+
+
+def test_unknown_config_file(tmp_path):
+    result = mclpipe(tmp_path, "run", "nope.yaml")
+    assert result.returncode == 2 and "presets" in result.stderr and "Traceback" not in result.stderr
