@@ -22,3 +22,160 @@ def nt_xent(*, z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.
     logits.fill_diagonal_(float("-inf"))
     positives = torch.cat([torch.arange(batch, 2 * batch), torch.arange(0, batch)]).to(z.device)
     return F.cross_entropy(logits, positives)
+
+
+# ---------------------------------------------------------------------------------------------------- HEX
+def hex_cross_entropy(*, positive_logits: torch.Tensor, negative_logits: torch.Tensor, hierarchy: torch.Tensor,
+                      q: float | torch.Tensor) -> torch.Tensor:
+    """Per-anchor HEX loss (local hierarchy exploitation), the core every HEX method calls.
+
+    positive_logits: (N,) s_ij of each anchor with its positive. negative_logits: (N, M) s_in of each anchor with
+    each candidate negative, -inf where n is not a negative of i (the anchor itself, its positive, padding).
+    hierarchy: (N, M) bool, H(i). q: a float or an (N, M) tensor of weights Q_in >= 0 (read only inside H(i)).
+    Returns (N,):
+        L_i = -log( e^{s_ij} / ( e^{s_ij} + sum_{h in H(i)} Q_ih e^{s_ih} + sum_{n notin H(i)} e^{s_in} ) ).
+    Q is a real per-pair weight, entered as log Q added to the hierarchy logits, so the denominator is one stable
+    logsumexp; Q = 1 is InfoNCE, Q = 0 gives -inf (the negative is removed) and dL/ds_ih = Q_ih e^{s_ih} / denom.
+    """
+    if negative_logits.shape != hierarchy.shape or negative_logits.shape[0] != positive_logits.shape[0]:
+        raise ValueError(f"shapes disagree: positives {tuple(positive_logits.shape)}, negatives "
+                         f"{tuple(negative_logits.shape)}, hierarchy {tuple(hierarchy.shape)}")
+    log_q = _log_weights(q, like=negative_logits)
+    weighted = torch.where(hierarchy, negative_logits + log_q, negative_logits)
+    denominator = torch.logsumexp(torch.cat([positive_logits[:, None], weighted], dim=1), dim=1)
+    return denominator - positive_logits
+
+
+def _log_weights(q: float | torch.Tensor, *, like: torch.Tensor) -> torch.Tensor:
+    """log Q as a tensor broadcastable to ``like``; Q is a weight, not a learnt quantity, so it carries no grad."""
+    q_tensor = torch.as_tensor(q, dtype=like.dtype, device=like.device).detach()
+    if q_tensor.ndim not in (0, 2) or (q_tensor.ndim == 2 and q_tensor.shape != like.shape):
+        raise ValueError(f"q must be a float or a tensor of shape {tuple(like.shape)}, got {tuple(q_tensor.shape)}")
+    if bool((q_tensor < 0).any()) or not bool(torch.isfinite(q_tensor).all()):
+        from contrastive.errors import ConfigError
+        raise ConfigError("HEX weight Q must be finite and >= 0 (0 removes the hierarchy negatives, 1 is plain "
+                          "InfoNCE): fix method.hex.q")
+    return torch.log(q_tensor)
+
+
+def hex_stats(*, epsilon: float | None, hierarchy: torch.Tensor, q: float | torch.Tensor) -> dict[str, float]:
+    """Per-step HEX numbers to log: the threshold, mean |H(i)| over anchors, and the mean Q applied inside H."""
+    size = hierarchy.sum(dim=1).float().mean().item()
+    if isinstance(q, torch.Tensor) and q.ndim == 2:
+        q_mean = q[hierarchy].float().mean().item() if bool(hierarchy.any()) else float("nan")
+    else:
+        q_mean = float(q)
+    return {"hex/epsilon": float("nan") if epsilon is None else float(epsilon), "hex/mean_hierarchy_size": size,
+            "hex/q_mean": q_mean}
+
+
+def two_view_positives(batch: int, *, device: torch.device | None = None) -> torch.Tensor:
+    """(2B,) index of each anchor's positive when rows are [view1; view2]: i <-> i + B."""
+    return (torch.arange(2 * batch, device=device) + batch) % (2 * batch)
+
+
+def two_view_negatives(batch: int, *, device: torch.device | None = None) -> torch.Tensor:
+    """(2B, 2B) bool: True where column n is a negative of anchor row i (neither i itself nor its positive)."""
+    n = 2 * batch
+    eye = torch.eye(n, dtype=torch.bool, device=device)
+    positive = torch.zeros_like(eye)
+    positive[torch.arange(n, device=device), two_view_positives(batch, device=device)] = True
+    return ~(eye | positive)
+
+
+@torch.no_grad()
+def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(N, D), (M, D) -> (N, M) cosine similarities, without gradient (used to choose H(i), epsilon and Q)."""
+    return F.normalize(a.detach().float(), dim=1) @ F.normalize(b.detach().float(), dim=1).T
+
+
+def hex_info_nce(*, z1: torch.Tensor, z2: torch.Tensor, temperature: float, epsilon: float | None,
+                 q: float | torch.Tensor, hierarchy_mask: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, dict[str, float]]:
+    """NT-Xent with HEX's weighted hierarchy negatives (SimCLR + HEX), averaged over the 2B anchors.
+
+    z1, z2: (B, D) projections of two views; anchor i (of the 2B rows [z1; z2]) has positive j = i +- B and
+    negatives n != i, j. For s = cos / tau:
+        L_i = -log( e^{s_ij} / ( e^{s_ij} + sum_{h in H(i)} Q_ih e^{s_ih} + sum_{n notin H(i), n != i, j} e^{s_in} ) )
+    H(i) = the negatives whose cosine to the anchor exceeds ``epsilon``, chosen without gradient, unless
+    ``hierarchy_mask`` (2B, 2B) bool gives it (e.g. same k-means cluster of an earlier MCL stage; entries outside
+    the negatives are ignored). q: float or (2B, 2B) per-pair weights. With several ranks, gather z1 and z2 with
+    :func:`gather_across_ranks` first so H(i) is chosen among every rank's negatives.
+    Returns (scalar loss, {"hex/epsilon", "hex/mean_hierarchy_size", "hex/q_mean"}).
+    """
+    if z1.shape != z2.shape or z1.ndim != 2:
+        raise ValueError(f"z1 and z2 must both be (B, D); got {tuple(z1.shape)} and {tuple(z2.shape)}")
+    batch, device = z1.shape[0], z1.device
+    z = F.normalize(torch.cat([z1, z2], dim=0), dim=1)
+    logits = z @ z.T / temperature
+    negatives = two_view_negatives(batch, device=device)
+    if hierarchy_mask is None:
+        if epsilon is None:
+            raise ValueError("hex_info_nce needs epsilon or hierarchy_mask to choose H(i)")
+        with torch.no_grad():
+            hierarchy = (z @ z.T > epsilon) & negatives
+    else:
+        hierarchy = hierarchy_mask.to(device=device, dtype=torch.bool) & negatives
+    rows = torch.arange(2 * batch, device=device)
+    per_anchor = hex_cross_entropy(positive_logits=logits[rows, two_view_positives(batch, device=device)],
+                                   negative_logits=logits.masked_fill(~negatives, float("-inf")),
+                                   hierarchy=hierarchy, q=q)
+    return per_anchor.mean(), hex_stats(epsilon=epsilon, hierarchy=hierarchy, q=q)
+
+
+def cross_view_info_nce(*, anchors: torch.Tensor, candidates: torch.Tensor, temperature: float,
+                        hierarchy: torch.Tensor | None = None, q: float | torch.Tensor = 1.0) -> torch.Tensor:
+    """InfoNCE over a (B, B) cross-view similarity matrix, positives on the diagonal (NNCLR, eq. 1), with optional
+    HEX weighting of the hierarchy negatives.
+
+    anchors: (B, D) (NNCLR: nearest neighbours NN(z_i) from the support set); candidates: (B, D) (the other view's
+    predictions); L_i = -log( e^{s_ii} / ( e^{s_ii} + sum_{h in H(i)} Q_ih e^{s_ih} + sum_{k notin H(i), k != i} e^{s_ik} ) ).
+    hierarchy: (B, B) bool (the diagonal is ignored); None = plain InfoNCE. Returns the scalar mean over anchors.
+    """
+    logits = F.normalize(anchors, dim=1) @ F.normalize(candidates, dim=1).T / temperature
+    eye = torch.eye(len(logits), dtype=torch.bool, device=logits.device)
+    hierarchy = torch.zeros_like(eye) if hierarchy is None else hierarchy.to(torch.bool) & ~eye
+    return hex_cross_entropy(positive_logits=logits.diagonal(), negative_logits=logits.masked_fill(eye, float("-inf")),
+                             hierarchy=hierarchy, q=q).mean()
+
+
+def queue_info_nce(*, query: torch.Tensor, key: torch.Tensor, queue: torch.Tensor, temperature: float,
+                   hierarchy: torch.Tensor | None = None, q: float | torch.Tensor = 1.0) -> torch.Tensor:
+    """MoCo's InfoNCE (He et al., 2020, eq. 1) with optional HEX weighting of the queue's hierarchy negatives.
+
+    query: (B, D) q = f_q(x); key: (B, D) k+ = f_k(x') (no grad); queue: (K, D) earlier keys, the negatives.
+    L_i = -log( e^{q.k+/tau} / ( e^{q.k+/tau} + sum_{h in H(i)} Q_ih e^{q.k_h/tau} + sum_{n notin H(i)} e^{q.k_n/tau} ) ).
+    hierarchy: (B, K) bool or None. Returns the scalar mean over the B queries.
+    """
+    query, key, queue = F.normalize(query, dim=1), F.normalize(key, dim=1), F.normalize(queue, dim=1)
+    negative_logits = query @ queue.T / temperature
+    if hierarchy is None:
+        hierarchy = torch.zeros_like(negative_logits, dtype=torch.bool)
+    return hex_cross_entropy(positive_logits=(query * key).sum(dim=1) / temperature,
+                             negative_logits=negative_logits, hierarchy=hierarchy, q=q).mean()
+
+
+# ---------------------------------------------------------------------------------------------------- ranks
+def gather_across_ranks(x: torch.Tensor) -> torch.Tensor:
+    """Concatenate ``x`` (B_r, ...) from every rank along dim 0 (rank order); identity without torch.distributed.
+
+    The local slice keeps its gradient (the other ranks' slices are constants here; each rank back-propagates
+    through its own), so calling this BEFORE choosing H(i) makes every rank's samples candidate negatives.
+    Ranks may hold different batch sizes (partial last batches): rows are padded for all_gather and stripped.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return x
+    world, rank = dist.get_world_size(), dist.get_rank()
+    size = torch.tensor([x.shape[0]], device=x.device)
+    sizes = [torch.zeros_like(size) for _ in range(world)]
+    dist.all_gather(sizes, size)
+    longest = int(max(s.item() for s in sizes))
+    padded = torch.zeros((longest, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    padded[: x.shape[0]] = x.detach()
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    parts = [part[: int(n.item())] for part, n in zip(parts, sizes)]
+    parts[rank] = x
+    return torch.cat(parts, dim=0)

@@ -68,12 +68,17 @@ def train_stage(*, dataset_dir: Path, stage_dir: Path, pseudo_labels_path: Path 
     seed_everything(seed)
     method = build_method(model_kwargs=model_kwargs, method_kwargs=method_kwargs)
     torch_device = resolve_device(device)
+    # HEX with hierarchy = earlier_clusters reads each batch sample's pseudo-label (stage 0 has none: threshold).
+    get_groups = None
+    if groups is not None and method.wants_groups:
+        get_groups = lambda rows: torch.from_numpy(groups[rows].astype(np.int64))  # noqa: E731
     result = train_contrastive(
         model=method, batch_sampler=sampler, get_batch=lambda rows: dataset.get_batch(train_indices[rows]),
         augment=TwoViewAugment(**augment_kwargs), epochs=epochs, optimizer=optimizer, lr=lr, weight_decay=weight_decay, schedule=schedule,
         warmup_fraction=warmup_fraction, seed=seed, device=torch_device,
         checkpoint_path=stage_dir / "checkpoints" / "last.pt", checkpoint_every_steps=checkpoint_every_steps,
-        log_every_steps=log_every_steps, callbacks=callbacks, stop_after_steps=stop_after_steps)
+        log_every_steps=log_every_steps, callbacks=callbacks, stop_after_steps=stop_after_steps,
+        get_groups=get_groups)
     model_path = stage_dir / "model" / "model.pt"
     model_path.parent.mkdir(parents=True, exist_ok=True)
     buffer_path = model_path.with_suffix(".tmp")

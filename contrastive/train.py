@@ -92,13 +92,16 @@ def train_contrastive(*, model: "ContrastiveMethod", batch_sampler,
                       get_batch: Callable[[np.ndarray], torch.Tensor], augment: Callable, epochs: int, optimizer: str, lr: float, weight_decay: float, schedule: str,
                       warmup_fraction: float, seed: int, device: torch.device, checkpoint_path: Path,
                       checkpoint_every_steps: int, log_every_steps: int,
-                      callbacks: list[TrainCallback] = (), stop_after_steps: int | None = None) -> TrainResult:
+                      callbacks: list[TrainCallback] = (), stop_after_steps: int | None = None,
+                      get_groups: Callable[[np.ndarray], torch.Tensor] | None = None) -> TrainResult:
     """Train a contrastive method on two augmented views per sample, batches taken from ``batch_sampler``.
 
     model: a ContrastiveMethod (training_loss(view1, view2, step) -> (loss, metrics); after_optimizer_step).
     batch_sampler: a ClusterBatchSampler-like object (state_dict, load_state_dict, __iter__ of index lists,
     __len__). get_batch(indices) -> uint8 (B, 3, H, W). augment(uint8 batch, generator) -> two float views. ``stop_after_steps`` stops early after that many global steps,
-    as a crash would (used by tests of resumption).
+    as a crash would (used by tests of resumption). get_groups(indices) -> int64 (B,) group ids of the batch's
+    samples (the stage's pseudo-labels); when given they reach ``training_loss(..., groups=...)`` (HEX with
+    hierarchy = earlier_clusters), otherwise ``training_loss`` is called exactly as before.
     """
     # channels_last runs the conv stack about 30% faster on CPU (oneDNN) and is what cuDNN prefers too.
     model.to(device, memory_format=torch.channels_last)
@@ -106,6 +109,7 @@ def train_contrastive(*, model: "ContrastiveMethod", batch_sampler,
     steps_per_epoch = max(1, len(batch_sampler))
     total_steps = steps_per_epoch * epochs
     warmup_steps = int(warmup_fraction * total_steps)
+    model.on_train_start(total_steps=total_steps)  # schedules inside the method (HEX epsilon / Q) need the length
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: lr_multiplier(step=s, total_steps=total_steps, warmup_steps=warmup_steps, schedule=schedule))
     generator = torch.Generator().manual_seed(seed)
@@ -121,7 +125,13 @@ def train_contrastive(*, model: "ContrastiveMethod", batch_sampler,
         sampler_state = checkpoint["sampler"]
         start_epoch, step, resumed_from = sampler_state["epoch"], checkpoint["step"], checkpoint["step"]
 
+    last_saved = {"step": None}
+
     def save(epoch: int, consumed: int) -> None:
+        # Saving the same step twice would make the ".prev" fallback a copy of the newest checkpoint.
+        if last_saved["step"] == step:
+            return
+        last_saved["step"] = step
         state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": scheduler.state_dict(),
                  "rng": _rng_state(generator), "sampler": {"epoch": epoch, "batches_consumed": consumed},
                  "step": step}
@@ -139,10 +149,12 @@ def train_contrastive(*, model: "ContrastiveMethod", batch_sampler,
         epoch_losses = []
         window_start, window_views = time.perf_counter(), 0
         for batch_indices in batch_sampler:
-            images = get_batch(np.asarray(batch_indices, dtype=np.int64))
+            rows = np.asarray(batch_indices, dtype=np.int64)
+            images = get_batch(rows)
             view1, view2 = (v.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)
                             for v in augment(images, generator))
-            loss, method_metrics = model.training_loss(view1, view2, step=step)
+            extra = {} if get_groups is None else {"groups": get_groups(rows).to(device)}
+            loss, method_metrics = model.training_loss(view1, view2, step=step, **extra)
             if not torch.isfinite(loss):
                 from contrastive.errors import MclpipeError
                 raise MclpipeError(f"training diverged at step {step} (loss {loss.item()}): lower train.lr; "

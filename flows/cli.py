@@ -124,6 +124,26 @@ def aggregate_seeds(per_seed: list[dict[str, dict[str, float]]], metric: str = "
     return rows
 
 
+@app.command()
+def results(config: ConfigArg, overrides: SetOpt = None) -> None:
+    """Print the results of the last finished run of a config (nothing is computed) and where its files are."""
+    try:
+        cfg = load_config(config, overrides or [])
+    except MclpipeError as exc:
+        fail(str(exc))
+        return
+    summary_path = Path(cfg.output_dir).resolve() / "pipelines" / cfg.config_hash() / "summary.json"
+    if not summary_path.exists():
+        fail(f"no finished run of this config (hash {cfg.config_hash()}) under {cfg.output_dir}: "
+             f"run `mclpipe run {config}` with the same --set options first")
+        return
+    summary = json.loads(summary_path.read_text())
+    console.print(results_table(f"{cfg.name}: linear-probe accuracy (held-out split)", summary["results"]))
+    console.print(results_table("kNN accuracy", summary["results"], metric="knn"))
+    console.print(f"files: {summary_path.parent}")
+    console.print(f"MLflow parent run: {summary.get('mlflow_run_id')}")
+
+
 @app.command("show-config")
 def show_config(config: ConfigArg, overrides: SetOpt = None) -> None:
     """Print the fully resolved config (every valid key, with defaults) and its hash."""

@@ -7,6 +7,7 @@ whatever already finished.
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from prefect.runtime import flow_run
 
 from pipeline_config.schema import PipelineConfig, digest_of
 from tasks import mcl_tasks as t
+from tasks.diagnostics_tasks import diagnose
 
 RESULT_STORE = "prefect-results"
 
@@ -79,6 +81,27 @@ class StageRunner:
         return self.step(t.evaluate, prefix="eval", key=key, run_id=run_id, what=f"eval.{name}", name=name,
                          exports=exports, data=self.data)
 
+    def diagnose(self, *, name: str, trained: dict, exported: dict, clusters: dict | None, run_id: str) -> dict:
+        """Embedding diagnostics of one stage (cosine distributions, anisotropy, rank, alignment/uniformity)."""
+        key = digest_of(["diagnose", exported["key"], clusters["key"] if clusters else None,
+                         self.config.augment.model_dump(mode="json"), self.config.seed])
+        return self.step(diagnose, prefix="diag", key=key, run_id=run_id, what=f"diagnose.{name}", name=name,
+                         trained=trained, exported=exported, clusters=clusters, data=self.data)
+
+    def for_config(self, config: PipelineConfig) -> "StageRunner":
+        """This runner for a variant of the config (the no-HEX control): same parent and MLflow runs, steps keyed
+        by the variant's own content."""
+        variant = copy.copy(self)  # shallow: shares stage_runs, so every run is closed at the end
+        variant.config = config
+        return variant
+
+
+def without_hex(config: PipelineConfig) -> PipelineConfig:
+    """A HEX pipeline's control: the same method and everything else, with method.hex.enabled = False."""
+    control = config.model_copy(deep=True)
+    control.method.hex.enabled = False
+    return control
+
 
 @flow(name="mcl-pipeline", log_prints=True)
 def mcl_pipeline(config: PipelineConfig) -> dict:
@@ -94,7 +117,7 @@ def mcl_pipeline(config: PipelineConfig) -> dict:
         exports, clusters, pseudo = [], [], None
         for stage in range(config.mcl.num_stages):
             run_id = runner.stage_run(kind="mcl", stage=stage)
-            _, exported = runner.train_and_export(kind="mcl", stage=stage, pseudo=pseudo)
+            trained, exported = runner.train_and_export(kind="mcl", stage=stage, pseudo=pseudo)
             exports.append(exported)
             results[f"stage {stage}"] = runner.evaluate(name=f"stage{stage}", exports=[exported],
                                                         run_id=run_id)["metrics"]
@@ -110,17 +133,30 @@ def mcl_pipeline(config: PipelineConfig) -> dict:
                 pseudo = runner.step(t.make_pseudo_labels, prefix=f"pseudo{stage + 1}", key=pseudo_key,
                                      run_id=run_id, what="pseudo_labels", for_stage=stage + 1, clusters=list(clusters),
                                      exports=list(exports), data=data)
+            runner.diagnose(name=f"stage{stage}", trained=trained, exported=exported, run_id=run_id,
+                            clusters=clusters[stage] if stage < len(clusters) else None)
             logger.info("stage %d done: %s", stage, results[f"stage {stage}"])
         if config.mcl.num_stages > 1:
             results["MCL concat"] = runner.evaluate(name="mcl_concat", exports=exports, run_id=parent)["metrics"]
-        if config.mcl.control and config.mcl.num_stages > 1:
-            control_exports = [exports[0]]  # stage 0 has no pseudo-labels: the control shares it
-            for stage in range(1, config.mcl.num_stages):
-                run_id = runner.stage_run(kind="control", stage=stage)
-                _, exported = runner.train_and_export(kind="control", stage=stage, pseudo=None)
+        hex_on = config.method.hex.enabled
+        if config.mcl.control and (config.mcl.num_stages > 1 or hex_on):
+            # A HEX pipeline's control is the same method without HEX, so it retrains (and reports) stage 0 too;
+            # otherwise stage 0 has no pseudo-labels and the control shares it.
+            control = runner.for_config(without_hex(config)) if hex_on else runner
+            label = "control (no HEX)" if hex_on else "control"
+            control_exports = [] if hex_on else [exports[0]]
+            for stage in range(len(control_exports), config.mcl.num_stages):
+                run_id = control.stage_run(kind="control", stage=stage)
+                trained, exported = control.train_and_export(kind="control", stage=stage, pseudo=None)
                 control_exports.append(exported)
-            results["control concat"] = runner.evaluate(name="control_concat", exports=control_exports,
-                                                        run_id=parent)["metrics"]
+                control.diagnose(name=f"control_stage{stage}", trained=trained, exported=exported, clusters=None,
+                                 run_id=run_id)
+                if hex_on:
+                    results[f"{label} stage {stage}"] = control.evaluate(
+                        name=f"control_stage{stage}", exports=[exported], run_id=run_id)["metrics"]
+            if config.mcl.num_stages > 1:
+                results[f"{label} concat"] = control.evaluate(name="control_concat", exports=control_exports,
+                                                              run_id=parent)["metrics"]
         summary = t.summarize(config=config, parent_run_id=parent, pipeline_id=pipeline_id, results=results,
                               cluster_records=clusters, out_dir=str(runner.root / "pipelines" / pipeline_id))
         status = "FINISHED"

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
+from tqdm.auto import tqdm
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.context import TaskRunContext
 
@@ -83,6 +84,26 @@ class PrefectProgress:
         pass
 
 
+class TerminalProgress:
+    """A tqdm bar on the terminal for an interactive `mclpipe run` (disabled when stderr is not a TTY)."""
+
+    def __init__(self, *, total_steps: int, description: str):
+        self.bar = tqdm(total=total_steps, desc=description, unit="step", disable=None, leave=False)
+
+    def on_step(self, *, step: int, epoch: int, metrics: dict[str, float]) -> None:
+        self.bar.n = min(step, self.bar.total)
+        self.bar.set_postfix(loss=f"{metrics.get('train/loss', float('nan')):.3f}", refresh=True)
+
+    def on_epoch_end(self, *, epoch: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def on_checkpoint(self, *, path: Path, step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        self.bar.close()
+
+
 # ---------------------------------------------------------------------------------------------------- tasks
 @task(name="prepare-data")
 def prepare_data(*, config: PipelineConfig) -> dict:
@@ -147,6 +168,7 @@ def train_stage(*, config: PipelineConfig, key: str, out_dir: str, stage: int, d
     buffer = MetricBuffer(tracker=tracker, run_id=mlflow_run_id)
     steps_estimate = t.epochs * max(1, data["num_train"] // t.batch_size)
     progress = PrefectProgress(total_steps=steps_estimate, description=f"stage {stage} training ({out_dir})")
+    terminal = TerminalProgress(total_steps=steps_estimate, description=f"stage {stage}")
     logger.info("training stage %d (%s batches) into %s", stage,
                 "cluster-pure" if pseudo_labels else "random", out_dir)
     summary = stages.train_stage(
@@ -157,7 +179,8 @@ def train_stage(*, config: PipelineConfig, key: str, out_dir: str, stage: int, d
         epochs=t.epochs, batch_size=t.batch_size, optimizer=t.optimizer, lr=t.lr, weight_decay=t.weight_decay,
         schedule=t.scheduler, warmup_fraction=t.warmup_fraction, seed=seed, device=config.device,
         remainder_policy=config.mcl.remainder_policy, checkpoint_every_steps=t.checkpoint_every_steps,
-        log_every_steps=t.log_every_steps, threads=t.threads, callbacks=[buffer, progress])
+        log_every_steps=t.log_every_steps, threads=t.threads, callbacks=[buffer, progress, terminal])
+    terminal.close()
     buffer.flush()
     if summary["resumed_from_step"] is not None:
         tracker.set_tags(mlflow_run_id, {"resumed_from_step": summary["resumed_from_step"]})

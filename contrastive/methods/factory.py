@@ -1,16 +1,35 @@
 from __future__ import annotations
 
+from contrastive.hex import HexRule
 from contrastive.methods.base import ContrastiveMethod
+from contrastive.methods.moco import MoCoV2
+from contrastive.methods.nnclr import NNCLR
 from contrastive.methods.simclr import SimCLR
-from contrastive.models import build_model
+from contrastive.models import ProjectionHead, build_model
+
+METHODS = ("simclr", "moco_v2", "nnclr")
 
 
 def build_method(*, model_kwargs: dict, method_kwargs: dict) -> ContrastiveMethod:
     """A fresh method instance: model_kwargs go to ``build_model`` (encoder, widths, projection sizes);
-    method_kwargs are the config's ``method`` section (name, temperature, ...)."""
+    method_kwargs are the config's ``method`` section as JSON (name, temperature, hex, moco, nnclr). Sections a
+    method does not use are ignored; missing ones take the schema's defaults (models saved before they existed
+    still load)."""
     kwargs = dict(method_kwargs)
     name = kwargs.pop("name")
     model = build_model(**model_kwargs)
+    hex_rule = HexRule.from_config(kwargs.get("hex"))
+    dim = model_kwargs["projection_dim"]
     if name == "simclr":
-        return SimCLR(backbone=model.backbone, head=model.head, temperature=kwargs["temperature"])
-    raise ValueError(f"unknown method {name!r}")
+        return SimCLR(backbone=model.backbone, head=model.head, temperature=kwargs["temperature"], hex_rule=hex_rule)
+    if name == "moco_v2":
+        moco = kwargs.get("moco") or {}
+        return MoCoV2(backbone=model.backbone, head=model.head, dim=dim, temperature=kwargs["temperature"],
+                      queue_size=moco.get("queue_size", 4096), momentum=moco.get("momentum", 0.99),
+                      hex_rule=hex_rule)
+    if name == "nnclr":
+        nnclr = kwargs.get("nnclr") or {}
+        predictor = ProjectionHead(in_dim=dim, hidden_dim=nnclr.get("predictor_hidden", 256), out_dim=dim)
+        return NNCLR(backbone=model.backbone, head=model.head, predictor=predictor, dim=dim,
+                     temperature=kwargs["temperature"], queue_size=nnclr.get("queue_size", 4096), hex_rule=hex_rule)
+    raise ValueError(f"unknown method {name!r}: use one of {', '.join(METHODS)}")

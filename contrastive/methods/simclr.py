@@ -3,23 +3,47 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from contrastive.losses import nt_xent
+from contrastive.hex import HexRule
+from contrastive.losses import cosine_matrix, gather_across_ranks, hex_info_nce, nt_xent, two_view_negatives
 from contrastive.methods.base import ContrastiveMethod
 
 
 class SimCLR(ContrastiveMethod):
-    """SimCLR (Chen et al., 2020): backbone f, projection head g, NT-Xent on g(f(x)) of two views."""
+    """SimCLR (Chen et al., 2020): backbone f, projection head g, NT-Xent on g(f(x)) of two views.
 
-    def __init__(self, *, backbone: nn.Module, head: nn.Module, temperature: float):
+    With ``hex_rule`` (a :class:`contrastive.hex.HexRule`), the loss is :func:`contrastive.losses.hex_info_nce`: the
+    negatives in H(i) count with weight Q in the denominator (HEX); H(i), epsilon and Q are logged every step.
+    """
+
+    def __init__(self, *, backbone: nn.Module, head: nn.Module, temperature: float,
+                 hex_rule: HexRule | None = None):
         super().__init__()
         self.backbone = backbone
         self.head = head
         self.temperature = temperature
+        self.hex_rule = hex_rule
+
+    @property
+    def wants_groups(self) -> bool:
+        return self.hex_rule is not None and self.hex_rule.wants_groups
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.head(self.backbone(images))
 
-    def training_loss(self, view1, view2, *, step: int):
+    def training_loss(self, view1, view2, *, step: int, groups: torch.Tensor | None = None):
         # Both views in one forward: BatchNorm sees the whole 2B batch, as in SimCLR.
         z1, z2 = self(torch.cat([view1, view2])).chunk(2)
-        return nt_xent(z1=z1, z2=z2, temperature=self.temperature), {}
+        # Every rank's samples are negatives (identity on one process), with and without HEX alike, so the
+        # no-HEX control sees the same negatives as the HEX run.
+        z1, z2 = gather_across_ranks(z1), gather_across_ranks(z2)
+        if self.hex_rule is None:
+            return nt_xent(z1=z1, z2=z2, temperature=self.temperature), {}
+        both = torch.cat([z1, z2])
+        groups = None if groups is None else gather_across_ranks(groups).repeat(2)
+        selection = self.hex_rule.select(cosines=cosine_matrix(both, both),
+                                         negatives=two_view_negatives(len(z1), device=both.device), step=step,
+                                         total_steps=self.total_steps, anchor_groups=groups,
+                                         candidate_groups=groups)
+        loss, _ = hex_info_nce(z1=z1, z2=z2, temperature=self.temperature, epsilon=selection.epsilon,
+                               q=selection.q, hierarchy_mask=selection.hierarchy)
+        return loss, selection.stats()

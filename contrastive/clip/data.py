@@ -1,0 +1,506 @@
+"""Image-text webdataset shards as img2dataset writes them, read tolerantly; and a writer of tiny test shards.
+
+A shard is a tar file whose members ``<key>.jpg|png|webp``, ``<key>.txt`` and ``<key>.json`` form one sample
+(webdataset groups consecutive members by ``__key__``, the name before the first dot). img2dataset writes one
+``<shard>_stats.json`` per shard (with ``successes``); open_clip's convention is one ``sizes.json`` mapping shard file
+names to sample counts. URLs are brace patterns (``/data/cc12m/{00000..01242}.tar``), several joined by ``::``,
+local paths or anything webdataset opens (``pipe:cmd``, ``http(s)://``, ``gs://``); ``s3://bucket/key`` is read
+through ``pipe:aws s3 cp s3://bucket/key -``.
+
+Web-crawled data has broken samples: a truncated JPEG, a sample without caption. They are skipped, counted by
+reason, logged (the first few, then every 1000th), and the run fails with DataError only when their fraction
+exceeds ``max_skip_fraction``: a few bad samples should not stop a 12M-sample run, a broken download should.
+"""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import shutil
+import tarfile
+import threading
+import time
+from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import braceexpand
+import numpy as np
+import torch
+import webdataset as wds
+from PIL import Image
+
+from contrastive.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+CAPTION_EXTENSION = "txt"
+SIZES_FILE = "sizes.json"
+STATS_SUFFIX = "_stats.json"
+REMOTE_PREFIXES = ("pipe:", "http://", "https://", "s3://", "gs://", "sftp://", "ais://", "hf://")
+_LOG_FIRST = 10
+_LOG_EVERY = 1000
+_CHECK_AFTER = 1000  # samples seen before the skip fraction is checked mid-stream (not at the end)
+
+
+# ---------------------------------------------------------------------------------------------------- URLs
+def is_remote(url: str) -> bool:
+    return url.startswith(REMOTE_PREFIXES)
+
+
+def expand_urls(spec: str | Sequence[str], *, check_local: bool = True) -> list[str]:
+    """Brace-expand one pattern, several joined by ``::``, or a list of them, into shard URLs (in order).
+
+    Local paths must exist when ``check_local`` (remote URLs are only checked when opened).
+    """
+    patterns = [spec] if isinstance(spec, str) else list(spec)
+    urls: list[str] = []
+    for pattern in patterns:
+        for part in str(pattern).split("::"):
+            if part.strip():
+                urls.extend(braceexpand.braceexpand(part.strip()))
+    if not urls:
+        raise ConfigError(f"no shard URLs in {spec!r}: set data.shards to a pattern such as "
+                          "/data/cc12m/{00000..01242}.tar")
+    if check_local:
+        missing = [u for u in urls if not is_remote(u) and not Path(u.removeprefix("file:")).is_file()]
+        if missing:
+            raise DataError(f"{len(missing)} of {len(urls)} shards do not exist (e.g. {missing[0]}): download them "
+                            "with img2dataset (see docs/clip.md) or fix data.shards")
+    return urls
+
+
+def to_webdataset_url(url: str) -> str:
+    """webdataset has no s3 opener; read s3 objects through the AWS CLI like open_clip's docs do."""
+    if url.startswith("s3://"):
+        return f"pipe:aws s3 cp {url} -"
+    return url
+
+
+# ---------------------------------------------------------------------------------------------------- counts
+@dataclass
+class SampleCount:
+    """Sample counts of a list of shards. per_shard: url -> count where known. source: where the counts came from."""
+
+    total: int
+    per_shard: dict[str, int]
+    source: str
+
+
+def _count_from_sizes(urls: list[str]) -> dict[str, int] | None:
+    directories = {os.path.dirname(u) for u in urls}
+    sizes: dict[str, int] = {}
+    for directory in directories:
+        path = Path(directory) / SIZES_FILE
+        if not path.is_file():
+            return None
+        sizes.update({os.path.join(directory, name): int(n) for name, n in json.loads(path.read_text()).items()})
+    if not all(u in sizes for u in urls):
+        return None
+    return {u: sizes[u] for u in urls}
+
+
+def _count_from_stats(urls: list[str]) -> dict[str, int] | None:
+    counts = {}
+    for url in urls:
+        stats = Path(url.removesuffix(".tar") + STATS_SUFFIX)
+        if not stats.is_file():
+            return None
+        payload = json.loads(stats.read_text())
+        counts[url] = int(payload.get("successes", payload.get("count", 0)))
+    return counts
+
+
+def count_samples(urls: list[str], *, num_samples: int | None = None) -> SampleCount:
+    """Samples in ``urls``: ``num_samples`` if given, else ``sizes.json`` beside the shards, else img2dataset's
+    ``<shard>_stats.json`` ("successes"). Broken samples inside a shard are still counted here (they are found
+    only when read). Raises DataError naming ``data.num_samples`` when neither is available (remote shards)."""
+    if num_samples is not None:
+        return SampleCount(total=int(num_samples), per_shard={}, source="config")
+    local = [u.removeprefix("file:") for u in urls if not is_remote(u)]
+    if len(local) == len(urls):
+        for source, reader in ((SIZES_FILE, _count_from_sizes), (f"*{STATS_SUFFIX}", _count_from_stats)):
+            per_shard = reader(local)
+            if per_shard is not None:
+                return SampleCount(total=sum(per_shard.values()), per_shard=per_shard, source=source)
+    raise DataError(f"cannot tell how many samples {len(urls)} shards hold (no {SIZES_FILE} or {STATS_SUFFIX} "
+                    "files beside local shards): set data.num_samples")
+
+
+def data_fingerprint(urls: list[str]) -> list:
+    """Identity of a shard list for content keys: (url, size, mtime_ns) for local files, the URL for remote ones."""
+    out: list = []
+    for url in urls:
+        path = Path(url.removeprefix("file:"))
+        if not is_remote(url) and path.is_file():
+            stat = path.stat()
+            out.append([url, stat.st_size, stat.st_mtime_ns])
+        else:
+            out.append([url])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- skipping
+class BadSample(Exception):
+    """A sample that cannot be used; ``reason`` is a short counter name (bad_image, no_caption, ...)."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+class SkipCounter:
+    """Counts good and skipped samples by reason (thread-safe) and enforces ``max_skip_fraction``."""
+
+    def __init__(self, *, max_skip_fraction: float, where: str = "data"):
+        if not 0.0 <= max_skip_fraction <= 1.0:
+            raise ConfigError(f"max_skip_fraction must be in [0, 1], got {max_skip_fraction}")
+        self.max_skip_fraction = max_skip_fraction
+        self.where = where
+        self.good = 0
+        self.skipped: Counter[str] = Counter()
+        self.examples: list[str] = []
+        self._lock = threading.Lock()
+
+    @property
+    def seen(self) -> int:
+        return self.good + sum(self.skipped.values())
+
+    @property
+    def fraction(self) -> float:
+        return sum(self.skipped.values()) / max(1, self.seen)
+
+    def ok(self) -> None:
+        with self._lock:
+            self.good += 1
+            if self.seen >= _CHECK_AFTER and self.seen % _CHECK_AFTER == 0:
+                self._check_locked()
+
+    def skip(self, *, reason: str, key: str, url: str = "", detail: str = "") -> None:
+        with self._lock:
+            self.skipped[reason] += 1
+            total = sum(self.skipped.values())
+            message = f"{key} in {url or '?'}: {reason}{' (' + detail + ')' if detail else ''}"
+            if len(self.examples) < _LOG_FIRST:
+                self.examples.append(message)
+            if total <= _LOG_FIRST or total % _LOG_EVERY == 0:
+                log.warning("%s: skipped sample %s [%d skipped so far]", self.where, message, total)
+            if self.seen >= _CHECK_AFTER:
+                self._check_locked()
+
+    def check(self) -> None:
+        """Raise DataError if more than max_skip_fraction of the samples seen were skipped."""
+        with self._lock:
+            self._check_locked()
+
+    def _check_locked(self) -> None:
+        if self.seen and self.fraction > self.max_skip_fraction:
+            raise DataError(
+                f"{self.where}: {sum(self.skipped.values())} of {self.seen} samples are broken "
+                f"({dict(self.skipped)}; e.g. {self.examples[:3]}), more than max_skip_fraction="
+                f"{self.max_skip_fraction}: re-download the broken shards (img2dataset --incremental) or raise "
+                "data.max_skip_fraction")
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {"good": self.good, "skipped": sum(self.skipped.values()), "seen": self.seen,
+                    "skip_fraction": self.fraction, **{f"skipped_{k}": v for k, v in self.skipped.items()}}
+
+
+def decode_image_text(sample: dict) -> tuple[Image.Image, str]:
+    """(RGB PIL image, caption) of a raw webdataset sample; BadSample for a missing/undecodable image or caption."""
+    image_bytes = next((sample[e] for e in IMAGE_EXTENSIONS if e in sample), None)
+    if image_bytes is None:
+        raise BadSample("no_image", f"members {sorted(k for k in sample if not k.startswith('__'))}")
+    caption = sample.get(CAPTION_EXTENSION)
+    if caption is None:
+        raise BadSample("no_caption")
+    try:
+        text = caption.decode("utf-8").strip() if isinstance(caption, bytes) else str(caption).strip()
+    except UnicodeDecodeError as exc:
+        raise BadSample("bad_caption", str(exc)) from None
+    if not text:
+        raise BadSample("no_caption", "empty")
+    try:
+        image = Image.open(io.BytesIO(image_bytes))
+        image.load()  # decoding is lazy: force it so a truncated file fails here, not in a worker later
+        image = image.convert("RGB")
+    except Exception as exc:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError, DecompressionBombError
+        raise BadSample("bad_image", f"{type(exc).__name__}: {exc}") from None
+    return image, text
+
+
+# ---------------------------------------------------------------------------------------------------- reading
+def _tar_error_handler(counter: SkipCounter | None) -> Callable[[Exception], bool]:
+    def handle(exn: Exception) -> bool:
+        if counter is not None:
+            counter.skip(reason="tar_error", key="?", detail=f"{type(exn).__name__}: {str(exn)[:200]}")
+        else:
+            log.warning("skipping unreadable tar content: %s", exn)
+        return True  # continue with the next member / shard
+    return handle
+
+
+def iter_raw_samples(urls: Sequence[str], *, counter: SkipCounter | None = None) -> Iterator[dict]:
+    """Raw samples {"__key__", "__url__", ext: bytes} of the shards in order; tar-level errors are counted
+    (reason ``tar_error``) and reading goes on with what follows."""
+    pipeline = wds.DataPipeline(wds.SimpleShardList([to_webdataset_url(u) for u in urls]),
+                                wds.tarfile_to_samples(handler=_tar_error_handler(counter)))
+    yield from pipeline
+
+
+def shuffled(items: Iterable, *, buffer: int, rng: np.random.Generator) -> Iterator:
+    """Approximate shuffle with a bounded buffer (like webdataset's shuffle, but seeded for exact resumption)."""
+    if buffer <= 1:
+        yield from items
+        return
+    pool: list = []
+    for item in items:
+        if len(pool) < buffer:
+            pool.append(item)
+            continue
+        j = int(rng.integers(len(pool)))
+        pool[j], item = item, pool[j]
+        yield item
+    order = rng.permutation(len(pool))
+    for j in order:
+        yield pool[j]
+
+
+def bounded_map(fn: Callable, items: Iterable, *, workers: int, prefetch: int | None = None) -> Iterator:
+    """fn over items in order, on ``workers`` threads with at most ``prefetch`` results pending (0: inline).
+
+    Threads suffice: PIL decoding/resizing and torch ops release the GIL. Bounded prefetch keeps memory
+    independent of the dataset size (``Pool.imap`` would read its whole input ahead).
+    """
+    if workers <= 0:
+        yield from map(fn, items)
+        return
+    limit = prefetch or 4 * workers
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="clip-decode") as pool:
+        pending: deque = deque()
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) >= limit:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+@dataclass
+class ClipBatch:
+    """images: float (B, 3, S, S) transformed; texts: B captions; keys: B sample keys (``__key__``);
+    group: the pseudo-label group of a cluster-pure batch, -1 for a random batch."""
+
+    images: torch.Tensor
+    texts: list[str]
+    keys: list[str]
+    group: int = -1
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def take(self, n: int) -> "ClipBatch":
+        return ClipBatch(images=self.images[:n], texts=self.texts[:n], keys=self.keys[:n], group=self.group)
+
+
+@dataclass
+class Decoded:
+    key: str
+    image: torch.Tensor | None
+    text: str
+
+
+def make_decoder(*, transform: Callable, counter: SkipCounter) -> Callable[[dict], Decoded | None]:
+    """raw sample -> Decoded (image transformed), or None after counting why it was skipped."""
+    def decode(sample: dict) -> Decoded | None:
+        try:
+            image, text = decode_image_text(sample)
+            tensor = transform(image)
+        except BadSample as bad:
+            counter.skip(reason=bad.reason, key=sample.get("__key__", "?"), url=sample.get("__url__", ""),
+                         detail=bad.detail)
+            return None
+        except Exception as exc:  # noqa: BLE001 - a transform failing on one odd image must not stop the run
+            counter.skip(reason="bad_image", key=sample.get("__key__", "?"), url=sample.get("__url__", ""),
+                         detail=f"transform: {type(exc).__name__}: {exc}")
+            return None
+        counter.ok()
+        return Decoded(key=sample["__key__"], image=tensor, text=text)
+    return decode
+
+
+def collate(items: list[Decoded], *, group: int = -1) -> ClipBatch:
+    return ClipBatch(images=torch.stack([d.image for d in items]), texts=[d.text for d in items],
+                     keys=[d.key for d in items], group=group)
+
+
+def batched(decoded: Iterable[Decoded | None], *, batch_size: int, keep_last: bool = False) -> Iterator[ClipBatch]:
+    """Group decoded samples (None = skipped) into batches of exactly ``batch_size`` (a shorter last one only
+    with ``keep_last``)."""
+    items: list[Decoded] = []
+    for item in decoded:
+        if item is None:
+            continue
+        items.append(item)
+        if len(items) == batch_size:
+            yield collate(items)
+            items = []
+    if items and keep_last:
+        yield collate(items)
+
+
+def stream_batches(*, urls: Sequence[str], batch_size: int, transform: Callable, counter: SkipCounter, seed: int,
+                   epoch: int, rank: int = 0, world_size: int = 1, shuffle_buffer: int = 1000,
+                   workers: int = 0) -> Iterator[ClipBatch]:
+    """Random batches for stage 0 (no pseudo-labels): this rank's shards in a per-epoch order, a seeded shuffle
+    buffer, decoding on ``workers`` threads.
+
+    Shards are split across ranks (shard i goes to rank i % world_size after a shuffle seeded by (seed, epoch)
+    that every rank computes identically), so ranks read disjoint samples. Ranks may hold a few samples more or
+    less; the training loop ends the epoch for all ranks when the first one runs dry.
+    """
+    if len(urls) < world_size:
+        raise DataError(f"{len(urls)} shards cannot be split over {world_size} ranks: use at least one shard per "
+                        "rank (img2dataset --number_sample_per_shard smaller) or fewer processes")
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(urls))
+    mine = [urls[i] for i in order[rank::world_size]]
+    sample_rng = np.random.default_rng([seed, epoch, rank])
+    raw = shuffled(iter_raw_samples(mine, counter=counter), buffer=shuffle_buffer, rng=sample_rng)
+    yield from batched(bounded_map(make_decoder(transform=transform, counter=counter), raw, workers=workers),
+                       batch_size=batch_size)
+
+
+def iter_decoded(*, urls: Sequence[str], transform: Callable, counter: SkipCounter, batch_size: int,
+                 workers: int = 0) -> Iterator[ClipBatch]:
+    """Every good sample of the shards in order, in batches (the last may be shorter): for exports and eval."""
+    raw = iter_raw_samples(urls, counter=counter)
+    yield from batched(bounded_map(make_decoder(transform=transform, counter=counter), raw, workers=workers),
+                       batch_size=batch_size, keep_last=True)
+
+
+# ---------------------------------------------------------------------------------------------------- tar writing
+TAR_END = b"\0" * 1024  # two zero blocks end a tar archive
+
+
+def tar_member(name: str, data: bytes) -> bytes:
+    """One ustar member (512-byte header + data padded to 512): tars are concatenations of these + TAR_END, so a
+    writer can append members to several files at once without keeping tarfile objects open."""
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode = 0o444
+    info.mtime = 0  # identical bytes for identical content
+    header = info.tobuf(format=tarfile.USTAR_FORMAT)
+    return header + data + b"\0" * (-len(data) % 512)
+
+
+def sample_members(sample: dict) -> bytes:
+    """The tar members of a raw sample (all its non-metadata fields) as bytes."""
+    key = sample["__key__"]
+    return b"".join(tar_member(f"{key}.{ext}", value if isinstance(value, bytes) else str(value).encode())
+                    for ext, value in sample.items() if not ext.startswith("__"))
+
+
+# ---------------------------------------------------------------------------------------------------- tiny shards
+TEXTURE_WORDS = {
+    "stripes_0": "horizontally striped", "stripes_45": "diagonally striped", "stripes_90": "vertically striped",
+    "stripes_135": "anti-diagonally striped", "checker": "checkered", "dots": "dotted", "noise": "speckled",
+    "solid": "plain", "grid": "grid-patterned", "rings": "ringed",
+}
+
+
+def caption_for(*, color: str, shape: str, texture: str) -> str:
+    """"a red horizontally striped circle"."""
+    return f"a {color} {TEXTURE_WORDS[texture]} {shape.replace('_', ' ')}"
+
+
+def encode_image(image: np.ndarray, *, fmt: str) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format={"jpg": "JPEG", "png": "PNG", "webp": "WEBP"}[fmt],
+                                **({"quality": 95} if fmt == "jpg" else {}))
+    return buffer.getvalue()
+
+
+DONE_MARKER = "_done.json"
+
+
+def write_tiny_shards(*, directory: Path, num_samples: int, samples_per_shard: int, image_size: int = 32,
+                      num_colors: int = 4, num_shapes: int = 4, num_textures: int = 4, seed: int = 0,
+                      corrupt: bool = True, image_format: str = "jpg", key_prefix: str = "") -> dict:
+    """Write img2dataset-style shards of procedurally drawn Trifeature images with captions.
+
+    Each sample is ``<key>.jpg`` + ``<key>.txt`` ("a red horizontally striped circle") + ``<key>.json`` (the three
+    attributes); each shard ``<n>.tar`` gets an img2dataset-style ``<n>_stats.json``. With ``corrupt`` the second
+    sample of the first shard is a truncated JPEG and the fourth has no caption (both counted as successes in the
+    stats, as img2dataset would: they break only when decoded). Idempotent: an existing finished directory
+    (``_done.json``) is reused. Returns {"pattern", "urls", "num_samples", "corrupt_keys", "dir"}.
+    """
+    from contrastive.data.trifeature import COLOR_NAMES, SHAPE_NAMES, TEXTURE_NAMES, generate_trifeature
+
+    directory = Path(directory)
+    if (directory / DONE_MARKER).is_file():
+        return json.loads((directory / DONE_MARKER).read_text())
+    if num_samples < 1 or samples_per_shard < 1:
+        raise ConfigError(f"tiny shards need num_samples >= 1 and samples_per_shard >= 1 (got {num_samples}, "
+                          f"{samples_per_shard})")
+    images, labels = generate_trifeature(num_train=num_samples, num_test=0, image_size=image_size,
+                                         num_colors=num_colors, num_shapes=num_shapes, num_textures=num_textures,
+                                         seed=seed)
+    tmp = directory.with_name(f".{directory.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    num_shards = -(-num_samples // samples_per_shard)
+    corrupt_keys: list[str] = []
+    names = []
+    for shard in range(num_shards):
+        rows = range(shard * samples_per_shard, min(num_samples, (shard + 1) * samples_per_shard))
+        payload = bytearray()
+        for position, row in enumerate(rows):
+            key = f"{key_prefix}{shard:05d}{position:04d}"
+            attrs = {"color": COLOR_NAMES[labels["color"][row]], "shape": SHAPE_NAMES[labels["shape"][row]],
+                     "texture": TEXTURE_NAMES[labels["texture"][row]]}
+            image = encode_image(images[row], fmt=image_format)
+            sample: dict[str, Any] = {"__key__": key, image_format: image, "txt": caption_for(**attrs).encode()}
+            if corrupt and shard == 0 and position == 1:
+                sample[image_format] = image[: len(image) // 2]
+                corrupt_keys.append(key)
+            if corrupt and shard == 0 and position == 3:
+                del sample["txt"]
+                corrupt_keys.append(key)
+            sample["json"] = json.dumps({"key": key, "status": "success", **attrs}).encode()
+            payload += sample_members(sample)
+        name = f"{shard:05d}"
+        (tmp / f"{name}.tar").write_bytes(bytes(payload) + TAR_END)
+        (tmp / f"{name}{STATS_SUFFIX}").write_text(json.dumps(
+            {"count": len(rows), "successes": len(rows), "failed_to_download": 0, "failed_to_resize": 0}))
+        names.append(name)
+    pattern = str(directory / f"{{{names[0]}..{names[-1]}}}.tar") if len(names) > 1 else \
+        str(directory / f"{names[0]}.tar")
+    record = {"pattern": pattern, "urls": [str(directory / f"{n}.tar") for n in names], "num_samples": num_samples,
+              "corrupt_keys": corrupt_keys, "dir": str(directory), "created": time.time()}
+    (tmp / DONE_MARKER).write_text(json.dumps(record, indent=2))
+    if directory.exists():  # a crashed earlier attempt without the marker
+        shutil.rmtree(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, directory)
+    return record
+
+
+@dataclass
+class ShardSet:
+    """Resolved shards: urls, counts and a fingerprint for content keys."""
+
+    urls: list[str]
+    count: SampleCount
+    fingerprint: list = field(default_factory=list)
+
+
+def resolve_shards(*, spec: str | Sequence[str], num_samples: int | None = None) -> ShardSet:
+    urls = expand_urls(spec)
+    return ShardSet(urls=urls, count=count_samples(urls, num_samples=num_samples), fingerprint=data_fingerprint(urls))

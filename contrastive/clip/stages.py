@@ -1,0 +1,334 @@
+"""The steps of one CLIP MCL stage as plain functions over directories (the CLIP twin of ``contrastive.stages``).
+
+stage j: train (from the shared init; random batches for j = 0, cluster-pure batches from the group re-shard for
+j >= 1) -> export image embeddings of every training sample keyed by ``__key__`` -> k-means -> pseudo-labels for
+stage j+1 = combine(y_0, ..., y_j) -> re-shard the training shards by those groups -> stage j+1 ...
+Evaluation encodes the MMVP pairs and a held-out retrieval set once per model and scores any stage, any
+concatenation of stages and the soup from those saved features.
+
+Each step reads what earlier steps wrote (paths), writes its own directory and returns a small JSON-able record.
+Nothing here knows about Prefect or MLflow; under torchrun, :mod:`contrastive.clip.launch` calls
+:func:`train_stage` in every process.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from contrastive.checkpoint import atomic_write_bytes
+from contrastive.clip.data import (SkipCounter, count_samples, iter_decoded, stream_batches, write_tiny_shards)
+from contrastive.clip.distributed import DistInfo, device_for
+from contrastive.clip.evaluate import (average_state_dicts, concat_stage_features, encode_images, encode_texts,
+                                       retrieval_recall)
+from contrastive.clip.grouped import GroupedBatchReader, reshard_by_group
+from contrastive.clip.model import (ClipSpec, check_precision, create_clip, load_stage_model, load_stage_states,
+                                    save_stage_model)
+from contrastive.clip.mmvp import mmvp_scores, pair_images, pair_similarities, pair_statements, read_mmvp
+from contrastive.clip.mmvp import write_tiny_mmvp
+from contrastive.clip.train import ClipCallback, train_clip
+from contrastive.clustering import adjusted_mutual_information, kmeans, load_assignments, save_clusters
+from contrastive.embeddings import load_embeddings, save_embeddings
+from contrastive.errors import ConfigError, DataError
+from contrastive.sampling import align_labels_to_ids, combine_pseudo_labels, merge_small_groups
+
+log = logging.getLogger(__name__)
+
+EVAL_FEATURES = "eval_features.npz"
+
+
+def write_json(path: Path, value: dict) -> None:
+    atomic_write_bytes(Path(path), json.dumps(value, indent=2, default=str).encode())
+
+
+class JsonlMetrics:
+    """Training callback appending metrics to a JSON-lines file (readable after a torchrun subprocess ends)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def _write(self, record: dict) -> None:
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    def on_step(self, *, step: int, epoch: int, metrics: dict[str, float]) -> None:
+        self._write({"step": step, **metrics})
+
+    def on_epoch_end(self, *, epoch: int, metrics: dict[str, float]) -> None:
+        self._write({"step": epoch, **metrics})
+
+    def on_checkpoint(self, *, path: Path, step: int) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------------- data
+def prepare_synthetic_data(*, root: Path, num_train: int, num_heldout: int, samples_per_shard: int, image_size: int,
+                           num_colors: int, num_shapes: int, num_textures: int, corrupt: bool,
+                           mmvp_pairs_per_category: int, seed: int) -> dict:
+    """Tiny image-text shards (train, held-out) and a tiny MMVP directory under ``root``, written once."""
+    root = Path(root)
+    common = {"image_size": image_size, "num_colors": num_colors, "num_shapes": num_shapes,
+              "num_textures": num_textures}
+    train = write_tiny_shards(directory=root / "train", num_samples=num_train, samples_per_shard=samples_per_shard,
+                              seed=seed, corrupt=corrupt, **common)
+    heldout = write_tiny_shards(directory=root / "heldout", num_samples=num_heldout,
+                                samples_per_shard=max(num_heldout, 1), seed=seed + 1, corrupt=False,
+                                key_prefix="h", **common)
+    mmvp = write_tiny_mmvp(directory=root / "mmvp", pairs_per_category=mmvp_pairs_per_category, seed=seed, **common)
+    return {"train_urls": train["urls"], "heldout_urls": heldout["urls"], "mmvp_dir": mmvp["dir"],
+            "corrupt_keys": train["corrupt_keys"]}
+
+
+# ---------------------------------------------------------------------------------------------------- training
+def per_rank_batch(*, global_batch_size: int, world_size: int) -> int:
+    if global_batch_size % world_size or global_batch_size // world_size < 2:
+        raise ConfigError(f"train.global_batch_size={global_batch_size} must be a multiple of the "
+                          f"{world_size} processes with at least 2 samples each: change it or "
+                          "distributed.nproc_per_node")
+    return global_batch_size // world_size
+
+
+def train_stage(*, spec: dict, urls: list[str], grouped_dir: str | None, stage_dir: str, global_batch_size: int,
+                epochs: int, lr: float, weight_decay: float, warmup_fraction: float, schedule: str, precision: str,
+                grad_checkpointing: bool, device: str, seed: int, remainder_policy: str = "partial",
+                active_streams: int = 16, group_shuffle_buffer: int = 0, shuffle_buffer: int = 1000,
+                decode_workers: int = 0, max_skip_fraction: float = 0.01, num_samples: int | None = None,
+                local_loss: bool = False, grad_clip_norm: float | None = None, max_steps_per_epoch: int | None = None,
+                checkpoint_every_steps: int = 500, log_every_steps: int = 10, threads: int = 0,
+                info: DistInfo | None = None, callbacks: list[ClipCallback] = (),
+                stop_after_steps: int | None = None, record_keys: bool = False) -> dict:
+    """Fine-tune one stage from the shared init; writes checkpoints/last.pt, model/model.pt, train_summary.json.
+
+    grouped_dir None: random batches streamed from ``urls`` (stage 0). Otherwise every batch comes from one
+    pseudo-label group of the re-shard in ``grouped_dir`` (MCL stages >= 1). Every process of a torchrun launch
+    calls this with its ``info``; rank 0 writes the files.
+    """
+    info = info or DistInfo()
+    check_precision(precision)
+    if threads:
+        torch.set_num_threads(threads)
+    stage = Path(stage_dir)
+    torch_device = device_for(name=device, info=info)
+    batch = per_rank_batch(global_batch_size=global_batch_size, world_size=info.world_size)
+    bundle = create_clip(spec=ClipSpec.from_dict(spec), device="cpu")
+    if grad_checkpointing:
+        bundle.model.set_grad_checkpointing(True)
+    counter = SkipCounter(max_skip_fraction=max_skip_fraction, where=f"stage training ({stage.name})")
+    if grouped_dir is None:
+        total = count_samples(urls, num_samples=num_samples).total
+        steps_per_epoch = max(1, total // global_batch_size)
+
+        def batches(epoch: int, start: int):
+            stream = stream_batches(urls=urls, batch_size=batch, transform=bundle.train_transform, counter=counter,
+                                    seed=seed, epoch=epoch, rank=info.rank, world_size=info.world_size,
+                                    shuffle_buffer=shuffle_buffer, workers=decode_workers)
+            return itertools.islice(stream, start, None)
+        plan_stats: dict = {"cluster_pure": 0}
+    else:
+        reader = GroupedBatchReader(directory=Path(grouped_dir), batch_size=batch, rank=info.rank,
+                                    world_size=info.world_size, seed=seed, remainder_policy=remainder_policy,
+                                    active_streams=active_streams, shuffle_buffer=group_shuffle_buffer)
+        steps_per_epoch = len(reader)
+
+        def batches(epoch: int, start: int):
+            return reader.batches(epoch=epoch, start=start, transform=bundle.train_transform, counter=counter,
+                                  workers=decode_workers)
+        plan_stats = {"cluster_pure": 1, **reader.schedule(0)[1]}
+    metrics_file = JsonlMetrics(stage / "train_metrics.jsonl")
+    torch.manual_seed(seed)
+    result = train_clip(
+        bundle=bundle, batches=batches, steps_per_epoch=steps_per_epoch, epochs=epochs, lr=lr,
+        weight_decay=weight_decay, warmup_fraction=warmup_fraction, schedule=schedule, precision=precision,
+        device=torch_device, checkpoint_path=stage / "checkpoints" / "last.pt",
+        checkpoint_every_steps=checkpoint_every_steps, log_every_steps=log_every_steps, info=info,
+        local_loss=local_loss, grad_clip_norm=grad_clip_norm, max_steps_per_epoch=max_steps_per_epoch,
+        callbacks=[metrics_file, *callbacks], stop_after_steps=stop_after_steps, record_keys=record_keys)
+    counter.check()
+    if record_keys:
+        write_json(stage / f"keys_rank{info.rank}.json", {"batches": result.keys_seen,
+                                                          "losses": [h["train/loss"] for h in result.history]})
+    model_path = stage / "model" / "model.pt"
+    summary = {"steps": result.steps, "epochs": result.epochs, "final_loss": result.final_loss,
+               "resumed_from_step": result.resumed_from_step, "seconds": result.seconds,
+               "samples_per_second": result.samples_per_second, "trimmed_samples": result.trimmed_samples,
+               "epochs_ended_early": result.epochs_ended_early, "steps_per_epoch_planned": steps_per_epoch,
+               "world_size": info.world_size, "per_rank_batch": batch, "batch_plan": plan_stats,
+               "data": counter.stats(), "model_path": str(model_path)}
+    if info.is_main:
+        save_stage_model(model=bundle.model, spec=bundle.spec, path=model_path, weights_file=bundle.weights_file)
+        write_json(stage / "train_summary.json", summary)
+    return summary
+
+
+# ---------------------------------------------------------------------------------------------------- export
+def export_stage(*, model_path: str, urls: list[str], out_dir: str, batch_size: int, device: str,
+                 max_skip_fraction: float, workers: int = 0, precision: str = "fp32",
+                 progress: Callable[[int], None] | None = None) -> dict:
+    """Image embeddings of every good training sample with the stage's model, keyed by ``__key__``.
+
+    Uses the eval transform (no augmentation). Writes float16 shards + ids (``contrastive.embeddings``) and the
+    skip counts. Memory: the (M, D) float16 features are collected before writing (k-means needs them in RAM).
+    """
+    torch_device = device_for(name=device, info=DistInfo())
+    bundle = load_stage_model(path=Path(model_path), device=torch_device)
+    counter = SkipCounter(max_skip_fraction=max_skip_fraction, where="embedding export")
+    chunks, keys = [], []
+    for batch in iter_decoded(urls=urls, transform=bundle.eval_transform, counter=counter, batch_size=batch_size,
+                              workers=workers):
+        chunks.append(encode_images(model=bundle.model, images=batch.images, transform=None, device=torch_device,
+                                    batch_size=batch_size, precision=precision).astype(np.float16))
+        keys.extend(batch.keys)
+        if progress is not None:
+            progress(len(batch))
+    counter.check()
+    if not keys:
+        raise DataError(f"no usable samples in {len(urls)} shards: check data.shards")
+    manifest = save_embeddings(embeddings=np.concatenate(chunks), ids=np.asarray(keys), directory=Path(out_dir))
+    stats = counter.stats()
+    write_json(Path(out_dir) / "export_stats.json", stats)
+    return {"dir": str(out_dir), "num_samples": manifest["num_samples"], "dim": manifest["dim"], "data": stats}
+
+
+# ---------------------------------------------------------------------------------------------------- clustering
+def cluster_stage(*, embeddings_dir: str, out_dir: str, k: int, seed: int, niter: int, spherical: bool,
+                  earlier_cluster_dirs: list[str]) -> dict:
+    """k-means on one stage's image embeddings (keyed by sample key); AMI against every earlier stage."""
+    ids, features = load_embeddings(directory=Path(embeddings_dir))
+    result = kmeans(features=features, k=k, seed=seed, niter=niter, spherical=spherical)
+    summary = save_clusters(result=result, ids=ids, directory=Path(out_dir))
+    ami = {}
+    for number, earlier in enumerate(earlier_cluster_dirs):
+        earlier_ids, earlier_assignments = load_assignments(directory=Path(earlier))
+        aligned = align_labels_to_ids(label_ids=earlier_ids, labels=earlier_assignments, dataset_ids=ids)
+        ami[f"stage_{number}"] = adjusted_mutual_information(a=aligned, b=result.assignments)
+    summary = {**summary, "ami": ami, "dir": str(out_dir)}
+    write_json(Path(out_dir) / "summary.json", summary)
+    return summary
+
+
+def build_pseudo_labels(*, cluster_dirs: list[str], embeddings_dirs: list[str], out_path: str, min_group_size: int,
+                        small_group_policy: str) -> dict:
+    """Pseudo-labels for the next stage = combine(y_0, ..., y_j) over ALL earlier stages, keyed by sample key.
+
+    All stages are aligned to the key order of the latest export (by key, never by position). Groups smaller than
+    ``min_group_size`` (the global batch) are merged / pooled / kept by ``small_group_policy`` and counted.
+    """
+    ids, _ = load_embeddings(directory=Path(embeddings_dirs[-1]))
+    assignments = []
+    for cluster_dir in cluster_dirs:
+        cluster_ids, labels = load_assignments(directory=Path(cluster_dir))
+        assignments.append(align_labels_to_ids(label_ids=cluster_ids, labels=labels, dataset_ids=ids))
+    combined = combine_pseudo_labels(stage_assignments=assignments)
+    features = None
+    if small_group_policy == "merge_nearest":
+        per_stage = []
+        for directory in embeddings_dirs:
+            stage_ids, embeddings = load_embeddings(directory=Path(directory))
+            rows = align_labels_to_ids(label_ids=stage_ids, labels=np.arange(stage_ids.size), dataset_ids=ids)
+            per_stage.append(embeddings[rows])
+        features = concat_stage_features(per_stage)
+    groups, stats = merge_small_groups(groups=combined, features=features, min_size=min_group_size,
+                                       policy=small_group_policy)
+    sizes = np.bincount(groups)
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.stem + ".tmp.npz")
+    np.savez(tmp, ids=ids, groups=groups)
+    tmp.replace(out)
+    stats = {**stats, "stages_combined": len(cluster_dirs), "num_groups": int(sizes.size),
+             "min_group": int(sizes.min()), "max_group": int(sizes.max()), "samples": int(ids.size),
+             "path": str(out)}
+    write_json(out.with_suffix(".json"), stats)
+    return stats
+
+
+def reshard_stage(*, pseudo_labels_path: str, urls: list[str], out_dir: str, world_size: int, seed: int,
+                  spool_bytes: int) -> dict:
+    """Group-sorted copy of the training shards for a cluster-pure stage (contrastive.clip.grouped)."""
+    path = Path(pseudo_labels_path)
+    if not path.is_file():
+        raise DataError(f"pseudo-labels {path} are missing: rerun the pipeline so the clustering step writes them")
+    with np.load(path, allow_pickle=False) as stored:
+        keys, groups = stored["ids"], stored["groups"]
+    return reshard_by_group(urls=urls, keys=keys, groups=groups, out_dir=Path(out_dir), world_size=world_size,
+                            seed=seed, spool_bytes=spool_bytes)
+
+
+# ---------------------------------------------------------------------------------------------------- evaluation
+def make_soup(*, model_paths: list[str], out_path: str) -> str:
+    """Average the stage models' trained weights (they share the frozen rest and the init) into one model file."""
+    spec, states = load_stage_states([Path(p) for p in model_paths])
+    soup = average_state_dicts(states)
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    torch.save({"spec": spec, "trainable_state": soup, "weights_fingerprint": None, "soup_of": model_paths}, tmp)
+    tmp.replace(out)
+    return str(out)
+
+
+def encode_eval_sets(*, model_path: str, out_dir: str, mmvp_dir: str | None, heldout_urls: list[str] | None,
+                     prompt: str, retrieval_max_samples: int, batch_size: int, device: str,
+                     max_skip_fraction: float, precision: str = "fp32") -> str:
+    """Encode the MMVP pairs (images + statements) and the held-out retrieval pairs with one model; save
+    normalised features to ``out_dir/eval_features.npz`` (what every single-stage, concat and soup score needs)."""
+    torch_device = device_for(name=device, info=DistInfo())
+    bundle = load_stage_model(path=Path(model_path), device=torch_device)
+    arrays: dict[str, np.ndarray] = {}
+    if mmvp_dir:
+        pairs = read_mmvp(Path(mmvp_dir))
+        arrays["mmvp_images"] = encode_images(model=bundle.model, images=pair_images(pairs),
+                                              transform=bundle.eval_transform, device=torch_device,
+                                              batch_size=batch_size, precision=precision)
+        arrays["mmvp_texts"] = encode_texts(model=bundle.model, texts=pair_statements(pairs, prompt=prompt),
+                                            tokenizer=bundle.tokenizer, device=torch_device, batch_size=batch_size,
+                                            precision=precision)
+        arrays["mmvp_categories"] = np.asarray([p.category for p in pairs])
+    if heldout_urls:
+        counter = SkipCounter(max_skip_fraction=max_skip_fraction, where="retrieval set")
+        images, texts, keys = [], [], []
+        for batch in iter_decoded(urls=heldout_urls, transform=bundle.eval_transform, counter=counter,
+                                  batch_size=batch_size):
+            batch = batch.take(retrieval_max_samples - len(keys))
+            images.append(encode_images(model=bundle.model, images=batch.images, transform=None,
+                                        device=torch_device, precision=precision))
+            texts.append(encode_texts(model=bundle.model, texts=batch.texts, tokenizer=bundle.tokenizer,
+                                      device=torch_device, precision=precision))
+            keys.extend(batch.keys)
+            if len(keys) >= retrieval_max_samples:
+                break
+        counter.check()
+        if keys:
+            arrays.update(retrieval_images=np.concatenate(images), retrieval_texts=np.concatenate(texts),
+                          retrieval_keys=np.asarray(keys))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".{EVAL_FEATURES}.tmp.npz"
+    np.savez(tmp, **arrays)
+    tmp.replace(out / EVAL_FEATURES)
+    return str(out / EVAL_FEATURES)
+
+
+def score_eval_sets(*, feature_files: list[str]) -> dict[str, float]:
+    """MMVP and retrieval metrics of one model's features, or of the concatenation of several (per-stage
+    normalised, concatenated: the similarity is the sum of the stages' cosine similarities)."""
+    loaded = [np.load(path, allow_pickle=False) for path in feature_files]
+    metrics: dict[str, float] = {}
+    if all("mmvp_images" in f for f in loaded):
+        sims = pair_similarities(image_features=concat_stage_features([f["mmvp_images"] for f in loaded]),
+                                 text_features=concat_stage_features([f["mmvp_texts"] for f in loaded]))
+        metrics.update(mmvp_scores(similarities=sims, categories=loaded[0]["mmvp_categories"].tolist()))
+    if all("retrieval_images" in f for f in loaded):
+        keys = loaded[0]["retrieval_keys"]
+        if any(not np.array_equal(f["retrieval_keys"], keys) for f in loaded[1:]):
+            raise DataError("the stages' retrieval features cover different held-out samples; rerun the evaluation")
+        metrics.update(retrieval_recall(
+            image_features=concat_stage_features([f["retrieval_images"] for f in loaded]),
+            text_features=concat_stage_features([f["retrieval_texts"] for f in loaded])))
+    return metrics

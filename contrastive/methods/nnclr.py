@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from contrastive.hex import HexRule
+from contrastive.losses import cosine_matrix, cross_view_info_nce, gather_across_ranks
+from contrastive.methods.base import ContrastiveMethod
+
+
+class NNCLR(ContrastiveMethod):
+    """NNCLR (Dwibedi et al., 2021): the positive of view 1 is the nearest neighbour (cosine) of its projection in
+    a support set of earlier projections, contrasted with the prediction of view 2 (NNCLR eq. 1):
+        L_i = -log( exp(NN(z_i) . p+_i / tau) / sum_k exp(NN(z_i) . p+_k / tau) ),  p = predictor(z),
+    symmetrised by swapping the views: L = (L(NN(z1), p2) + L(NN(z2), p1)) / 2. NN(.) carries no gradient (the
+    support set is a queue of detached vectors), so the encoder learns through the prediction side.
+
+    Support set: a FIFO queue of the first view's normalised projections, registered buffers (``support``,
+    ``support_ptr``, ``support_count``) so a resume restores it. Only filled slots are searched; on the very first
+    step, when it is empty, NN(z) = z (detached), i.e. a SimCLR-like step.
+
+    With ``hex_rule``, H(i) is chosen among the in-batch negatives p+_k (k != i) of each anchor NN(z_i) (cosine
+    > epsilon, or same group id as sample i) and weighted by Q.
+    """
+
+    def __init__(self, *, backbone: nn.Module, head: nn.Module, predictor: nn.Module, dim: int,
+                 temperature: float, queue_size: int, hex_rule: HexRule | None = None):
+        super().__init__()
+        self.backbone = backbone
+        self.head = head
+        self.predictor = predictor
+        self.temperature = temperature
+        self.hex_rule = hex_rule
+        self.register_buffer("support", torch.zeros(queue_size, dim))
+        self.register_buffer("support_ptr", torch.zeros((), dtype=torch.long))
+        self.register_buffer("support_count", torch.zeros((), dtype=torch.long))
+
+    @property
+    def wants_groups(self) -> bool:
+        return self.hex_rule is not None and self.hex_rule.wants_groups
+
+    def training_loss(self, view1, view2, *, step: int, groups: torch.Tensor | None = None):
+        z = self.head(self.backbone(torch.cat([view1, view2])))
+        p1, p2 = self.predictor(z).chunk(2)
+        z1, z2 = z.chunk(2)
+        nn1, nn2 = self.nearest_neighbours(z1), self.nearest_neighbours(z2)
+        # Gather after the neighbour search (each rank searches its own copy of the shared support set), before
+        # choosing H(i), so every rank's predictions are negatives.
+        nn1, nn2, p1, p2 = (gather_across_ranks(x) for x in (nn1, nn2, p1, p2))
+        groups = None if groups is None else gather_across_ranks(groups)
+        loss12, stats12 = self._direction_loss(anchors=nn1, candidates=p2, step=step, groups=groups)
+        loss21, stats21 = self._direction_loss(anchors=nn2, candidates=p1, step=step, groups=groups)
+        self.enqueue(gather_across_ranks(z1.detach()))
+        stats = {name: 0.5 * (stats12[name] + stats21[name]) for name in stats12}
+        return 0.5 * (loss12 + loss21), stats
+
+    def _direction_loss(self, *, anchors: torch.Tensor, candidates: torch.Tensor, step: int,
+                        groups: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float]]:
+        if self.hex_rule is None:
+            return cross_view_info_nce(anchors=anchors, candidates=candidates, temperature=self.temperature), {}
+        off_diagonal = ~torch.eye(len(anchors), dtype=torch.bool, device=anchors.device)
+        selection = self.hex_rule.select(cosines=cosine_matrix(anchors, candidates), negatives=off_diagonal,
+                                         step=step, total_steps=self.total_steps, anchor_groups=groups,
+                                         candidate_groups=groups)
+        loss = cross_view_info_nce(anchors=anchors, candidates=candidates, temperature=self.temperature,
+                                   hierarchy=selection.hierarchy, q=selection.q)
+        return loss, selection.stats()
+
+    @torch.no_grad()
+    def nearest_neighbours(self, z: torch.Tensor) -> torch.Tensor:
+        """(B, D) -> (B, D): the filled support-set entry of highest cosine to each row (z itself if empty)."""
+        count = int(self.support_count)
+        if count == 0:
+            return F.normalize(z.detach(), dim=1)
+        filled = self.support[:count]
+        index = cosine_matrix(z, filled).argmax(dim=1)
+        return filled[index].to(z.dtype)
+
+    @torch.no_grad()
+    def enqueue(self, z: torch.Tensor) -> None:
+        """FIFO: write normalised z (N, D) at the pointer, wrapping around; keep only the newest K if N > K."""
+        size = len(self.support)
+        z = F.normalize(z[-size:].float(), dim=1)
+        slots = (self.support_ptr + torch.arange(len(z), device=z.device)) % size
+        self.support[slots] = z.to(self.support.dtype)
+        self.support_ptr.copy_((self.support_ptr + len(z)) % size)
+        self.support_count.copy_(torch.clamp(self.support_count + len(z), max=size))

@@ -1,0 +1,69 @@
+"""Faults a user will meet: a training process killed with SIGKILL mid-stage, a corrupt checkpoint."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from contrastive.data.trifeature import prepare_trifeature
+
+SCRIPT = Path(__file__).with_name("train_tiny_stage.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def dataset_dir(tmp_path_factory):
+    return prepare_trifeature(root=tmp_path_factory.mktemp("data"), num_train=128, num_test=32, image_size=16,
+                              num_colors=4, num_shapes=4, num_textures=4, seed=0)
+
+
+def start(dataset_dir: Path, stage_dir: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, str(SCRIPT), str(dataset_dir), str(stage_dir)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def final_weights(stage_dir: Path) -> dict:
+    return torch.load(stage_dir / "model" / "model.pt", weights_only=False)["state_dict"]
+
+
+def test_sigkill_mid_stage_then_resume_equals_uninterrupted(dataset_dir, tmp_path):
+    reference = start(dataset_dir, tmp_path / "reference")
+    assert reference.wait(timeout=180) == 0, reference.stderr.read().decode()[-2000:]
+
+    victim_dir = tmp_path / "victim"
+    victim = start(dataset_dir, victim_dir)
+    checkpoint = victim_dir / "checkpoints" / "last.pt"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if checkpoint.exists() and torch.load(checkpoint, weights_only=False)["step"] >= 5:
+            break
+        time.sleep(0.05)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=30)
+    killed_at = torch.load(checkpoint, weights_only=False)["step"]
+    assert 5 <= killed_at < 24  # 3 epochs x 8 batches: it really died mid-stage
+    assert not (victim_dir / "model" / "model.pt").exists()
+
+    resumed = start(dataset_dir, victim_dir)
+    assert resumed.wait(timeout=180) == 0, resumed.stderr.read().decode()[-2000:]
+    import json
+    summary = json.loads((victim_dir / "train_summary.json").read_text())
+    assert summary["resumed_from_step"] >= killed_at and summary["steps"] == 24
+    for name, expected in final_weights(tmp_path / "reference").items():
+        assert torch.allclose(final_weights(victim_dir)[name].float(), expected.float(), atol=1e-5), name
+
+
+def test_corrupt_last_checkpoint_resumes_from_previous(dataset_dir, tmp_path):
+    from tests.faults.train_tiny_stage import train
+    stage_dir = tmp_path / "stage"
+    train(dataset_dir, stage_dir, stop_after_steps=10)  # "crashed" after step 10, checkpoints at 9 and 10
+    checkpoint = stage_dir / "checkpoints" / "last.pt"
+    checkpoint.write_bytes(checkpoint.read_bytes()[:100])  # truncated by a crash or a full disk
+    with pytest.warns(RuntimeWarning, match="corrupt"):
+        summary = train(dataset_dir, stage_dir)
+    assert summary["resumed_from_step"] == 9 and summary["steps"] == 24

@@ -1,0 +1,98 @@
+"""Image-text shards: URL patterns, sample counts, tolerant decoding with counted skips, the tiny-shard writer."""
+import json
+import tarfile
+
+import numpy as np
+import pytest
+
+from contrastive.clip.data import (SkipCounter, bounded_map, count_samples, expand_urls, iter_decoded,
+                                   iter_raw_samples, stream_batches, tar_member, to_webdataset_url, write_tiny_shards)
+from contrastive.clip.model import TINY_MODEL, ClipSpec, create_clip
+from contrastive.errors import ConfigError, DataError
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return write_tiny_shards(directory=tmp_path_factory.mktemp("shards") / "train", num_samples=40,
+                             samples_per_shard=10, seed=3)
+
+
+@pytest.fixture(scope="module")
+def transform():
+    return create_clip(spec=ClipSpec(model_name=TINY_MODEL, trainable_image_blocks=1)).eval_transform
+
+
+def test_writer_makes_img2dataset_style_shards(shards):
+    urls = expand_urls(shards["pattern"])
+    assert urls == shards["urls"] and len(urls) == 4
+    first = sorted(tarfile.open(urls[0]).getnames())[:3]
+    assert first == ["000000000.jpg", "000000000.json", "000000000.txt"]
+    stats = json.loads(open(urls[0].replace(".tar", "_stats.json")).read())
+    assert stats["successes"] == 10
+    assert shards["corrupt_keys"] == ["000000001", "000000003"]
+    # Idempotent: a finished directory is reused as is.
+    again = write_tiny_shards(directory=urls[0].rsplit("/", 1)[0], num_samples=40, samples_per_shard=10, seed=3)
+    assert again["urls"] == shards["urls"]
+
+
+def test_url_patterns_and_sample_counts(shards, tmp_path):
+    urls = expand_urls(shards["urls"][0] + "::" + shards["pattern"])
+    assert len(urls) == 5
+    assert count_samples(shards["urls"]).total == 40 and count_samples(shards["urls"]).source == "*_stats.json"
+    assert count_samples(shards["urls"], num_samples=7).total == 7
+    sizes_dir = tmp_path / "sized"
+    sizes_dir.mkdir()
+    for name in ("a.tar", "b.tar"):
+        (sizes_dir / name).write_bytes(b"")
+    (sizes_dir / "sizes.json").write_text(json.dumps({"a.tar": 3, "b.tar": 4}))
+    assert count_samples(expand_urls(str(sizes_dir / "{a,b}.tar"))).total == 7
+    with pytest.raises(DataError, match="set data.num_samples"):
+        count_samples(["https://example.invalid/00000.tar"])
+    with pytest.raises(DataError, match="img2dataset"):
+        expand_urls(str(tmp_path / "{00000..00002}.tar"))
+    with pytest.raises(ConfigError, match="data.shards"):
+        expand_urls("")
+    assert to_webdataset_url("s3://bucket/x.tar") == "pipe:aws s3 cp s3://bucket/x.tar -"
+
+
+def test_broken_samples_are_skipped_counted_and_bounded(shards, transform):
+    counter = SkipCounter(max_skip_fraction=0.1)
+    batches = list(iter_decoded(urls=shards["urls"], transform=transform, counter=counter, batch_size=16))
+    keys = [k for b in batches for k in b.keys]
+    assert len(keys) == 38 and not set(shards["corrupt_keys"]) & set(keys)
+    assert counter.stats()["skipped_bad_image"] == 1 and counter.stats()["skipped_no_caption"] == 1
+    assert batches[0].images.shape == (16, 3, 32, 32)
+    assert all(t.startswith("a ") for b in batches for t in b.texts)
+    strict = SkipCounter(max_skip_fraction=0.01)
+    list(iter_decoded(urls=shards["urls"], transform=transform, counter=strict, batch_size=16))
+    with pytest.raises(DataError, match="2 of 40 samples are broken.*data.max_skip_fraction"):
+        strict.check()
+
+
+def test_pipe_urls_and_tar_members_read_back(shards, tmp_path):
+    piped = list(iter_raw_samples([f"pipe:cat {shards['urls'][1]}"]))
+    assert len(piped) == 10 and piped[0]["__key__"] == "000010000"
+    path = tmp_path / "one.tar"
+    path.write_bytes(tar_member("k1.txt", b"hello") + tar_member("k1.jpg", b"\xff" * 700) + b"\0" * 1024)
+    with tarfile.open(path) as tar:
+        assert tar.getnames() == ["k1.txt", "k1.jpg"] and tar.extractfile("k1.txt").read() == b"hello"
+
+
+def test_stage0_stream_splits_shards_across_ranks(shards, transform):
+    seen = []
+    for rank in range(2):
+        counter = SkipCounter(max_skip_fraction=0.1)
+        batches = list(stream_batches(urls=shards["urls"], batch_size=4, transform=transform, counter=counter, seed=0,
+                                      epoch=0, rank=rank, world_size=2, shuffle_buffer=8))
+        assert all(len(b) == 4 for b in batches)
+        seen.append({k for b in batches for k in b.keys})
+    assert not seen[0] & seen[1]
+    assert len(seen[0] | seen[1]) >= 38 - 2 * 3  # each rank drops at most its last partial batch
+    with pytest.raises(DataError, match="one shard per rank"):
+        next(stream_batches(urls=shards["urls"][:1], batch_size=4, transform=transform,
+                            counter=SkipCounter(max_skip_fraction=0.1), seed=0, epoch=0, rank=0, world_size=2))
+
+
+def test_bounded_map_keeps_order_on_threads():
+    assert list(bounded_map(lambda x: x * x, range(50), workers=3, prefetch=4)) == [x * x for x in range(50)]
+    assert np.array_equal(list(bounded_map(abs, [-1, 2], workers=0)), [1, 2])
