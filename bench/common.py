@@ -40,11 +40,13 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 
 def interleaved(candidates: dict[str, Callable[[], Any]], *, repeats: int,
-                keep: Callable[[str, Any], None] | None = None) -> dict[str, list[float]]:
+                keep: Callable[[str, Any], None] | None = None,
+                rss: dict[str, int | None] | None = None) -> dict[str, list[float]]:
     """Time every candidate ``repeats`` times, alternating their order each round (A B, B A, A B, ...).
 
     Alternating the order spreads drifts of the machine's load evenly over the candidates. ``keep(name, result)``
-    sees every result (e.g. to check the candidates agree); results are dropped afterwards.
+    sees every result (e.g. to check the candidates agree); results are dropped afterwards. ``rss``, when given,
+    receives each candidate's largest peak-RSS delta over its runs (see RssPeak; free to measure).
     Returns name -> list of seconds.
     """
     names = list(candidates)
@@ -52,8 +54,11 @@ def interleaved(candidates: dict[str, Callable[[], Any]], *, repeats: int,
     for round_number in range(repeats):
         order = names if round_number % 2 == 0 else names[::-1]
         for name in order:
-            seconds, result = timed(candidates[name])
+            with RssPeak() as peak:
+                seconds, result = timed(candidates[name])
             times[name].append(seconds)
+            if rss is not None and peak.delta is not None:
+                rss[name] = max(rss.get(name) or 0, peak.delta)
             if keep is not None:
                 keep(name, result)
             del result

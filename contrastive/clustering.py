@@ -62,6 +62,7 @@ def kmeans(
     niter: int = 25,
     spherical: bool = True,
     use_gpu: bool | None = None,
+    max_train_points: int | None = None,
 ) -> KMeansResult:
     """Lloyd's k-means (faiss.Kmeans) on all M points, then assign every point to its nearest centroid.
 
@@ -69,10 +70,14 @@ def kmeans(
     spherical: L2-normalise rows first and keep unit centroids (cosine k-means), the usual choice for
         contrastive embeddings, which live on the sphere.
     use_gpu: None = use a GPU when faiss sees one; True = require one.
+    max_train_points: None (default) = train on all M points. An int = train on a seeded uniform sample of at
+        most that many points (each Lloyd iteration then costs sample/M of a full pass); every point is still
+        assigned and counted in the inertia. bench/kmeans.py measures the trade-off.
     """
     x = _prepare_features(features=features, k=k, spherical=spherical)
     gpu = _resolve_gpu(use_gpu)
     num_points, dim = x.shape
+    train_x = _training_sample(x=x, k=k, seed=seed, max_train_points=max_train_points)
     km = faiss.Kmeans(
         dim,
         k,
@@ -83,9 +88,9 @@ def kmeans(
         verbose=False,
         # faiss trains on a random subset of k * max_points_per_centroid points (default 256 per
         # centroid) and says so only on stdout; raise the cap so every point is used.
-        max_points_per_centroid=math.ceil(num_points / k) + 1,
+        max_points_per_centroid=math.ceil(train_x.shape[0] / k) + 1,
     )
-    km.train(x)
+    km.train(train_x)
     scores, labels = km.index.search(x, 1)
     assignments = labels[:, 0].astype(np.int64)
     centroids = np.asarray(km.centroids, dtype=np.float32).reshape(k, dim)
@@ -102,6 +107,18 @@ def kmeans(
         seed=int(seed),
         spherical=bool(spherical),
     )
+
+
+def _training_sample(*, x: np.ndarray, k: int, seed: int, max_train_points: int | None) -> np.ndarray:
+    """x itself, or a seeded uniform sample of max_train_points of its rows (in their original order)."""
+    if max_train_points is None or max_train_points >= x.shape[0]:
+        return x
+    if max_train_points < k:
+        raise ConfigError(f"max_train_points={max_train_points} is below k={k}: k-means needs at least one "
+                          "training point per cluster; raise it (or leave it unset to train on every point).")
+    rows = np.random.default_rng(seed).choice(x.shape[0], size=max_train_points, replace=False)
+    rows.sort()
+    return x[rows]
 
 
 def _prepare_features(*, features: np.ndarray, k: int, spherical: bool) -> np.ndarray:

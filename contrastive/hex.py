@@ -80,7 +80,8 @@ class EpsilonRule:
 
     def __post_init__(self):
         if self.mode not in EPSILON_MODES:
-            raise ConfigError(f"method.hex.epsilon.mode {self.mode!r} is unknown: use one of {', '.join(EPSILON_MODES)}")
+            raise ConfigError(f"method.hex.epsilon.mode {self.mode!r} is unknown: use one of "
+                              f"{', '.join(EPSILON_MODES)}")
         for name in ("value", "start", "end"):
             if not -1.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"method.hex.epsilon.{name}={getattr(self, name)} is not a cosine: use a value "
@@ -171,7 +172,8 @@ class HexRule:
 
     def __post_init__(self):
         if self.hierarchy not in HIERARCHIES:
-            raise ConfigError(f"method.hex.hierarchy {self.hierarchy!r} is unknown: use one of {', '.join(HIERARCHIES)}")
+            raise ConfigError(f"method.hex.hierarchy {self.hierarchy!r} is unknown: use one of "
+                              f"{', '.join(HIERARCHIES)}")
 
     @classmethod
     def from_config(cls, config: dict | None) -> "HexRule | None":

@@ -129,7 +129,8 @@ def cross_view_info_nce(*, anchors: torch.Tensor, candidates: torch.Tensor, temp
     HEX weighting of the hierarchy negatives.
 
     anchors: (B, D) (NNCLR: nearest neighbours NN(z_i) from the support set); candidates: (B, D) (the other view's
-    predictions); L_i = -log( e^{s_ii} / ( e^{s_ii} + sum_{h in H(i)} Q_ih e^{s_ih} + sum_{k notin H(i), k != i} e^{s_ik} ) ).
+    predictions);
+        L_i = -log( e^{s_ii} / ( e^{s_ii} + sum_{h in H(i)} Q_ih e^{s_ih} + sum_{k notin H(i), k != i} e^{s_ik} ) ).
     hierarchy: (B, B) bool (the diagonal is ignored); None = plain InfoNCE. Returns the scalar mean over anchors.
     """
     logits = F.normalize(anchors, dim=1) @ F.normalize(candidates, dim=1).T / temperature
@@ -144,7 +145,7 @@ def queue_info_nce(*, query: torch.Tensor, key: torch.Tensor, queue: torch.Tenso
     """MoCo's InfoNCE (He et al., 2020, eq. 1) with optional HEX weighting of the queue's hierarchy negatives.
 
     query: (B, D) q = f_q(x); key: (B, D) k+ = f_k(x') (no grad); queue: (K, D) earlier keys, the negatives.
-    L_i = -log( e^{q.k+/tau} / ( e^{q.k+/tau} + sum_{h in H(i)} Q_ih e^{q.k_h/tau} + sum_{n notin H(i)} e^{q.k_n/tau} ) ).
+    L_i = -log( e^{q.k+/tau} / ( e^{q.k+/tau} + sum_{h in H(i)} Q_ih e^{q.k_h/tau} + sum_{n notin H(i)} e^{q.k_n/tau} ) )
     hierarchy: (B, K) bool or None. Returns the scalar mean over the B queries.
     """
     query, key, queue = F.normalize(query, dim=1), F.normalize(key, dim=1), F.normalize(queue, dim=1)

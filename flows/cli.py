@@ -47,32 +47,107 @@ def results_table(title: str, results: dict[str, dict[str, float]], metric: str 
     return table
 
 
-def run_pipeline(config) -> dict:
+def run_pipeline(config, rerun_from: int | None = None) -> dict:
     """Dispatch on the config's ``pipeline`` kind; every flow returns {"results", "dir", "tracking_hint", ...}."""
+    if rerun_from is not None and not 0 <= rerun_from < getattr(getattr(config, "mcl", None), "num_stages", 10**9):
+        raise MclpipeError(f"--rerun-from {rerun_from} is not a stage of this pipeline (stages are 0.."
+                           f"{config.mcl.num_stages - 1})")
     if config.pipeline == "clip":
         from flows.clip_flow import clip_pipeline
         return clip_pipeline(config)
     from flows.mcl_flow import mcl_pipeline
     from pipeline_config.schema import preflight
+    from tasks.mcl_tasks import tracker_for
     preflight(config)  # fail on user mistakes before the Prefect server starts or anything is computed
-    return mcl_pipeline(config)
+    tracker_for(config)  # an unreachable tracking server is reported now, not after the first stage
+    return mcl_pipeline(config, rerun_from=rerun_from)
+
+
+RerunOpt = Annotated[Optional[int], typer.Option("--rerun-from", help="recompute stage N and later even if finished")]
 
 
 @app.command()
-def run(config: ConfigArg, overrides: SetOpt = None) -> None:
+def run(config: ConfigArg, overrides: SetOpt = None, rerun_from: RerunOpt = None) -> None:
     """Run an MCL pipeline (finished steps of an identical earlier run are reused, not recomputed)."""
     try:
         cfg = load_config(config, overrides or [])
         started = time.perf_counter()
-        summary = run_pipeline(cfg)
+        summary = run_pipeline(cfg, rerun_from=rerun_from)
     except MclpipeError as exc:
         fail(str(exc))
         return
-    elapsed = time.perf_counter() - started
-    console.print(results_table(f"{cfg.name}: linear-probe accuracy (held-out split)", summary["results"]))
-    console.print(results_table("kNN accuracy", summary["results"], metric="knn"))
+    report(cfg, summary, time.perf_counter() - started)
+
+
+def find_pipeline_config(pipeline: str, output_dir: Path) -> Path:
+    """The saved config of a pipeline id (or a unique prefix of one) under output_dir/pipelines."""
+    root = output_dir / "pipelines"
+    matches = sorted(root.glob(f"{pipeline}*/config.yaml")) if root.is_dir() else []
+    if len(matches) != 1:
+        known = ", ".join(p.name for p in sorted(root.iterdir())) if root.is_dir() else "none"
+        what = "no pipeline" if not matches else f"{len(matches)} pipelines"
+        raise MclpipeError(f"{what} matching {pipeline!r} under {root} (known: {known}); give the id printed by "
+                           f"`mclpipe run` (the config hash) or pass --output-dir")
+    return matches[0]
+
+
+@app.command()
+def resume(pipeline: Annotated[str, typer.Argument(help="pipeline id (config hash) or a unique prefix")],
+           output_dir: Annotated[Path, typer.Option(help="where the pipeline wrote its files")] = Path("runs"),
+           rerun_from: RerunOpt = None) -> None:
+    """Continue a crashed or killed pipeline: finished steps are reused, a stage killed mid-way continues from its
+    last checkpoint."""
+    try:
+        config_path = find_pipeline_config(pipeline, output_dir)
+        cfg = load_config(config_path)
+        started = time.perf_counter()
+        summary = run_pipeline(cfg, rerun_from=rerun_from)
+    except MclpipeError as exc:
+        fail(str(exc))
+        return
+    report(cfg, summary, time.perf_counter() - started)
+
+
+@app.command()
+def serve(configs: Annotated[Optional[list[str]], typer.Argument(help="configs to serve (default: all presets)")] = None,
+          overrides: SetOpt = None) -> None:
+    """Register one Prefect deployment per config (schedule from its `schedule:` section) and run them here."""
+    from flows.deployments import serve_deployments
+    try:
+        serve_deployments(configs, overrides)
+    except MclpipeError as exc:
+        fail(str(exc))
+
+
+@app.command()
+def deploy(config: ConfigArg, work_pool: Annotated[str, typer.Option(help="Prefect work pool name")],
+           image: Annotated[Optional[str], typer.Option(help="image for docker/kubernetes pools")] = None,
+           source: Annotated[Optional[str], typer.Option(help="git URL or path of this code (process pools)")] = None,
+           overrides: SetOpt = None) -> None:
+    """Register a deployment on the Prefect server in PREFECT_API_URL for a work pool."""
+    from flows.deployments import deploy_to_work_pool
+    try:
+        deployment_id = deploy_to_work_pool(config_name=config, work_pool=work_pool, image=image, source=source,
+                                            overrides=overrides)
+    except MclpipeError as exc:
+        fail(str(exc))
+        return
+    console.print(f"deployment {deployment_id} registered for work pool {work_pool!r}; start a worker with "
+                  f"`prefect worker start --pool {work_pool}`")
+
+
+def report(cfg, summary: dict, elapsed: float) -> None:
+    """The results table, the wall time, where the files are and how to open MLflow on the run."""
+    if getattr(cfg, "pipeline", "mcl") == "clip":  # CLIP MCL reports MMVP pair accuracy and retrieval recall (%)
+        console.print(results_table(f"{cfg.name}: MMVP-VLM pair accuracy (%)", summary["results"], metric="mmvp"))
+        console.print(results_table("zero-shot retrieval recall (%)", summary["results"], metric="retrieval"))
+    else:
+        console.print(results_table(f"{cfg.name}: linear-probe accuracy (held-out split)", summary["results"]))
+        console.print(results_table("kNN accuracy", summary["results"], metric="knn"))
     console.print(f"wall time {elapsed / 60:.1f} min; results in {summary['dir']}")
     console.print(f"MLflow: {summary['tracking_hint']}")
+    console.print(f"pipeline id {summary.get('pipeline_id', '')}: `mclpipe resume` it after a crash, "
+                  f"`mclpipe results` to see this table again")
 
 
 @app.command()

@@ -8,6 +8,7 @@ whatever already finished.
 from __future__ import annotations
 
 import copy
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +25,24 @@ RESULT_STORE = "prefect-results"
 def train_key(config: PipelineConfig, *, stage: int, data: dict, pseudo_key: str | None) -> str:
     train = config.train.model_dump(exclude={"log_every_steps", "checkpoint_every_steps", "threads"})
     return digest_of({"step": "train", "model": config.model.model_dump(mode="json"),
-                      "method": config.method.model_dump(mode="json"),
+                      "method": config.method.in_use(),
                       "augment": config.augment.model_dump(mode="json"), "train": train,
                       "seed": t.stage_seed(config, stage), "data": data["digest"], "pseudo_labels": pseudo_key,
                       "remainder_policy": config.mcl.remainder_policy if pseudo_key else None})
 
 
-def run_step(step, *, storage: Path, **kwargs) -> dict:
-    """Call a cached task; if its cached record points at files that were deleted, recompute it."""
+def run_step(step, *, storage: Path, force: bool = False, **kwargs) -> dict:
+    """Call a cached task; if its cached record points at files that were deleted, recompute it.
+
+    ``force`` recomputes even a finished step: its old output directory is kept beside the new one as
+    ``<dir>.replaced-<time>`` (nothing computed is deleted).
+    """
     bound = step.with_options(result_storage=storage)
+    if force:
+        out_dir = Path(kwargs["out_dir"])
+        if out_dir.exists():
+            out_dir.rename(out_dir.with_name(f"{out_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"))
+        return bound.with_options(refresh_cache=True)(**kwargs)
     record = bound(**kwargs)
     if not t.is_valid_record(record):
         record = bound.with_options(refresh_cache=True)(**kwargs)
@@ -42,8 +52,10 @@ def run_step(step, *, storage: Path, **kwargs) -> dict:
 class StageRunner:
     """Runs the steps of one pipeline invocation, logging reuse of cached steps into the current MLflow runs."""
 
-    def __init__(self, *, config: PipelineConfig, data: dict, parent_run_id: str, pipeline_id: str):
+    def __init__(self, *, config: PipelineConfig, data: dict, parent_run_id: str, pipeline_id: str,
+                 rerun_from: int | None = None):
         self.config = config
+        self.rerun_from = rerun_from
         self.data = data
         self.parent_run_id = parent_run_id
         self.pipeline_id = pipeline_id
@@ -59,10 +71,14 @@ class StageRunner:
                 pipeline_id=self.pipeline_id, flow_run_id=self.flow_run_id)
         return self.stage_runs[(kind, stage)]
 
-    def step(self, task_fn, *, prefix: str, key: str, run_id: str, what: str, **kwargs: Any) -> dict:
+    def step(self, task_fn, *, prefix: str, key: str, run_id: str, what: str, stage: int, **kwargs: Any) -> dict:
+        """Run one cached step of ``stage``; with ``rerun_from``, steps of that stage and later are recomputed."""
         out_dir = str(self.root / "steps" / f"{prefix}-{key}")
-        record = run_step(task_fn, storage=self.storage, config=self.config, key=key, out_dir=out_dir,
-                          mlflow_run_id=run_id, **kwargs)
+        force = self.rerun_from is not None and stage >= self.rerun_from
+        if force and task_fn is t.train_stage:
+            t.note_rerun(config=self.config, mlflow_run_id=run_id, rerun_from=self.rerun_from)
+        record = run_step(task_fn, storage=self.storage, force=force, config=self.config, key=key,
+                          out_dir=out_dir, mlflow_run_id=run_id, **kwargs)
         if record.get("mlflow_run_id") != run_id:
             t.record_reuse(config=self.config, mlflow_run_id=run_id, record=record, what=what)
         return record
@@ -73,20 +89,21 @@ class StageRunner:
         trained = self.step(t.train_stage, prefix=f"train{stage}", key=key, run_id=run_id, what="train",
                             stage=stage, data=self.data, pseudo_labels=pseudo)
         exported = self.step(t.export_embeddings, prefix=f"export{stage}", key=digest_of(["export", key]),
-                             run_id=run_id, what="export", trained=trained, data=self.data)
+                             run_id=run_id, what="export", stage=stage, trained=trained, data=self.data)
         return trained, exported
 
-    def evaluate(self, *, name: str, exports: list[dict], run_id: str) -> dict:
+    def evaluate(self, *, name: str, exports: list[dict], run_id: str, stage: int) -> dict:
         key = digest_of(["eval", [e["key"] for e in exports], self.config.eval.model_dump(), self.config.seed])
-        return self.step(t.evaluate, prefix="eval", key=key, run_id=run_id, what=f"eval.{name}", name=name,
-                         exports=exports, data=self.data)
+        return self.step(t.evaluate, prefix="eval", key=key, run_id=run_id, what=f"eval.{name}", stage=stage,
+                         name=name, exports=exports, data=self.data)
 
-    def diagnose(self, *, name: str, trained: dict, exported: dict, clusters: dict | None, run_id: str) -> dict:
+    def diagnose(self, *, name: str, trained: dict, exported: dict, clusters: dict | None, run_id: str,
+                 stage: int) -> dict:
         """Embedding diagnostics of one stage (cosine distributions, anisotropy, rank, alignment/uniformity)."""
         key = digest_of(["diagnose", exported["key"], clusters["key"] if clusters else None,
                          self.config.augment.model_dump(mode="json"), self.config.seed])
-        return self.step(diagnose, prefix="diag", key=key, run_id=run_id, what=f"diagnose.{name}", name=name,
-                         trained=trained, exported=exported, clusters=clusters, data=self.data)
+        return self.step(diagnose, prefix="diag", key=key, run_id=run_id, what=f"diagnose.{name}", stage=stage,
+                         name=name, trained=trained, exported=exported, clusters=clusters, data=self.data)
 
     def for_config(self, config: PipelineConfig) -> "StageRunner":
         """This runner for a variant of the config (the no-HEX control): same parent and MLflow runs, steps keyed
@@ -104,13 +121,20 @@ def without_hex(config: PipelineConfig) -> PipelineConfig:
 
 
 @flow(name="mcl-pipeline", log_prints=True)
-def mcl_pipeline(config: PipelineConfig) -> dict:
-    """Multistage contrastive learning (MCL) end to end; returns the summary record (paths and accuracies)."""
+def mcl_pipeline(config: PipelineConfig, rerun_from: int | None = None) -> dict:
+    """Multistage contrastive learning (MCL) end to end; returns the summary record (paths and accuracies).
+
+    Finished steps of earlier runs are reused; ``rerun_from=N`` recomputes stage N and later (MCL and control)
+    and every evaluation that includes them.
+    """
     logger = get_run_logger()
     pipeline_id = config.config_hash()
+    last = config.mcl.num_stages - 1
     data = t.prepare_data(config=config)
-    parent = t.open_pipeline_run(config=config, pipeline_id=pipeline_id, flow_run_id=flow_run.id)
-    runner = StageRunner(config=config, data=data, parent_run_id=parent, pipeline_id=pipeline_id)
+    parent = t.open_pipeline_run(config=config, pipeline_id=pipeline_id, flow_run_id=flow_run.id,
+                                 pipeline_dir=str(Path(config.output_dir).resolve() / "pipelines" / pipeline_id))
+    runner = StageRunner(config=config, data=data, parent_run_id=parent, pipeline_id=pipeline_id,
+                         rerun_from=rerun_from)
     results: dict[str, dict] = {}
     status = "FAILED"
     try:
@@ -120,7 +144,7 @@ def mcl_pipeline(config: PipelineConfig) -> dict:
             trained, exported = runner.train_and_export(kind="mcl", stage=stage, pseudo=pseudo)
             exports.append(exported)
             results[f"stage {stage}"] = runner.evaluate(name=f"stage{stage}", exports=[exported],
-                                                        run_id=run_id)["metrics"]
+                                                        run_id=run_id, stage=stage)["metrics"]
             if stage + 1 < config.mcl.num_stages:
                 cluster_key = digest_of(["cluster", exported["key"], config.mcl.clusters_after(stage),
                                          config.mcl.kmeans_niter, config.mcl.spherical_kmeans,
@@ -131,13 +155,15 @@ def mcl_pipeline(config: PipelineConfig) -> dict:
                 pseudo_key = digest_of(["pseudo", [c["key"] for c in clusters], config.mcl.small_group_policy,
                                         config.train.batch_size])
                 pseudo = runner.step(t.make_pseudo_labels, prefix=f"pseudo{stage + 1}", key=pseudo_key,
-                                     run_id=run_id, what="pseudo_labels", for_stage=stage + 1, clusters=list(clusters),
+                                     run_id=run_id, what="pseudo_labels", stage=stage, for_stage=stage + 1,
+                                     clusters=list(clusters),
                                      exports=list(exports), data=data)
-            runner.diagnose(name=f"stage{stage}", trained=trained, exported=exported, run_id=run_id,
+            runner.diagnose(name=f"stage{stage}", trained=trained, exported=exported, run_id=run_id, stage=stage,
                             clusters=clusters[stage] if stage < len(clusters) else None)
             logger.info("stage %d done: %s", stage, results[f"stage {stage}"])
         if config.mcl.num_stages > 1:
-            results["MCL concat"] = runner.evaluate(name="mcl_concat", exports=exports, run_id=parent)["metrics"]
+            results["MCL concat"] = runner.evaluate(name="mcl_concat", exports=exports, run_id=parent,
+                                                    stage=last)["metrics"]
         hex_on = config.method.hex.enabled
         if config.mcl.control and (config.mcl.num_stages > 1 or hex_on):
             # A HEX pipeline's control is the same method without HEX, so it retrains (and reports) stage 0 too;
@@ -150,13 +176,13 @@ def mcl_pipeline(config: PipelineConfig) -> dict:
                 trained, exported = control.train_and_export(kind="control", stage=stage, pseudo=None)
                 control_exports.append(exported)
                 control.diagnose(name=f"control_stage{stage}", trained=trained, exported=exported, clusters=None,
-                                 run_id=run_id)
+                                 run_id=run_id, stage=stage)
                 if hex_on:
                     results[f"{label} stage {stage}"] = control.evaluate(
-                        name=f"control_stage{stage}", exports=[exported], run_id=run_id)["metrics"]
+                        name=f"control_stage{stage}", exports=[exported], run_id=run_id, stage=stage)["metrics"]
             if config.mcl.num_stages > 1:
                 results[f"{label} concat"] = control.evaluate(name="control_concat", exports=control_exports,
-                                                              run_id=parent)["metrics"]
+                                                              run_id=parent, stage=last)["metrics"]
         summary = t.summarize(config=config, parent_run_id=parent, pipeline_id=pipeline_id, results=results,
                               cluster_records=clusters, out_dir=str(runner.root / "pipelines" / pipeline_id))
         status = "FINISHED"

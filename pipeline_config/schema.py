@@ -162,6 +162,19 @@ class MethodConfig(_Section):
         """Entries in the method's queue (MoCo negatives, NNCLR support set); None for SimCLR."""
         return {"moco_v2": self.moco.queue_size, "nnclr": self.nnclr.queue_size}.get(self.name)
 
+    def in_use(self) -> dict:
+        """JSON of the settings that change training, for cache keys: other methods' sections and HEX's
+        parameters while it is off are left out, so a HEX pipeline's no-HEX control shares its cached stages with
+        a plain run, and plain SimCLR keys are what they were before these sections existed."""
+        used = {"name": self.name, "temperature": self.temperature}
+        if self.hex.enabled:
+            used["hex"] = self.hex.model_dump(mode="json")
+        if self.name == "moco_v2":
+            used["moco"] = self.moco.model_dump(mode="json")
+        if self.name == "nnclr":
+            used["nnclr"] = self.nnclr.model_dump(mode="json")
+        return used
+
 
 class AugmentConfig(_Section):
     """Random resized crop only by default: colour jitter destroys the colour attribute and flips turn one
@@ -248,9 +261,25 @@ class TrackingConfig(_Section):
     experiment: str = "mclpipe"
 
 
+class ScheduleConfig(_Section):
+    """When `mclpipe serve` registers this config as a Prefect deployment: a cron expression or an interval."""
+
+    cron: str | None = None
+    interval_minutes: float | None = Field(None, gt=0)
+    timezone: str = "UTC"
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "ScheduleConfig":
+        if self.cron and self.interval_minutes:
+            raise ValueError("schedule: set either cron or interval_minutes, not both")
+        if self.cron and len(self.cron.split()) not in (5, 6):
+            raise ValueError(f"schedule.cron {self.cron!r} is not a cron expression (e.g. '0 3 * * *' = 03:00 daily)")
+        return self
+
+
 class PipelineConfig(_Section):
-    """Everything one MCL pipeline needs. ``name`` and ``tracking`` do not change results and are left out of
-    the config hash; everything else is in it."""
+    """Everything one MCL pipeline needs. ``name``, ``output_dir``, ``tracking`` and ``schedule`` do not change
+    results and are left out of the config hash; everything else is in it."""
 
     pipeline: Literal["mcl"] = "mcl"
     name: str = "mcl"
@@ -265,10 +294,11 @@ class PipelineConfig(_Section):
     mcl: MclConfig = MclConfig()
     eval: EvalConfig = EvalConfig()
     tracking: TrackingConfig = TrackingConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
 
     def config_hash(self) -> str:
         """Digest of everything that changes results."""
-        return digest_of(self.model_dump(mode="json", exclude={"name", "tracking", "output_dir"}))
+        return digest_of(self.model_dump(mode="json", exclude={"name", "tracking", "output_dir", "schedule"}))
 
 
 def digest_of(value) -> str:
@@ -321,3 +351,161 @@ def preflight(config: PipelineConfig) -> None:
                               f"the key to use class subfolders as labels")
     else:
         check_feasible(config, num_train=data.trifeature.num_train)
+
+
+# ==================================================================================================== CLIP MCL
+# ``pipeline: clip`` configs (loader.config_schema_for): MCL for CLIP on image-text webdataset shards (MCL paper,
+# Sec. 5.5). Built by flows.clip_flow.clip_pipeline; docs/clip.md explains every section.
+class ClipSyntheticConfig(_Section):
+    """Tiny procedurally drawn image-text shards, a held-out set and an MMVP-style directory, written on first use
+    into data.cache_dir (used when data.shards is not set)."""
+
+    num_train: int = Field(480, ge=16)
+    num_heldout: int = Field(64, ge=8)
+    samples_per_shard: int = Field(96, ge=1)
+    image_size: int = Field(32, ge=16, le=256)
+    num_colors: int = Field(4, ge=2, le=10)
+    num_shapes: int = Field(4, ge=2, le=10)
+    num_textures: int = Field(4, ge=2, le=10)
+    corrupt: bool = Field(True, description="include a truncated image and a sample without caption")
+    mmvp_pairs_per_category: int = Field(2, ge=1)
+    seed: int = 0
+
+
+class ClipDataConfig(_Section):
+    shards: str | None = Field(None, description="training shards: brace pattern(s) joined by '::', local paths or "
+                                                 "pipe:/http(s)/s3/gs URLs; None = synthetic shards")
+    heldout_shards: str | None = Field(None, description="held-out image-text shards for zero-shot retrieval")
+    num_samples: int | None = Field(None, ge=1, description="samples in data.shards when no sizes.json / "
+                                                            "*_stats.json files are beside them (remote shards)")
+    max_skip_fraction: float = Field(0.01, ge=0.0, le=1.0, description="fail when more of the samples are broken")
+    shuffle_buffer: int = Field(1000, ge=0, description="stage-0 sample shuffle buffer")
+    decode_workers: int = Field(0, ge=0, description="threads decoding images (0 = in the training thread)")
+    cache_dir: Path = Path("data")
+    synthetic: ClipSyntheticConfig = ClipSyntheticConfig()
+
+
+class ClipModelConfig(_Section):
+    name: str = Field("mclpipe-tiny-vit", description="open_clip model name, or local-dir:/path")
+    pretrained: str | None = Field(None, description="weights file path, or an open_clip tag already in the local "
+                                                     "cache (nothing is downloaded); None = seeded random init")
+    require_pretrained: bool = Field(False, description="fail before any compute when model.pretrained is unset")
+    init_seed: int = 0
+    trainable_image_blocks: int = Field(6, ge=1, description="LAST image transformer blocks trained (+ ln_post, proj)")
+    lock_text: bool = True
+    train_logit_scale: bool = True
+    cache_dir: str | None = Field(None, description="where to look for tag weights (default: Hugging Face cache)")
+
+
+class ClipTrainConfig(_Section):
+    epochs: int = Field(1, ge=1)
+    global_batch_size: int = Field(32, ge=2, description="samples per step over all processes; every batch of a "
+                                                         "stage >= 1 comes from one pseudo-label group")
+    lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.1, ge=0)
+    warmup_fraction: float = Field(0.1, ge=0.0, lt=1.0)
+    scheduler: Literal["cosine", "constant"] = "cosine"
+    precision: Literal["amp", "bf16", "fp32"] = "amp"
+    grad_checkpointing: bool = False
+    grad_clip_norm: float | None = Field(None, gt=0)
+    max_steps_per_epoch: int | None = Field(None, ge=1, description="cap steps per epoch (smoke runs)")
+    log_every_steps: int = Field(10, ge=1)
+    checkpoint_every_steps: int = Field(500, ge=1)
+    threads: int = Field(0, ge=0, description="torch CPU threads; 0 = torch default")
+
+
+class ClipDistributedConfig(_Section):
+    nproc_per_node: int = Field(1, ge=1, description="processes (GPUs) per stage; > 1 runs the stage under torchrun")
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    local_loss: bool = Field(False, description="each rank computes its rows of the logits (O(B*WB) memory)")
+
+
+class ClipMclConfig(_Section):
+    """Stage j >= 1 trains from the same init on cluster-pure batches; groups combine the k-means ids of ALL
+    earlier stages."""
+
+    num_stages: int = Field(2, ge=1, description="stages including stage 0")
+    clusters: int | list[int] = Field(10, description="K after each stage but the last; a list gives one per stage")
+    spherical_kmeans: bool = True
+    kmeans_niter: int = Field(25, ge=1)
+    small_group_policy: Literal["merge_nearest", "pool", "none"] = "merge_nearest"
+    remainder_policy: Literal["partial", "drop"] = "partial"
+    active_streams: int = Field(16, ge=1, description="groups read at once by the cluster-pure reader")
+    group_shuffle_buffer: int = Field(0, ge=0, description="extra per-group shuffle buffer while reading")
+    spool_mb: int = Field(256, ge=1, description="memory for the per-stage re-shard by group")
+
+    def clusters_after(self, stage: int) -> int:
+        return self.clusters if isinstance(self.clusters, int) else self.clusters[stage]
+
+    @model_validator(mode="after")
+    def _cluster_list_length(self) -> "ClipMclConfig":
+        needed = self.num_stages - 1
+        if isinstance(self.clusters, list) and len(self.clusters) < needed:
+            raise ValueError(f"mcl.clusters lists {len(self.clusters)} values but {needed} clusterings are needed "
+                             f"for {self.num_stages} stages: give one K per stage but the last, or a single int")
+        values = [self.clusters] if isinstance(self.clusters, int) else self.clusters
+        if any(k < 2 for k in values):
+            raise ValueError(f"mcl.clusters must be >= 2 (got {self.clusters})")
+        return self
+
+
+class ClipEvalConfig(_Section):
+    mmvp_dir: Path | None = Field(None, description="local MMVP_VLM copy or pairs.csv directory; None = the "
+                                                    "synthetic one when data.shards is unset, else skipped")
+    mmvp_prompt: str = Field("a photo of ", description="prefix of every MMVP statement (upstream: 'a photo of ')")
+    retrieval_max_samples: int = Field(5000, ge=10)
+    batch_size: int = Field(256, ge=1)
+    export_batch_size: int = Field(256, ge=1)
+    soup: bool = Field(True, description="also evaluate the weight average of the stage models")
+
+
+class ClipPipelineConfig(_Section):
+    """One CLIP MCL pipeline. ``name``, ``output_dir``, ``tracking`` and ``schedule`` are left out of the hash."""
+
+    pipeline: Literal["clip"] = "clip"
+    name: str = "clip"
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    output_dir: Path = Path("runs")
+    data: ClipDataConfig = ClipDataConfig()
+    model: ClipModelConfig = ClipModelConfig()
+    train: ClipTrainConfig = ClipTrainConfig()
+    distributed: ClipDistributedConfig = ClipDistributedConfig()
+    mcl: ClipMclConfig = ClipMclConfig()
+    eval: ClipEvalConfig = ClipEvalConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+
+    @model_validator(mode="after")
+    def _batch_splits(self) -> "ClipPipelineConfig":
+        n = self.distributed.nproc_per_node
+        if self.train.global_batch_size % n or self.train.global_batch_size // n < 2:
+            raise ValueError(f"train.global_batch_size={self.train.global_batch_size} must split into "
+                             f"distributed.nproc_per_node={n} equal per-process batches of at least 2")
+        return self
+
+    def config_hash(self) -> str:
+        return digest_of(self.model_dump(mode="json", exclude={"name", "tracking", "output_dir", "schedule"}))
+
+
+def check_clip_pretrained(config: ClipPipelineConfig) -> None:
+    """A preset that needs pretrained weights (the paper's ViT-L-14 OpenAI init) fails before any compute when
+    model.pretrained is unset; the config still loads, so `mclpipe show-config` works."""
+    if config.model.require_pretrained and not config.model.pretrained:
+        raise ConfigError("model.pretrained must be set for this config (mclpipe never downloads weights): "
+                          "--set model.pretrained=/path/to/open_clip_model.safetensors (docs/clip.md says where to "
+                          "get the OpenAI ViT-L-14 file)")
+
+
+def check_clip_feasible(config: ClipPipelineConfig, *, num_train: int) -> None:
+    """K^N <= M / B for CLIP MCL (B = global batch): every pseudo-label group must be able to fill a batch."""
+    batch = config.train.global_batch_size
+    if batch > num_train:
+        raise ConfigError(f"train.global_batch_size={batch} is larger than the {num_train} training samples: lower "
+                          f"it (--set train.global_batch_size={max(2, num_train // 8)}) or use more data")
+    clusterings = config.mcl.num_stages - 1
+    groups = math.prod(config.mcl.clusters_after(j) for j in range(clusterings)) if clusterings else 1
+    if groups > num_train / batch:
+        raise ConfigError(f"CLIP MCL needs prod(K) <= M/B: K={config.mcl.clusters} over {clusterings} clusterings "
+                          f"gives up to {groups} groups but M/B = {num_train}/{batch} = {num_train / batch:.0f}. Fix: "
+                          "fewer mcl.clusters or mcl.num_stages, a smaller train.global_batch_size, or more data")

@@ -126,7 +126,11 @@ def prepare_data(*, config: PipelineConfig) -> dict:
 
 
 @task(name="open-pipeline-run")
-def open_pipeline_run(*, config: PipelineConfig, pipeline_id: str, flow_run_id: str | None) -> str:
+def open_pipeline_run(*, config: PipelineConfig, pipeline_id: str, flow_run_id: str | None, pipeline_dir: str) -> str:
+    """Open the parent MLflow run, and keep the config beside the results (``mclpipe resume`` reads it)."""
+    Path(pipeline_dir).mkdir(parents=True, exist_ok=True)
+    stages.write_json(Path(pipeline_dir) / "config.json", config.model_dump(mode="json"))
+    (Path(pipeline_dir) / "config.yaml").write_text(dump_config(config))
     tracker = tracker_for(config)
     tags = {"pipeline_id": pipeline_id, "config_hash": config.config_hash(), "kind": "pipeline",
             "pipeline_name": config.name}
@@ -181,7 +185,7 @@ def train_stage(*, config: PipelineConfig, key: str, out_dir: str, stage: int, d
         remainder_policy=config.mcl.remainder_policy, checkpoint_every_steps=t.checkpoint_every_steps,
         log_every_steps=t.log_every_steps, threads=t.threads, callbacks=[buffer, progress, terminal])
     terminal.close()
-    buffer.flush()
+    buffer.flush(final=True)
     if summary["resumed_from_step"] is not None:
         tracker.set_tags(mlflow_run_id, {"resumed_from_step": summary["resumed_from_step"]})
     tracker.log_metrics(mlflow_run_id, {"train/final_loss": summary["final_loss"],
@@ -281,6 +285,11 @@ def record_reuse(*, config: PipelineConfig, mlflow_run_id: str, record: dict, wh
                                      record.get("mlflow_run_id", ""), f"reused.{what}.dir": record["dir"]})
     if "metrics" in record:
         tracker.log_metrics(mlflow_run_id, {f"eval/{record['name']}/{k}": v for k, v in record["metrics"].items()})
+
+
+@task(name="note-rerun")
+def note_rerun(*, config: PipelineConfig, mlflow_run_id: str, rerun_from: int) -> None:
+    tracker_for(config).set_tags(mlflow_run_id, {"rerun_from": rerun_from, "forced_recompute": "true"})
 
 
 @task(name="close-run")

@@ -19,6 +19,10 @@ from mlflow.tracking import MlflowClient
 from contrastive.errors import MclpipeError
 
 log = logging.getLogger(__name__)
+
+# MLflow's HTTP client retries for minutes on its own; Tracker retries with its own backoff and then says what to do.
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
 T = TypeVar("T")
 
 PARENT_TAG = "mlflow.parentRunId"
@@ -177,6 +181,14 @@ class MetricBuffer:
     def on_checkpoint(self, *, path: Path, step: int) -> None:
         self.checkpoint_path = path
 
-    def flush(self) -> None:
-        pending, self.pending = self.pending, []
-        self.tracker.log_metric_history(self.run_id, pending)
+    def flush(self, *, final: bool = False) -> None:
+        """Send pending metrics. A tracking outage mid-stage must not stop training (the checkpoint and the
+        stage's files are what matter); metrics are kept and retried at the next flush, and only the final
+        flush raises."""
+        try:
+            self.tracker.log_metric_history(self.run_id, self.pending)
+            self.pending = []
+        except TrackingError:
+            if final:
+                raise
+            log.warning("MLflow unreachable; keeping %d metric points to send later", len(self.pending))

@@ -181,7 +181,7 @@ def write_tiny_mmvp(*, directory: Path, pairs_per_category: int = 2, image_size:
         return {"dir": str(directory), "pairs": len(read_mmvp(directory))}
     if pairs_per_category < 1:
         raise ConfigError(f"pairs_per_category must be >= 1, got {pairs_per_category}")
-    pool = 40 * num_colors * num_shapes * num_textures
+    pool = 12 * num_colors * num_shapes * num_textures  # enough to find pairs differing in one attribute
     images, labels = generate_trifeature(num_train=pool, num_test=0, image_size=image_size, num_colors=num_colors,
                                          num_shapes=num_shapes, num_textures=num_textures, seed=seed + 10_007)
     attrs = np.stack([labels["color"], labels["shape"], labels["texture"]], axis=1)

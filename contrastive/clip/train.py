@@ -154,7 +154,13 @@ def train_clip(*, bundle: ClipBundle, batches: Callable[[int, int], Iterator[Cli
         start_epoch, consumed = checkpoint["epoch"], checkpoint["batches_consumed"]
         step = resumed_from = checkpoint["step"]
 
+    last_saved = {"step": None}
+
     def save(epoch: int, position: int) -> None:
+        # Saving the same step twice would make the ".prev" fallback a copy of the newest checkpoint.
+        if last_saved["step"] == step and position != 0:
+            return
+        last_saved["step"] = step
         if info.is_main:
             save_checkpoint({"trainable_state": trainable_state_dict(model), "optimizer": opt.state_dict(),
                              "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),

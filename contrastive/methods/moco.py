@@ -87,7 +87,9 @@ class MoCoV2(ContrastiveMethod):
         """FIFO: write keys (N, D) at the pointer, wrapping around; keep only the newest K if N > K."""
         size = len(self.queue)
         keys = keys[-size:]
-        groups = torch.full((len(keys),), -1, dtype=torch.long, device=keys.device) if groups is None else groups[-size:]
+        if groups is None:
+            groups = torch.full((len(keys),), -1, dtype=torch.long, device=keys.device)  # unknown: never in H
+        groups = groups[-size:]
         slots = (self.queue_ptr + torch.arange(len(keys), device=keys.device)) % size
         self.queue[slots] = keys.to(self.queue.dtype)
         self.queue_groups[slots] = groups.to(self.queue_groups.device, torch.long)

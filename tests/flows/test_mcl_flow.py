@@ -111,3 +111,18 @@ def test_deleted_artifacts_are_recomputed_not_trusted(tiny_config, count_trainin
     calls.clear()
     mcl_pipeline(config)
     assert calls == ["train0"]
+
+
+def test_rerun_from_recomputes_later_stages_and_keeps_old_files(tiny_config, count_training):
+    calls, _ = count_training
+    config = tiny_config("mcl.num_stages=2", "mcl.control=false")
+    first = mcl_pipeline(config)
+    calls.clear()
+    again = mcl_pipeline(config, rerun_from=1)
+    assert calls == ["train1"]
+    steps = Path(config.output_dir) / "steps"
+    assert len(list(steps.glob("train1-*.replaced-*"))) == 1 and len(list(steps.glob("train0-*"))) == 1
+    assert set(again["results"]) == set(first["results"])
+    _, children = run_tree(config.tracking.uri)
+    stage1_runs = [c for c in children if c.data.tags["stage"] == "1"]
+    assert any(c.data.tags.get("rerun_from") == "1" for c in stage1_runs)

@@ -40,7 +40,8 @@ def test_nnclr_support_set_is_a_fifo_of_normalised_projections():
     assert int(method.support_ptr) == 1
     assert {tuple(v.tolist()) for v in method.support} == {tuple(v.tolist()) for v in reference}
     method.enqueue(batches[3])  # more than K rows at once: keep the newest K
-    assert {tuple(v.tolist()) for v in method.support} == {tuple(v.tolist()) for v in F.normalize(batches[3][-5:], dim=1)}
+    newest = F.normalize(batches[3][-5:], dim=1)
+    assert {tuple(v.tolist()) for v in method.support} == {tuple(v.tolist()) for v in newest}
 
 
 def test_nnclr_nearest_neighbour_matches_a_loop():
@@ -70,7 +71,8 @@ def test_nnclr_loss_is_the_symmetric_paper_loss():
     p1, p2 = method.predictor(z1), method.predictor(z2)
 
     def one_way(z, p):
-        nn_ = F.normalize(support_before, dim=1)[(F.normalize(z, dim=1) @ F.normalize(support_before, dim=1).T).argmax(1)]
+        unit = F.normalize(support_before, dim=1)
+        nn_ = unit[(F.normalize(z, dim=1) @ unit.T).argmax(1)]
         return F.cross_entropy(nn_ @ F.normalize(p, dim=1).T / 0.1, torch.arange(5))
 
     assert torch.allclose(loss, 0.5 * (one_way(z1, p2) + one_way(z2, p1)), atol=1e-5)
@@ -200,3 +202,13 @@ def test_queue_larger_than_the_data_is_a_config_error():
     config = config_from_dict({"method": {"name": "moco_v2"}, "train": {"batch_size": 32}})
     with pytest.raises(ConfigError, match=r"--set method.moco.queue_size=112"):
         check_feasible(config, num_train=256)
+
+
+def test_cache_key_settings_ignore_unused_sections():
+    from pipeline_config.schema import MethodConfig
+    plain = MethodConfig()
+    assert plain.in_use() == {"name": "simclr", "temperature": 0.2}  # keys of existing SimCLR runs unchanged
+    control = MethodConfig(hex={"enabled": False, "q": {"value": 0.1}}, moco={"queue_size": 7})
+    assert control.in_use() == plain.in_use()
+    assert MethodConfig(hex={"enabled": True}).in_use() != plain.in_use()
+    assert "nnclr" in MethodConfig(name="nnclr").in_use()

@@ -1,0 +1,149 @@
+"""k-means between stages: ``contrastive.clustering.kmeans`` (faiss) against scikit-learn's MiniBatchKMeans (what the
+public MCL reference code uses), every point assigned.
+
+Goal (issue 6): 500k x 512 float32, K = 10: >= 5x faster than MiniBatchKMeans at equal or lower inertia.
+
+Both optimise the same objective: Euclidean k-means on the raw features (``spherical=False`` for ours; the
+pipeline's default spherical k-means optimises cosine distance, which MiniBatchKMeans cannot). Inertia is
+computed the same way for both, afterwards: sum over ALL points of the squared distance to the nearest of the
+method's centroids (faiss exact search, float64 sum). "Equal" allows 0.1 % (float noise and seed-level jitter).
+
+Data: a mixture of 100 Gaussian components in 512-d (centres N(0, 1), unit noise, Dirichlet(2) weights): like
+embeddings it has no exact K = 10 structure, so distinct local minima exist and the init matters.
+
+Three candidates run interleaved:
+- MiniBatchKMeans(n_clusters=K, random_state=0) defaults (batch 1024, k-means++ init, early stopping) + predict;
+- ours as the pipeline calls it: Lloyd on all M points, 25 iterations (faiss stops early when converged);
+- ours with ``max_train_points = 2048 K`` (opt-in): Lloyd on a seeded sample, then every point assigned.
+
+A GPU row (1M x 256, K = 20,000, niter 25; the faiss wiki reports 55 s on a P100) runs only when faiss sees a GPU.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from bench.common import (Result, fmt_bytes, fmt_count, fmt_seconds, interleaved, log, loglog_slope, median,
+                          module_main, RssPeak)
+from contrastive.clustering import kmeans
+
+K = 10
+COMPONENTS = 100
+EQUAL_TOLERANCE = 1e-3
+
+
+def make_features(num_points: int, dim: int, *, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((COMPONENTS, dim), dtype=np.float32)
+    weights = rng.dirichlet(np.full(COMPONENTS, 2.0))
+    x = rng.standard_normal((num_points, dim), dtype=np.float32)
+    x += centres[rng.choice(COMPONENTS, size=num_points, p=weights)]
+    return x
+
+
+def inertia_of(x: np.ndarray, centroids: np.ndarray) -> float:
+    """Sum over all rows of the squared distance to the nearest centroid (the same measure for every method)."""
+    import faiss
+
+    index = faiss.IndexFlatL2(x.shape[1])
+    index.add(np.ascontiguousarray(centroids, dtype=np.float32))
+    distances, _ = index.search(x, 1)
+    return float(distances.astype(np.float64).sum())
+
+
+def minibatch(x: np.ndarray):
+    from sklearn.cluster import MiniBatchKMeans
+
+    model = MiniBatchKMeans(n_clusters=K, random_state=0)
+    model.fit(x)
+    model.predict(x)  # every point assigned, as ours does
+    return model.cluster_centers_
+
+
+def ours(x: np.ndarray, *, max_train_points: int | None):
+    return kmeans(features=x, k=K, seed=0, spherical=False, max_train_points=max_train_points).centroids
+
+
+def run(*, quick: bool) -> list[Result]:
+    num_points, dim = (100_000, 512) if quick else (500_000, 512)
+    sample = 2048 * K
+    sizes = [num_points // 4, num_points // 2, num_points]
+    candidates = {
+        "minibatch": lambda x: minibatch(x),
+        "sampled": lambda x: ours(x, max_train_points=sample),
+        "all_points": lambda x: ours(x, max_train_points=None),
+    }
+    times: dict[str, dict[int, float]] = {name: {} for name in candidates}
+    inertia: dict[str, float] = {}
+    rss: dict[str, int | None] = {}
+    for size in sizes:
+        x = make_features(size, dim)
+        full = size == num_points
+        # At the goal size: 3 interleaved repetitions of baseline and candidates (2 of the slow all-points path);
+        # at the smaller sizes one run each, for the growth slopes only.
+        repeats = 3 if full else 1
+        centroids: dict[str, np.ndarray] = {}
+        keep = lambda name, c: centroids.__setitem__(name, c)  # noqa: E731
+        runs = interleaved({name: (lambda fn=fn: fn(x)) for name, fn in candidates.items()
+                            if not (full and name == "all_points")}, repeats=repeats, keep=keep,
+                           rss=rss if full else None)
+        if full:
+            runs.update(interleaved({"all_points": lambda: candidates["all_points"](x)}, repeats=2, keep=keep,
+                                    rss=rss))
+            inertia = {name: inertia_of(x, c) for name, c in centroids.items()}
+        for name, values in runs.items():
+            times[name][size] = median(values)
+        log(f"k-means M={fmt_count(size)}: " + ", ".join(f"{n} {fmt_seconds(t[size])}" for n, t in times.items()
+                                                          if size in t and t[size]))
+        del x
+    base = times["minibatch"][num_points]
+    slope = {name: loglog_slope(sizes, [times[name][s] for s in sizes]) for name in candidates}
+    workload = f"{fmt_count(num_points)} x {dim} float32, K={K}, all points assigned, Euclidean"
+    results = []
+    for name, label in (("all_points", "ours as the pipeline runs it (all points, default)"),
+                        ("sampled", f"ours, max_train_points={sample} (opt-in)")):
+        ratio = base / times[name][num_points]
+        rel = inertia[name] / inertia["minibatch"] - 1.0
+        results.append(Result(
+            name=f"k-means: {label}",
+            workload=workload,
+            baseline="sklearn MiniBatchKMeans (defaults) fit + predict",
+            baseline_s=base, ours_s=times[name][num_points], ratio=ratio,
+            goal=">= 5x at equal or lower inertia", passed=ratio >= 5 and rel <= EQUAL_TOLERANCE,
+            memory=f"ours {fmt_bytes(rss.get(name))} RSS delta, MiniBatchKMeans {fmt_bytes(rss.get('minibatch'))} "
+                   "RSS delta (features themselves excluded)",
+            growth=f"ours {slope[name]:.2f}, MiniBatchKMeans {slope['minibatch']:.2f}",
+            notes=[f"inertia (all points, same measure): ours {inertia[name]:.6g}, MiniBatchKMeans "
+                   f"{inertia['minibatch']:.6g}: ours {rel * 100:+.2f} % ({'equal or lower' if rel <= EQUAL_TOLERANCE else 'HIGHER'})",
+                   "times by size: " + ", ".join(f"{fmt_count(s)} {fmt_seconds(times[name][s])} vs "
+                                                 f"{fmt_seconds(times['minibatch'][s])}" for s in sizes)],
+            details={"times": times, "inertia": inertia, "rss": rss},
+        ))
+    results.append(gpu_kmeans(quick=quick))
+    return results
+
+
+def gpu_kmeans(*, quick: bool) -> Result:
+    import faiss
+
+    name = "k-means on GPU (faiss)"
+    gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+    workload = "1M x 256 float32, K=20000, niter 25"
+    if gpus == 0:
+        return Result(name=name, workload=workload, baseline="faiss wiki: 55 s on one P100", status="skipped",
+                      notes=["skipped: no GPU (faiss.get_num_gpus() == 0)"])
+    num_points = 200_000 if quick else 1_000_000
+    x = np.random.default_rng(0).standard_normal((num_points, 256), dtype=np.float32)
+    with RssPeak() as peak:
+        seconds = median(interleaved({"gpu": lambda: kmeans(features=x, k=20_000 if not quick else 4_000, seed=0,
+                                                             niter=25, spherical=False, use_gpu=True)},
+                                     repeats=1 if not quick else 2)["gpu"])
+    reference = 55.0
+    return Result(name=name, workload=workload if not quick else "200k x 256, K=4000, niter 25 (--quick)",
+                  baseline="faiss wiki: 55 s on one P100 (not measured here)", baseline_s=reference if not quick else None,
+                  ours_s=seconds, ratio=reference / seconds if not quick else None, goal="context only",
+                  passed=None, memory=f"{fmt_bytes(peak.delta)} RSS delta (host)",
+                  notes=[f"{gpus} GPU(s) visible to faiss; all points trained on and assigned"])
+
+
+if __name__ == "__main__":
+    module_main(run)

@@ -1,0 +1,168 @@
+"""Pipeline overhead: one training stage through the Prefect tasks and MLflow logging (``open_stage_run`` ->
+``train_stage`` via ``flows.mcl_flow.run_step`` -> ``close_run``, inside a flow run) against the same training
+called directly (``contrastive.stages.train_stage`` with the very keyword arguments the task passed it, minus
+the task's callbacks).
+
+Goal (issue 6): at most 5 % slower. The stage is sized (by a calibration run) to take about 25 s (8 s with
+--quick) on this machine right now, so fixed per-stage costs show up in the ratio at the size they really have.
+
+One-off costs that a pipeline pays once, not per stage, are kept out of the ratio and reported on their own:
+starting Prefect's temporary server (no PREFECT_API_URL: the first flow run starts one), creating the MLflow sqlite
+store, and creating/finishing the flow run that wraps the stages. Everything runs under a temporary directory
+(PREFECT_HOME, MLflow sqlite + artifacts, outputs); Prefect's console log level is WARNING to keep the output
+readable (its API log shipping stays on).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
+# Before prefect is imported: a private Prefect home and no external server.
+os.environ["PREFECT_HOME"] = str(ROOT / "prefect")
+os.environ.pop("PREFECT_API_URL", None)
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
+os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{ROOT / 'mlflow.db'}"
+
+from bench import fixtures  # noqa: E402
+from bench.common import (Result, fmt_bytes, fmt_seconds, interleaved, log, median, module_main)  # noqa: E402
+
+TARGET_SECONDS = 25.0
+NUM_TRAIN = 4096
+BATCH = 128
+
+
+def run(*, quick: bool) -> list[Result]:
+    try:
+        return _run(quick=quick)
+    finally:
+        shutil.rmtree(ROOT, ignore_errors=True)
+
+
+def _run(*, quick: bool) -> list[Result]:
+    from prefect import flow, task
+
+    from contrastive import stages
+    from flows.mcl_flow import RESULT_STORE, run_step
+    from pipeline_config.schema import PipelineConfig
+    from tasks import mcl_tasks as t
+
+    target = 8.0 if quick else TARGET_SECONDS
+    num_train = NUM_TRAIN // 2 if quick else NUM_TRAIN
+    data_dir = fixtures.synthetic_dataset(root=ROOT / "data", num_train=num_train, num_test=256)
+    data = {"dir": str(data_dir), "digest": "bench", "num_train": num_train, "num_test": 256,
+            "attributes": ["color"]}
+
+    def make_config(epochs: int) -> PipelineConfig:
+        return PipelineConfig(name="bench", device="cpu", output_dir=ROOT / "runs",
+                              train={"epochs": epochs, "batch_size": BATCH},
+                              tracking={"uri": os.environ["MLFLOW_TRACKING_URI"], "experiment": "bench"})
+
+    # Record exactly what the task passes to the library, so the direct run does the identical work.
+    real_train_stage = stages.train_stage
+    recorded: dict = {}
+
+    def recording_train_stage(**kwargs):
+        recorded.clear()
+        recorded.update(kwargs)
+        return real_train_stage(**kwargs)
+
+    stages.train_stage = recording_train_stage
+    counter = iter(range(1_000_000))
+    inner: dict[str, float] = {}
+
+    @task(name="bench-noop")
+    def noop() -> int:
+        return 1
+
+    @flow(name="bench-warmup")
+    def warmup_flow() -> int:
+        return noop()
+
+    @flow(name="bench-stage")
+    def stage_flow(config: PipelineConfig, parent_run_id: str, number: int) -> dict:
+        from prefect.runtime import flow_run
+
+        started = time.perf_counter()
+        run_id = t.open_stage_run(config=config, parent_run_id=parent_run_id, stage=0, kind="bench",
+                                  pipeline_id="bench", flow_run_id=None)
+        record = run_step(t.train_stage, storage=ROOT / "runs" / RESULT_STORE, config=config, key=f"bench{number}",
+                          out_dir=str(ROOT / "runs" / "steps" / f"train-{number}"), stage=0, data=data,
+                          pseudo_labels=None, mlflow_run_id=run_id)
+        t.close_run(config=config, mlflow_run_id=run_id, status="FINISHED")
+        inner["seconds"] = time.perf_counter() - started
+        inner["flow_run_id"] = str(flow_run.id)
+        return record
+
+    # One-off costs, measured on their own.
+    started = time.perf_counter()
+    warmup_flow()
+    server_start = time.perf_counter() - started
+    started = time.perf_counter()
+    warmup_flow()
+    empty_flow = time.perf_counter() - started
+    log(f"pipeline: first flow run (temporary Prefect server start) {fmt_seconds(server_start)}, "
+        f"an empty flow run afterwards {fmt_seconds(empty_flow)}")
+    started = time.perf_counter()
+    tracker = t.tracker_for(make_config(1))
+    mlflow_init = time.perf_counter() - started
+    parent = tracker.start_run(name="bench-parent", tags={"kind": "bench"})
+
+    # Calibration: one epoch through the tasks, then the epoch count that makes a stage ~target seconds.
+    calibration = stage_flow(make_config(1), parent, next(counter))
+    epoch_seconds = calibration["summary"]["seconds"]
+    epochs = max(1, round(target / max(epoch_seconds, 1e-3)))
+    config = make_config(epochs)
+    log(f"pipeline: one epoch {fmt_seconds(epoch_seconds)} -> {epochs} epochs a stage")
+
+    outer: list[float] = []
+    inner_seconds: list[float] = []
+
+    def through_prefect():
+        started = time.perf_counter()
+        stage_flow(config, parent, next(counter))
+        outer.append(time.perf_counter() - started)
+        inner_seconds.append(inner["seconds"])
+        return inner["seconds"]
+
+    def direct():
+        kwargs = dict(recorded, epochs=epochs, callbacks=(), stage_dir=ROOT / "direct" / str(next(counter)))
+        return real_train_stage(**kwargs)
+
+    rss: dict[str, int | None] = {}
+    repeats = 2 if quick else 3
+    times = interleaved({"prefect": through_prefect, "direct": direct}, repeats=repeats, rss=rss)
+    stages.train_stage = real_train_stage
+    # The interleaved timer measured the whole flow call; the per-stage figure is the time inside the flow.
+    prefect_s, direct_s = median(inner_seconds), median(times["direct"])
+    flow_wrapper = median([o - i for o, i in zip(outer, inner_seconds)])
+    overhead = prefect_s / direct_s - 1.0
+    steps = epochs * (num_train // BATCH)
+    return [Result(
+        name="Pipeline overhead (Prefect tasks + MLflow)",
+        workload=(f"one stage: {epochs} epochs x {num_train} images 32 px, batch {BATCH}, {steps} steps, default "
+                  "CNN, CPU; log every 10 steps, checkpoint every 100"),
+        baseline="contrastive.stages.train_stage called directly (same kwargs, no callbacks)",
+        baseline_s=direct_s, ours_s=prefect_s, ratio=direct_s / prefect_s,
+        goal="<= 5 % slower (ratio >= 0.952)", passed=overhead <= 0.05,
+        memory=f"through tasks {fmt_bytes(rss.get('prefect'))} RSS delta, direct {fmt_bytes(rss.get('direct'))} RSS delta",
+        growth="-",
+        notes=[f"overhead per stage {overhead * 100:+.1f} % ({fmt_seconds(prefect_s - direct_s)}); "
+               f"runs: through tasks {', '.join(fmt_seconds(s) for s in inner_seconds)}; direct "
+               f"{', '.join(fmt_seconds(s) for s in times['direct'])}",
+               f"one-off, not in the ratio: temporary Prefect server start + first flow run "
+               f"{fmt_seconds(server_start)}; an empty flow run {fmt_seconds(empty_flow)}; MLflow sqlite store "
+               f"creation {fmt_seconds(mlflow_init)}; creating/finishing the flow run around a stage "
+               f"{fmt_seconds(flow_wrapper)} (paid once per pipeline, not per stage)"],
+        details={"prefect_inner": inner_seconds, "prefect_outer": outer, "direct": times["direct"],
+                 "epochs": epochs, "server_start_s": server_start, "empty_flow_s": empty_flow,
+                 "mlflow_init_s": mlflow_init, "calibration_epoch_s": epoch_seconds},
+    )]
+
+
+if __name__ == "__main__":
+    module_main(run)

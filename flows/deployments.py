@@ -1,0 +1,75 @@
+"""Prefect deployments of mclpipe's pipelines: `mclpipe serve` (local process, schedules from the configs) and
+`mclpipe deploy` (a team's Prefect server and work pool).
+
+The flow's parameter is the typed config itself, so the Prefect UI renders it as a form and enforces the schema
+when someone starts a run by hand.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+from prefect.schedules import Cron, Interval
+
+from pipeline_config.loader import load_config, preset_names
+from pipeline_config.schema import PipelineConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+ENTRYPOINTS = {"mcl": "flows/mcl_flow.py:mcl_pipeline", "clip": "flows/clip_flow.py:clip_pipeline"}
+
+
+def flow_for(config: PipelineConfig):
+    if config.pipeline == "clip":
+        from flows.clip_flow import clip_pipeline
+        return clip_pipeline
+    from flows.mcl_flow import mcl_pipeline
+    return mcl_pipeline
+
+
+def schedules_of(config: PipelineConfig) -> list:
+    schedule = config.schedule
+    if schedule.cron:
+        return [Cron(schedule.cron, timezone=schedule.timezone)]
+    if schedule.interval_minutes:
+        return [Interval(timedelta(minutes=schedule.interval_minutes), timezone=schedule.timezone)]
+    return []
+
+
+def deployment_name(config: PipelineConfig) -> str:
+    return config.name
+
+
+def build_deployments(config_names: list[str] | None = None, overrides: list[str] | None = None) -> list:
+    """One RunnerDeployment per config (default: every bundled preset), each with its config as the default
+    parameters and its schedule from the config's ``schedule`` section (none = run on demand from the UI)."""
+    deployments = []
+    for name in config_names or preset_names():
+        config = load_config(name, overrides or [])
+        deployments.append(flow_for(config).to_deployment(
+            name=deployment_name(config), parameters={"config": config.model_dump(mode="json")},
+            schedules=schedules_of(config), tags=["mclpipe", config.pipeline],
+            description=f"{config.pipeline} pipeline from config {name!r} (config hash {config.config_hash()})"))
+    return deployments
+
+
+def serve_deployments(config_names: list[str] | None = None, overrides: list[str] | None = None) -> None:
+    """Register the deployments and run their flow runs in this process until interrupted."""
+    from prefect import serve
+    serve(*build_deployments(config_names, overrides))
+
+
+def deploy_to_work_pool(*, config_name: str, work_pool: str, image: str | None = None,
+                        overrides: list[str] | None = None, source: str | None = None) -> str:
+    """Register a deployment on a team's Prefect server for a work pool (process, docker or kubernetes).
+
+    Process pools run the code from ``source`` (a git URL or a path the workers can read; default this checkout);
+    docker/kubernetes pools run ``image`` (build it from the Dockerfile and push it first). Returns the
+    deployment id.
+    """
+    config = load_config(config_name, overrides or [])
+    flow = flow_for(config)
+    if image is None:
+        flow = flow.from_source(source=source or str(REPO_ROOT), entrypoint=ENTRYPOINTS[config.pipeline])
+    return flow.deploy(name=deployment_name(config), work_pool_name=work_pool, image=image, build=False,
+                       push=False, parameters={"config": config.model_dump(mode="json")},
+                       schedules=schedules_of(config), tags=["mclpipe", config.pipeline], print_next_steps=False)

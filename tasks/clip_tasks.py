@@ -1,0 +1,307 @@
+"""Prefect tasks of the CLIP MCL pipeline: unpack the config, call one ``contrastive.clip.stages`` function, log to
+MLflow through ``tasks.tracking``, return a small JSON record (paths, numbers).
+
+Same caching contract as ``tasks.mcl_tasks``: every expensive task takes ``key`` (digest of the config that affects
+it and the keys of its inputs) and ``out_dir`` (named by that key), returns early when ``out_dir/record.json``
+holds a finished result, and Prefect caches the record under the key. The MLflow helpers (pipeline and stage runs,
+reuse tags, closing runs) are the unimodal pipeline's, so both pipelines leave the same run tree.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+
+from contrastive.clip import stages
+from contrastive.clip.data import count_samples, data_fingerprint, expand_urls
+from contrastive.clip.evaluate import plot_metric_groups
+from contrastive.clip.launch import run_under_torchrun
+from contrastive.clip.model import ClipSpec, file_fingerprint, resolve_pretrained
+from contrastive.evaluate import plot_cluster_sizes
+from pipeline_config.schema import ClipPipelineConfig, check_clip_feasible, check_clip_pretrained, digest_of
+from tasks.mcl_tasks import (PrefectProgress, TerminalProgress, cached_task, finished_record, save_record,
+                             stage_seed, tracker_for)
+from tasks.tracking import MetricBuffer
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
+def clip_spec(config: ClipPipelineConfig) -> ClipSpec:
+    """The one init every stage starts from."""
+    m = config.model
+    return ClipSpec(model_name=m.name, pretrained=m.pretrained, init_seed=m.init_seed,
+                    trainable_image_blocks=m.trainable_image_blocks, lock_text=m.lock_text,
+                    train_logit_scale=m.train_logit_scale, cache_dir=m.cache_dir)
+
+
+def synthetic_root(config: ClipPipelineConfig) -> Path:
+    params = config.data.synthetic.model_dump(mode="json")
+    return Path(config.data.cache_dir).resolve() / f"clip-synthetic-{digest_of(params)[:10]}"
+
+
+def _dir_fingerprint(directory: str | None) -> list | None:
+    if not directory:
+        return None
+    root = Path(directory)
+    return sorted([str(p.relative_to(root)), p.stat().st_size] for p in root.rglob("*") if p.is_file())
+
+
+# ---------------------------------------------------------------------------------------------------- tasks
+@task(name="clip-prepare-data")
+def prepare_clip_data(*, config: ClipPipelineConfig) -> dict:
+    """Resolve (or write the synthetic) shards, the held-out set and the MMVP directory; check K^N <= M/B and that
+    the init weights resolve, before any training."""
+    logger = get_run_logger()
+    check_clip_pretrained(config)
+    d, e = config.data, config.eval
+    synthetic = None
+    if d.shards is None:
+        s = d.synthetic
+        synthetic = stages.prepare_synthetic_data(
+            root=synthetic_root(config), num_train=s.num_train, num_heldout=s.num_heldout,
+            samples_per_shard=s.samples_per_shard, image_size=s.image_size, num_colors=s.num_colors,
+            num_shapes=s.num_shapes, num_textures=s.num_textures, corrupt=s.corrupt,
+            mmvp_pairs_per_category=s.mmvp_pairs_per_category, seed=s.seed)
+        logger.info("synthetic image-text shards in %s", synthetic_root(config))
+    train_urls = synthetic["train_urls"] if synthetic else expand_urls(d.shards)
+    heldout_urls = expand_urls(d.heldout_shards) if d.heldout_shards else (synthetic or {}).get("heldout_urls")
+    mmvp_dir = str(e.mmvp_dir) if e.mmvp_dir else (synthetic or {}).get("mmvp_dir")
+    count = count_samples(train_urls, num_samples=d.num_samples)
+    check_clip_feasible(config, num_train=count.total)
+    weights, _ = resolve_pretrained(model_name=config.model.name, pretrained=config.model.pretrained,
+                                    cache_dir=config.model.cache_dir)
+    if not mmvp_dir:
+        logger.warning("no MMVP directory (eval.mmvp_dir): MMVP scores are skipped")
+    if not heldout_urls:
+        logger.warning("no held-out shards (data.heldout_shards): retrieval recall is skipped")
+    digest = digest_of({"train": data_fingerprint(train_urls), "heldout": data_fingerprint(heldout_urls or []),
+                        "mmvp": _dir_fingerprint(mmvp_dir), "weights": file_fingerprint(weights)})
+    return {"dir": str(Path(train_urls[0]).parent), "train_urls": train_urls, "heldout_urls": heldout_urls,
+            "mmvp_dir": mmvp_dir, "num_train": count.total, "count_source": count.source, "digest": digest}
+
+
+@cached_task("clip-train-stage")
+def train_clip_stage(*, config: ClipPipelineConfig, key: str, out_dir: str, stage: int, data: dict,
+                     grouped: dict | None, mlflow_run_id: str) -> dict:
+    """Fine-tune stage ``stage`` from the shared init (random batches, or cluster-pure batches from ``grouped``);
+    in this process, or under torchrun when distributed.nproc_per_node > 1. Resumes from checkpoints/last.pt."""
+    if (done := finished_record(out_dir)) is not None:
+        return done
+    logger = get_run_logger()
+    tracker = tracker_for(config)
+    t, m = config.train, config.mcl
+    seed = stage_seed(config, stage)
+    kwargs = dict(spec=clip_spec(config).to_dict(), urls=data["train_urls"],
+                  grouped_dir=grouped["grouped_dir"] if grouped else None, stage_dir=out_dir,
+                  global_batch_size=t.global_batch_size, epochs=t.epochs, lr=t.lr, weight_decay=t.weight_decay,
+                  warmup_fraction=t.warmup_fraction, schedule=t.scheduler, precision=t.precision,
+                  grad_checkpointing=t.grad_checkpointing, device=config.device, seed=seed,
+                  remainder_policy=m.remainder_policy, active_streams=m.active_streams,
+                  group_shuffle_buffer=m.group_shuffle_buffer, shuffle_buffer=config.data.shuffle_buffer,
+                  decode_workers=config.data.decode_workers, max_skip_fraction=config.data.max_skip_fraction,
+                  num_samples=config.data.num_samples, local_loss=config.distributed.local_loss,
+                  grad_clip_norm=t.grad_clip_norm, max_steps_per_epoch=t.max_steps_per_epoch,
+                  checkpoint_every_steps=t.checkpoint_every_steps, log_every_steps=t.log_every_steps,
+                  threads=t.threads)
+    tracker.set_tags(mlflow_run_id, {"train_key": key, "cluster_pure_batches": grouped is not None})
+    tracker.log_params(mlflow_run_id, {"stage_seed": seed, "grouped_dir": kwargs["grouped_dir"]})
+    nproc = config.distributed.nproc_per_node
+    logger.info("training CLIP stage %d (%s batches, %d process%s) into %s", stage,
+                "cluster-pure" if grouped else "random", nproc, "es" if nproc > 1 else "", out_dir)
+    if nproc > 1:
+        summary = run_under_torchrun(kwargs={**kwargs, "backend": config.distributed.backend},
+                                     nproc_per_node=nproc, log_path=Path(out_dir) / "torchrun.log")
+        history = [json.loads(line) for line in (Path(out_dir) / "train_metrics.jsonl").read_text().splitlines()]
+        tracker.log_metric_history(mlflow_run_id, [(int(h.pop("step")), h) for h in history])
+    else:
+        steps = t.epochs * (t.max_steps_per_epoch or max(1, data["num_train"] // t.global_batch_size))
+        buffer = MetricBuffer(tracker=tracker, run_id=mlflow_run_id)
+        terminal = TerminalProgress(total_steps=steps, description=f"clip stage {stage}")
+        progress = PrefectProgress(total_steps=steps, description=f"CLIP stage {stage} training ({out_dir})")
+        try:
+            summary = stages.train_stage(**kwargs, callbacks=[buffer, progress, terminal])
+        finally:
+            terminal.close()
+        buffer.flush()
+    if summary["resumed_from_step"] is not None:
+        tracker.set_tags(mlflow_run_id, {"resumed_from_step": summary["resumed_from_step"]})
+    tracker.log_metrics(mlflow_run_id, {
+        "train/final_loss": summary["final_loss"], "train/seconds": summary["seconds"],
+        "train/samples_per_second": summary["samples_per_second"], "train/trimmed_samples": summary["trimmed_samples"],
+        **{f"data/{k}": v for k, v in summary["data"].items() if isinstance(v, (int, float))},
+        **{f"batch_plan/{k}": v for k, v in summary["batch_plan"].items() if isinstance(v, (int, float))}})
+    tracker.log_artifact(mlflow_run_id, Path(out_dir) / "checkpoints", artifact_path="checkpoints")
+    tracker.log_artifact(mlflow_run_id, Path(out_dir) / "model", artifact_path="model")
+    tracker.log_artifact(mlflow_run_id, Path(out_dir) / "train_summary.json")
+    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "stage": stage, "mlflow_run_id": mlflow_run_id,
+                                       "model_path": summary["model_path"], "summary": summary})
+
+
+@cached_task("clip-export-embeddings")
+def export_clip_embeddings(*, config: ClipPipelineConfig, key: str, out_dir: str, trained: dict, data: dict,
+                           mlflow_run_id: str) -> dict:
+    """Image embeddings of every good training sample, keyed by ``__key__``."""
+    if (done := finished_record(out_dir)) is not None:
+        return done
+    tracker = tracker_for(config)
+    result = stages.export_stage(model_path=trained["model_path"], urls=data["train_urls"],
+                                 out_dir=str(Path(out_dir) / "embeddings"), batch_size=config.eval.export_batch_size,
+                                 device=config.device, max_skip_fraction=config.data.max_skip_fraction,
+                                 workers=config.data.decode_workers)
+    tracker.log_metrics(mlflow_run_id, {f"export/{k}": v for k, v in result["data"].items()
+                                        if isinstance(v, (int, float))})
+    tracker.log_artifact(mlflow_run_id, Path(out_dir) / "embeddings", artifact_path="embeddings")
+    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "embeddings_dir": result["dir"],
+                                       "num_samples": result["num_samples"], "dim": result["dim"],
+                                       "mlflow_run_id": mlflow_run_id})
+
+
+@cached_task("clip-cluster-embeddings")
+def cluster_clip_embeddings(*, config: ClipPipelineConfig, key: str, out_dir: str, stage: int, exported: dict,
+                            earlier: list[dict], mlflow_run_id: str) -> dict:
+    if (done := finished_record(out_dir)) is not None:
+        return done
+    tracker = tracker_for(config)
+    k = config.mcl.clusters_after(stage)
+    summary = stages.cluster_stage(embeddings_dir=exported["embeddings_dir"], out_dir=str(Path(out_dir) / "clusters"),
+                                   k=k, seed=stage_seed(config, stage), niter=config.mcl.kmeans_niter,
+                                   spherical=config.mcl.spherical_kmeans,
+                                   earlier_cluster_dirs=[e["clusters_dir"] for e in earlier])
+    plot = plot_cluster_sizes(sizes_by_stage={f"stage {stage}": summary["sizes"]},
+                              path=Path(out_dir) / "clusters" / "cluster_sizes.png")
+    tracker.log_metrics(mlflow_run_id, {"kmeans/inertia": summary["inertia"], "kmeans/k": k,
+                                        "kmeans/empty_clusters": summary.get("empty_clusters", 0),
+                                        **{f"ami/{name}": v for name, v in summary["ami"].items()}})
+    tracker.log_artifact(mlflow_run_id, Path(out_dir) / "clusters", artifact_path="clusters")
+    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "stage": stage,
+                                       "clusters_dir": str(Path(out_dir) / "clusters"), "sizes": summary["sizes"],
+                                       "inertia": summary["inertia"], "ami": summary["ami"], "plot": str(plot),
+                                       "mlflow_run_id": mlflow_run_id})
+
+
+@cached_task("clip-pseudo-labels")
+def make_clip_pseudo_labels(*, config: ClipPipelineConfig, key: str, out_dir: str, for_stage: int,
+                            clusters: list[dict], exports: list[dict], mlflow_run_id: str) -> dict:
+    """Pseudo-labels for ``for_stage`` = the combination of the cluster ids of ALL earlier stages, by sample key."""
+    if (done := finished_record(out_dir)) is not None:
+        return done
+    tracker = tracker_for(config)
+    stats = stages.build_pseudo_labels(cluster_dirs=[c["clusters_dir"] for c in clusters],
+                                       embeddings_dirs=[e["embeddings_dir"] for e in exports],
+                                       out_path=str(Path(out_dir) / "pseudo_labels.npz"),
+                                       min_group_size=config.train.global_batch_size,
+                                       small_group_policy=config.mcl.small_group_policy)
+    get_run_logger().info("pseudo-labels for CLIP stage %d: %s", for_stage, stats)
+    tracker.log_metrics(mlflow_run_id, {f"pseudo_labels/{k}": v for k, v in stats.items()
+                                        if isinstance(v, (int, float))})
+    tracker.log_artifact(mlflow_run_id, Path(out_dir), artifact_path="pseudo_labels")
+    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "path": stats["path"], "stats": stats,
+                                       "mlflow_run_id": mlflow_run_id})
+
+
+@cached_task("clip-reshard-by-group")
+def reshard_clip_shards(*, config: ClipPipelineConfig, key: str, out_dir: str, stage: int, pseudo: dict, data: dict,
+                        mlflow_run_id: str) -> dict:
+    """Group-sorted copy of the training shards for cluster-pure stage ``stage`` (one sequential pass)."""
+    if (done := finished_record(out_dir)) is not None:
+        return done
+    tracker = tracker_for(config)
+    grouped_dir = str(Path(out_dir) / "grouped")
+    manifest = stages.reshard_stage(pseudo_labels_path=pseudo["path"], urls=data["train_urls"], out_dir=grouped_dir,
+                                    world_size=config.distributed.nproc_per_node, seed=stage_seed(config, stage),
+                                    spool_bytes=config.mcl.spool_mb << 20)
+    tracker.log_metrics(mlflow_run_id, {f"reshard/{k}": v for k, v in manifest.items()
+                                        if isinstance(v, (int, float)) and k != "seed"})
+    tracker.log_artifact(mlflow_run_id, Path(grouped_dir) / "grouped.json", artifact_path="grouped")
+    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "grouped_dir": grouped_dir,
+                                       "samples": manifest["samples"], "files": manifest["files"],
+                                       "mlflow_run_id": mlflow_run_id})
+
+
+@cached_task("clip-soup")
+def make_clip_soup(*, config: ClipPipelineConfig, key: str, out_dir: str, trained: list[dict],
+                   mlflow_run_id: str) -> dict:
+    """Model soup: the weight average of the stage models (second integration of the stages)."""
+    if (done := finished_record(out_dir)) is not None:
+        return done
+    path = stages.make_soup(model_paths=[r["model_path"] for r in trained],
+                            out_path=str(Path(out_dir) / "model" / "model.pt"))
+    tracker_for(config).log_artifact(mlflow_run_id, Path(out_dir) / "model", artifact_path="soup/model")
+    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "model_path": path, "mlflow_run_id": mlflow_run_id})
+
+
+@cached_task("clip-encode-eval")
+def encode_clip_eval(*, config: ClipPipelineConfig, key: str, out_dir: str, name: str, model_path: str, data: dict,
+                     mlflow_run_id: str) -> dict:
+    """MMVP and held-out retrieval features of one model (a stage or the soup)."""
+    if (done := finished_record(out_dir)) is not None:
+        return done
+    e = config.eval
+    path = stages.encode_eval_sets(model_path=model_path, out_dir=out_dir, mmvp_dir=data["mmvp_dir"],
+                                   heldout_urls=data["heldout_urls"], prompt=e.mmvp_prompt,
+                                   retrieval_max_samples=e.retrieval_max_samples, batch_size=e.batch_size,
+                                   device=config.device, max_skip_fraction=config.data.max_skip_fraction)
+    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "name": name, "features": path,
+                                       "mlflow_run_id": mlflow_run_id})
+
+
+@cached_task("clip-score-eval")
+def score_clip_eval(*, config: ClipPipelineConfig, key: str, out_dir: str, name: str, features: list[dict],
+                    mlflow_run_id: str) -> dict:
+    """MMVP per category + average and retrieval R@1/5/10 of one model or of the concatenation of several."""
+    if (done := finished_record(out_dir)) is not None:
+        return done
+    tracker = tracker_for(config)
+    metrics = stages.score_eval_sets(feature_files=[f["features"] for f in features])
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    stages.write_json(Path(out_dir) / "metrics.json", {"name": name, "metrics": metrics,
+                                                        "stages": [f["name"] for f in features]})
+    tracker.log_metrics(mlflow_run_id, {f"eval/{name}/{k}": v for k, v in metrics.items()})
+    tracker.log_artifact(mlflow_run_id, Path(out_dir) / "metrics.json", artifact_path=f"eval/{name}")
+    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "name": name, "metrics": metrics,
+                                       "mlflow_run_id": mlflow_run_id})
+
+
+@task(name="clip-summarize")
+def summarize_clip(*, config: ClipPipelineConfig, parent_run_id: str, pipeline_id: str,
+                   results: dict[str, dict], cluster_records: list[dict], out_dir: str) -> dict:
+    """MMVP / retrieval plots and a results table on the parent MLflow run and as a Prefect artifact."""
+    tracker = tracker_for(config)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    if any(k.startswith("mmvp/") for m in results.values() for k in m):
+        paths.append(plot_metric_groups(results=results, prefix="mmvp", path=out / "mmvp.png",
+                                        title="MMVP-VLM pair accuracy per category"))
+    if any(k.startswith("retrieval/") for m in results.values() for k in m):
+        paths.append(plot_metric_groups(results=results, prefix="retrieval", path=out / "retrieval.png",
+                                        title="zero-shot retrieval recall@k (held-out)", ylabel="recall (%)"))
+    if cluster_records:
+        paths.append(plot_cluster_sizes(sizes_by_stage={f"stage {c['stage']}": c["sizes"] for c in cluster_records},
+                                        path=out / "cluster_sizes.png"))
+    table = clip_results_markdown(results)
+    summary = {"pipeline_id": pipeline_id, "config_hash": config.config_hash(), "results": results,
+               "mlflow_run_id": parent_run_id, "pipeline": "clip"}
+    stages.write_json(out / "summary.json", summary)
+    (out / "results.md").write_text(table)
+    for path in paths:
+        tracker.log_artifact(parent_run_id, path, artifact_path="eval")
+    tracker.log_artifact(parent_run_id, out / "summary.json", artifact_path="eval")
+    tracker.log_metrics(parent_run_id, {f"{name}/{k}": v for name, m in results.items() for k, v in m.items()})
+    create_markdown_artifact(markdown=f"# {config.name}: CLIP MCL results\n\n{table}",
+                             key=f"clip-results-{pipeline_id[:8]}", description="CLIP MCL results")
+    return {**summary, "dir": str(out), "tracking_hint": tracker.run_url_hint(parent_run_id)}
+
+
+CLIP_TABLE_COLUMNS = ("mmvp/average", "retrieval/i2t_r@1", "retrieval/t2i_r@1", "retrieval/mean_r@5",
+                      "retrieval/mean_r@10")
+
+
+def clip_results_markdown(results: dict[str, dict]) -> str:
+    lines = ["| representation | " + " | ".join(CLIP_TABLE_COLUMNS) + " |", "|---" * (len(CLIP_TABLE_COLUMNS) + 1)
+             + "|"]
+    for name, metrics in results.items():
+        lines.append(f"| {name} | " + " | ".join(f"{metrics.get(c, float('nan')):.1f}" for c in CLIP_TABLE_COLUMNS)
+                     + " |")
+    return "\n".join(lines) + "\n"

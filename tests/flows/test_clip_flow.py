@@ -1,0 +1,92 @@
+"""The CLIP MCL flow end to end on CPU under Prefect's test harness: 2 stages of the tiny open_clip model on tiny
+shards (one truncated image, one sample without caption), the MLflow run tree, artifacts, and caching on rerun."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+
+from contrastive.clip import stages
+from flows.clip_flow import clip_pipeline
+from pipeline_config.loader import load_config
+
+
+def artifact_paths(client: MlflowClient, run_id: str, path: str | None = None) -> set[str]:
+    out = set()
+    for item in client.list_artifacts(run_id, path):
+        out |= artifact_paths(client, run_id, item.path) if item.is_dir else {item.path}
+    return out
+
+
+@pytest.fixture
+def clip_config(tmp_path):
+    return load_config("clip_tiny", [f"output_dir={tmp_path / 'runs'}", f"data.cache_dir={tmp_path / 'data'}",
+                                     f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", "device=cpu",
+                                     "train.max_steps_per_epoch=4", "data.synthetic.num_train=288"])
+
+
+@pytest.fixture
+def count_training(monkeypatch):
+    calls: list[str] = []
+    real = stages.train_stage
+
+    def wrapped(**kwargs):
+        calls.append(Path(kwargs["stage_dir"]).name.split("-")[1])
+        return real(**kwargs)
+
+    monkeypatch.setattr(stages, "train_stage", wrapped)
+    return calls
+
+
+def test_clip_mcl_pipeline_run_tree_artifacts_and_cache(clip_config, count_training):
+    config = clip_config
+    summary = clip_pipeline(config)
+    assert set(summary["results"]) == {"stage 0", "stage 1", "MCL concat", "soup"}
+    for metrics in summary["results"].values():
+        assert 0.0 <= metrics["mmvp/average"] <= 100.0 and metrics["mmvp/pairs"] == 18
+        assert {"mmvp/orientation_and_direction", "retrieval/i2t_r@1", "retrieval/t2i_r@10"} <= set(metrics)
+    assert count_training == ["train0", "train1"]
+    assert summary["dir"] and "mlflow ui" in summary["tracking_hint"]
+
+    client = MlflowClient(tracking_uri=config.tracking.uri)
+    runs = client.search_runs([client.get_experiment_by_name("mclpipe").experiment_id], max_results=100)
+    parents = [r for r in runs if r.data.tags.get("kind") == "pipeline"]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    parent = parents[0]
+    for run in [parent, *children]:
+        assert run.data.tags["pipeline_id"] == config.config_hash() == run.data.tags["config_hash"]
+        assert run.data.tags["prefect.flow_run_id"]
+    assert sorted(c.data.tags["stage"] for c in children) == ["0", "1"]
+    assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
+    assert {"config.yaml", "eval/mmvp.png", "eval/retrieval.png", "eval/summary.json",
+            "eval/mcl_concat/metrics.json", "eval/soup/metrics.json", "soup/model/model.pt"} <= \
+        artifact_paths(client, parent.info.run_id)
+    stage0, stage1 = sorted(children, key=lambda r: r.data.tags["stage"])
+    files0, files1 = artifact_paths(client, stage0.info.run_id), artifact_paths(client, stage1.info.run_id)
+    for expected in ("checkpoints/last.pt", "model/model.pt", "embeddings/manifest.json", "embeddings/ids.npy",
+                     "clusters/assignments.npz", "clusters/summary.json", "pseudo_labels/pseudo_labels.npz",
+                     "grouped/grouped.json", "eval/stage0/metrics.json"):
+        assert expected in files0, expected
+    assert {"checkpoints/last.pt", "model/model.pt", "embeddings/ids.npy", "eval/stage1/metrics.json"} <= files1
+    # The broken samples were skipped and counted; they have no embedding and no pseudo-label.
+    assert stage0.data.metrics["export/skipped_bad_image"] == 1
+    assert stage0.data.metrics["export/skipped_no_caption"] == 1
+    assert stage1.data.metrics["batch_plan/cluster_pure"] == 1 and stage0.data.metrics["batch_plan/cluster_pure"] == 0
+    assert stage1.data.params["model.name"] == "mclpipe-tiny-vit" and stage1.data.tags["cluster_pure_batches"] == "True"
+    steps = Path(config.output_dir) / "steps"
+    pseudo = np.load(next(steps.glob("clip-pseudo1-*")) / "pseudo_labels.npz")
+    assert pseudo["ids"].size == 286 and not {"000000001", "000000003"} & set(pseudo["ids"].tolist())
+    grouped = json.loads((next(steps.glob("clip-grouped1-*")) / "grouped" / "grouped.json").read_text())
+    assert grouped["samples"] == 286 and grouped["unlabelled_skipped"] == 2
+
+    # The same pipeline again: nothing is retrained and the new stage runs say where results came from.
+    count_training.clear()
+    again = clip_pipeline(config)
+    assert count_training == []
+    assert again["results"] == summary["results"]
+    runs = client.search_runs([client.get_experiment_by_name("mclpipe").experiment_id], max_results=100)
+    newest = max((r for r in runs if r.data.tags.get("kind") == "pipeline"), key=lambda r: r.info.start_time)
+    new_children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == newest.info.run_id]
+    assert len(new_children) == 2 and all(c.data.tags.get("reused.train") == "true" for c in new_children)
