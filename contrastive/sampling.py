@@ -60,15 +60,16 @@ def _as_int_codes(values: np.ndarray, *, name: str) -> np.ndarray:
     return arr.astype(np.int64, copy=False)
 
 
-def _densify(codes: np.ndarray) -> tuple[np.ndarray, int]:
+def _densify(codes: np.ndarray, *, bounds: tuple[int, int] | None = None) -> tuple[np.ndarray, int]:
     """Relabel int64 codes (M,) to 0..G-1 keeping their order (smallest code -> 0).
 
     Returns (dense int64 (M,), G). O(M + range) via bincount when the code range is small (the usual
-    case: cluster ids are already 0..K-1), otherwise a sort-based np.unique.
+    case: cluster ids are already 0..K-1), otherwise a sort-based np.unique. ``bounds`` = (lo, hi) with
+    lo <= codes <= hi, when the caller knows them, saves the two O(M) min/max passes.
     """
     if codes.size == 0:
         return codes.astype(np.int64, copy=False), 0
-    lo, hi = int(codes.min()), int(codes.max())
+    lo, hi = bounds if bounds is not None else (int(codes.min()), int(codes.max()))
     span = hi - lo + 1
     if span <= max(_DENSE_RANGE_FACTOR * codes.size, _DENSE_RANGE_MIN):
         shifted = codes - lo if lo != 0 else codes
@@ -225,7 +226,9 @@ def combine_pseudo_labels(*, stage_assignments: list[np.ndarray]) -> np.ndarray:
     for stage in arrays[1:]:
         digit, radix = _densify(stage)
         # code < num_codes <= M and digit < radix <= M, so code * radix + digit < M^2 fits in int64.
-        code, num_codes = _densify(code * radix + digit)
+        combined = code * radix  # a new array: code may be the caller's input
+        combined += digit
+        code, num_codes = _densify(combined, bounds=(0, num_codes * radix - 1))
     return _owned(code, stage_assignments[0])
 
 
@@ -249,7 +252,8 @@ def align_labels_to_ids(*, label_ids: np.ndarray, labels: np.ndarray, dataset_id
         return labels
     _check_id_kinds(label_ids=label_ids, dataset_ids=dataset_ids)
     if label_ids.dtype.kind in "iu" and _fits_int64(label_ids) and _fits_int64(dataset_ids):
-        rows = _join_int_ids(label_ids=label_ids.astype(np.int64), dataset_ids=dataset_ids.astype(np.int64))
+        rows = _join_int_ids(label_ids=label_ids.astype(np.int64, copy=False),
+                             dataset_ids=dataset_ids.astype(np.int64, copy=False))
     else:
         rows = _join_sorted_ids(label_ids=label_ids, dataset_ids=dataset_ids)
     found = rows >= 0
@@ -285,17 +289,21 @@ def _join_int_ids(*, label_ids: np.ndarray, dataset_ids: np.ndarray) -> np.ndarr
     span = hi - lo + 1
     if span > max(_DENSE_RANGE_FACTOR * label_ids.size, _DENSE_RANGE_MIN):
         return _join_sorted_ids(label_ids=label_ids, dataset_ids=dataset_ids)
-    shifted = label_ids - lo
-    counts = np.bincount(shifted, minlength=span)
-    if (counts > 1).any():
+    shifted = label_ids - lo if lo else label_ids
+    table = np.full(span, -1, dtype=np.int64)
+    table[shifted] = np.arange(label_ids.size, dtype=np.int64)
+    # A duplicated id writes its slot twice, so fewer slots get filled than there are ids (one O(span)
+    # count instead of an O(M) random-access bincount; the bincount runs only to word the error).
+    if span - np.count_nonzero(table < 0) != label_ids.size:
+        counts = np.bincount(shifted, minlength=span)
         duplicated = np.flatnonzero(counts > 1)
         raise _duplicate_ids_error(
             count=int((counts[duplicated] - 1).sum()), examples=(duplicated[:3] + lo).tolist()
         )
-    table = np.full(span, -1, dtype=np.int64)
-    table[shifted] = np.arange(label_ids.size, dtype=np.int64)
+    query = dataset_ids - lo if lo else dataset_ids
+    if dataset_ids.size == 0 or (int(query.min()) >= 0 and int(query.max()) < span):
+        return table[query]  # every dataset id inside the table's range (the usual case)
     rows = np.full(dataset_ids.size, -1, dtype=np.int64)
-    query = dataset_ids - lo
     inside = (query >= 0) & (query < span)
     rows[inside] = table[query[inside]]
     return rows

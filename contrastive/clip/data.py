@@ -155,7 +155,11 @@ class BadSample(Exception):
 
 
 class SkipCounter:
-    """Counts good and skipped samples by reason (thread-safe) and enforces ``max_skip_fraction``."""
+    """Counts good and skipped samples by reason (thread-safe) and enforces ``max_skip_fraction``.
+
+    ``tar_error`` (an unreadable shard tail, e.g. an interrupted download) counts once per error although the
+    number of samples lost there is unknown; the export compares what it read with the shards' stats files.
+    """
 
     def __init__(self, *, max_skip_fraction: float, where: str = "data"):
         if not 0.0 <= max_skip_fraction <= 1.0:

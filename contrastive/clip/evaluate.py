@@ -58,7 +58,7 @@ def retrieval_recall(*, image_features: np.ndarray, text_features: np.ndarray,
     """Zero-shot retrieval recall@k in percent, image->text and text->image, over N paired rows.
 
     image_features, text_features: (N, D), row i of each a matching pair (normalised, or concatenations of
-    normalised stages). Returns {"retrieval/i2t_r@k", "retrieval/t2i_r@k", "retrieval/mean_r@k", "retrieval/n"}.
+    normalised stages). Returns {"retrieval/i2t_r@k", "retrieval/t2i_r@k", "retrieval/mean_r@k", "count/retrieval_pairs"}.
     """
     if image_features.shape != text_features.shape or image_features.ndim != 2:
         raise ValueError(f"need paired (N, D) features, got {image_features.shape} and {text_features.shape}")
@@ -78,7 +78,7 @@ def retrieval_recall(*, image_features: np.ndarray, text_features: np.ndarray,
         out[f"retrieval/i2t_r@{k}"] = 100.0 * float((i2t < k).mean())
         out[f"retrieval/t2i_r@{k}"] = 100.0 * float((t2i < k).mean())
         out[f"retrieval/mean_r@{k}"] = (out[f"retrieval/i2t_r@{k}"] + out[f"retrieval/t2i_r@{k}"]) / 2
-    out["retrieval/n"] = float(n)
+    out["count/retrieval_pairs"] = float(n)
     return out
 
 
@@ -109,8 +109,7 @@ def plot_metric_groups(*, results: dict[str, dict[str, float]], prefix: str, pat
     from pathlib import Path
 
     names = list(results)
-    series = sorted({k.split("/", 1)[1] for r in results.values() for k in r
-                     if k.startswith(prefix + "/") and k != f"{prefix}/pairs" and k != f"{prefix}/n"})
+    series = sorted({k.split("/", 1)[1] for r in results.values() for k in r if k.startswith(prefix + "/")})
     width = 0.8 / max(1, len(series))
     fig, ax = plt.subplots(figsize=(2.5 + 1.6 * len(names), 4.0))
     for i, name in enumerate(series):

@@ -139,7 +139,7 @@ def pair_similarities(*, image_features: np.ndarray, text_features: np.ndarray) 
 
 
 def mmvp_scores(*, similarities: np.ndarray, categories: list[str]) -> dict[str, float]:
-    """{"mmvp/average": %, "mmvp/<category slug>": %, "mmvp/pairs": P} from (P, 2, 2) pair similarities.
+    """{"mmvp/average": %, "mmvp/<category slug>": %, "count/mmvp_pairs": P} from (P, 2, 2) pair similarities.
 
     A pair is correct iff statement a is strictly closer to image a than to image b AND statement b strictly
     closer to image b than to image a. The average is the mean of the per-category accuracies (equal to the overall
@@ -154,7 +154,7 @@ def mmvp_scores(*, similarities: np.ndarray, categories: list[str]) -> dict[str,
     for category in dict.fromkeys(categories):
         scores[f"mmvp/{slug(category)}"] = 100.0 * float(correct[names == category].mean())
     scores["mmvp/average"] = float(np.mean(list(scores.values())))
-    scores["mmvp/pairs"] = float(len(categories))
+    scores["count/mmvp_pairs"] = float(len(categories))
     return scores
 
 

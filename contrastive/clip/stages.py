@@ -32,7 +32,6 @@ from contrastive.clip.model import (ClipSpec, check_precision, create_clip, load
 from contrastive.clip.mmvp import mmvp_scores, pair_images, pair_similarities, pair_statements, read_mmvp
 from contrastive.clip.mmvp import write_tiny_mmvp
 from contrastive.clip.train import ClipCallback, train_clip
-from contrastive.clustering import adjusted_mutual_information, kmeans, load_assignments, save_clusters
 from contrastive.embeddings import load_embeddings, save_embeddings
 from contrastive.errors import ConfigError, DataError
 from contrastive.sampling import align_labels_to_ids, combine_pseudo_labels, merge_small_groups
@@ -191,6 +190,16 @@ def export_stage(*, model_path: str, urls: list[str], out_dir: str, batch_size: 
         raise DataError(f"no usable samples in {len(urls)} shards: check data.shards")
     manifest = save_embeddings(embeddings=np.concatenate(chunks), ids=np.asarray(keys), directory=Path(out_dir))
     stats = counter.stats()
+    # A shard cut exactly at a member boundary reads as a shorter, valid tar: only the counts can tell.
+    try:
+        expected = count_samples(urls).total
+    except DataError:
+        expected = None
+    read = stats["seen"] - stats.get("skipped_tar_error", 0)
+    if expected is not None and read < expected:
+        log.warning("the shards hold %d samples but their stats files report %d: some shards are incomplete "
+                    "(re-download them with img2dataset --incremental)", read, expected)
+    stats["expected_from_stats"] = expected if expected is not None else -1
     write_json(Path(out_dir) / "export_stats.json", stats)
     return {"dir": str(out_dir), "num_samples": manifest["num_samples"], "dim": manifest["dim"], "data": stats}
 
@@ -199,6 +208,9 @@ def export_stage(*, model_path: str, urls: list[str], out_dir: str, batch_size: 
 def cluster_stage(*, embeddings_dir: str, out_dir: str, k: int, seed: int, niter: int, spherical: bool,
                   earlier_cluster_dirs: list[str]) -> dict:
     """k-means on one stage's image embeddings (keyed by sample key); AMI against every earlier stage."""
+    # Imported here: faiss and scikit-learn cost seconds to import in every torchrun worker that never clusters.
+    from contrastive.clustering import adjusted_mutual_information, kmeans, load_assignments, save_clusters
+
     ids, features = load_embeddings(directory=Path(embeddings_dir))
     result = kmeans(features=features, k=k, seed=seed, niter=niter, spherical=spherical)
     summary = save_clusters(result=result, ids=ids, directory=Path(out_dir))
@@ -219,6 +231,8 @@ def build_pseudo_labels(*, cluster_dirs: list[str], embeddings_dirs: list[str], 
     All stages are aligned to the key order of the latest export (by key, never by position). Groups smaller than
     ``min_group_size`` (the global batch) are merged / pooled / kept by ``small_group_policy`` and counted.
     """
+    from contrastive.clustering import load_assignments
+
     ids, _ = load_embeddings(directory=Path(embeddings_dirs[-1]))
     assignments = []
     for cluster_dir in cluster_dirs:

@@ -44,7 +44,7 @@ def test_clip_mcl_pipeline_run_tree_artifacts_and_cache(clip_config, count_train
     summary = clip_pipeline(config)
     assert set(summary["results"]) == {"stage 0", "stage 1", "MCL concat", "soup"}
     for metrics in summary["results"].values():
-        assert 0.0 <= metrics["mmvp/average"] <= 100.0 and metrics["mmvp/pairs"] == 18
+        assert 0.0 <= metrics["mmvp/average"] <= 100.0 and metrics["count/mmvp_pairs"] == 18
         assert {"mmvp/orientation_and_direction", "retrieval/i2t_r@1", "retrieval/t2i_r@10"} <= set(metrics)
     assert count_training == ["train0", "train1"]
     assert summary["dir"] and "mlflow ui" in summary["tracking_hint"]

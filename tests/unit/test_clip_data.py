@@ -96,3 +96,15 @@ def test_stage0_stream_splits_shards_across_ranks(shards, transform):
 def test_bounded_map_keeps_order_on_threads():
     assert list(bounded_map(lambda x: x * x, range(50), workers=3, prefetch=4)) == [x * x for x in range(50)]
     assert np.array_equal(list(bounded_map(abs, [-1, 2], workers=0)), [1, 2])
+
+
+def test_an_incomplete_shard_is_read_up_to_the_cut_and_counted(shards, tmp_path):
+    data = open(shards["urls"][1], "rb").read()
+    member = tarfile.open(shards["urls"][1]).getmembers()[15]  # the 6th sample's first member
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(data[: member.offset_data + member.size // 2])  # an interrupted download
+    counter = SkipCounter(max_skip_fraction=1.0)
+    samples = list(iter_raw_samples([str(cut), shards["urls"][2]], counter=counter))
+    assert len([s for s in samples if s["__key__"].startswith("00001")]) == 5
+    assert len([s for s in samples if s["__key__"].startswith("00002")]) == 10  # reading goes on
+    assert counter.stats()["skipped_tar_error"] >= 1

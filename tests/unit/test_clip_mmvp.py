@@ -24,7 +24,7 @@ def test_a_pair_counts_only_if_both_statements_pick_their_image():
     assert scores["mmvp/texts"] == pytest.approx(100 / 3)
     assert scores["mmvp/color_and_appearance"] == 0.0
     assert scores["mmvp/average"] == pytest.approx((100 / 3 + 0) / 2)  # mean over categories
-    assert scores["mmvp/pairs"] == 4
+    assert scores["count/mmvp_pairs"] == 4
 
 
 def test_pair_similarities_and_concatenation_of_stages():
@@ -72,7 +72,7 @@ def test_retrieval_recall_hand_computed():
     assert recall["retrieval/i2t_r@2"] == 100.0
     shifted = retrieval_recall(image_features=images, text_features=np.roll(images, 1, axis=0), ks=(1,))
     assert shifted["retrieval/i2t_r@1"] == 0.0 and shifted["retrieval/t2i_r@1"] == 0.0
-    assert recall["retrieval/n"] == 3
+    assert recall["count/retrieval_pairs"] == 3
 
 
 def test_soup_is_the_elementwise_mean():

@@ -1,0 +1,40 @@
+"""`pipeline: clip` configs: presets, the paper's settings, and checks that name the fix."""
+import pytest
+
+from contrastive.errors import ConfigError
+from pipeline_config.loader import load_config
+from pipeline_config.schema import ClipPipelineConfig, check_clip_feasible, check_clip_pretrained
+
+
+def test_presets_load_with_the_papers_settings():
+    tiny = load_config("clip_tiny")
+    assert isinstance(tiny, ClipPipelineConfig) and tiny.model.name == "mclpipe-tiny-vit"
+    check_clip_feasible(tiny, num_train=tiny.data.synthetic.num_train)
+    paper = load_config("clip_cc12m_vitl14")
+    assert (paper.mcl.num_stages, paper.mcl.clusters, paper.train.global_batch_size) == (4, 10, 8192)
+    assert (paper.train.warmup_fraction, paper.model.trainable_image_blocks, paper.train.epochs) == (0.1, 6, 20)
+    assert paper.model.lock_text and paper.model.name == "ViT-L-14-quickgelu"
+    check_clip_feasible(paper, num_train=10_000_000)  # 10^3 groups <= 10M / 8192
+    with pytest.raises(ConfigError, match="--set model.pretrained="):
+        check_clip_pretrained(paper)
+    check_clip_pretrained(load_config("clip_cc12m_vitl14", ["model.pretrained=/models/w.safetensors"]))
+
+
+@pytest.mark.parametrize("override, fix", [
+    ("train.global_batch_sze=8", "unknown key"),
+    ("distributed.nproc_per_node=3", "must split into"),
+    ("mcl.clusters=[4]", "one K per stage"),
+    ("mcl.remainder_policy=pool", "mcl.remainder_policy"),
+    ("train.precision=fp16", "train.precision"),
+])
+def test_bad_clip_configs_name_the_fix(override, fix):
+    with pytest.raises(ConfigError, match=fix):
+        load_config("clip_tiny", ["mcl.num_stages=3", override])
+
+
+def test_capacity_rule_uses_the_global_batch():
+    config = load_config("clip_tiny", ["mcl.num_stages=3", "mcl.clusters=4", "train.global_batch_size=32"])
+    with pytest.raises(ConfigError, match="prod\\(K\\) <= M/B"):
+        check_clip_feasible(config, num_train=400)  # 16 groups > 400 / 32
+    assert config.config_hash() == load_config("clip_tiny", ["mcl.num_stages=3", "mcl.clusters=4",
+                                                             "name=other", "output_dir=/tmp/x"]).config_hash()

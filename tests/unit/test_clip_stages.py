@@ -1,0 +1,31 @@
+"""Stage steps over directories: k-means per stage and pseudo-labels combining ALL earlier stages, by sample key."""
+import numpy as np
+
+from contrastive.clip.stages import build_pseudo_labels, cluster_stage
+from contrastive.embeddings import save_embeddings
+
+
+def test_pseudo_labels_combine_every_earlier_stage_by_key(tmp_path):
+    rng = np.random.default_rng(0)
+    keys = np.array([f"{i:09d}" for i in range(60)])
+    # Stage 0 separates on the first coordinate, stage 1 on the second: 4 combined groups of 15.
+    first, second = np.repeat([0, 1], 30), np.tile(np.repeat([0, 1], 15), 2)
+    features = [np.c_[first * 10 + rng.normal(0, 0.1, 60), rng.normal(0, 0.1, (60, 3))],
+                np.c_[second * 10 + rng.normal(0, 0.1, 60), rng.normal(0, 0.1, (60, 3))]]
+    exports, clusters = [], []
+    for stage, x in enumerate(features):
+        order = rng.permutation(60)  # each export lists the samples in its own order: labels must follow keys
+        save_embeddings(embeddings=x[order] + 1.0, ids=keys[order], directory=tmp_path / f"emb{stage}")
+        exports.append(str(tmp_path / f"emb{stage}"))
+        clusters.append(str(tmp_path / f"clu{stage}"))
+        summary = cluster_stage(embeddings_dir=exports[-1], out_dir=clusters[-1], k=2, seed=0, niter=10,
+                                spherical=False, earlier_cluster_dirs=clusters[:-1])
+        assert sorted(summary["sizes"]) == [30, 30]
+    assert abs(summary["ami"]["stage_0"]) < 0.2  # stage 1's clusters differ from stage 0's
+    stats = build_pseudo_labels(cluster_dirs=clusters, embeddings_dirs=exports, out_path=str(tmp_path / "p.npz"),
+                                min_group_size=8, small_group_policy="merge_nearest")
+    assert stats["num_groups"] == 4 and stats["stages_combined"] == 2 and stats["small_groups"] == 0
+    stored = np.load(tmp_path / "p.npz")
+    truth = dict(zip(keys.tolist(), (2 * first + second).tolist()))
+    pairs = {(truth[k], int(g)) for k, g in zip(stored["ids"].tolist(), stored["groups"].tolist())}
+    assert len(pairs) == 4  # the groups are exactly the (stage 0, stage 1) combinations
