@@ -31,22 +31,31 @@ MB = 1 << 20
 
 
 # ---------------------------------------------------------------------------------------------------- timing
+LAST_CPU_SECONDS = [0.0]  # CPU seconds (all threads of this process) of the latest timed() call
+
+
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    """(seconds, result) of one call, after a garbage collection so earlier garbage is not billed to it."""
+    """(wall seconds, result) of one call, after a garbage collection so earlier garbage is not billed to it.
+    The call's CPU seconds (this process, all threads) are left in LAST_CPU_SECONDS[0]."""
     gc.collect()
+    cpu = time.process_time()
     start = time.perf_counter()
     result = fn()
-    return time.perf_counter() - start, result
+    seconds = time.perf_counter() - start
+    LAST_CPU_SECONDS[0] = time.process_time() - cpu
+    return seconds, result
 
 
 def interleaved(candidates: dict[str, Callable[[], Any]], *, repeats: int,
                 keep: Callable[[str, Any], None] | None = None,
-                rss: dict[str, int | None] | None = None) -> dict[str, list[float]]:
+                rss: dict[str, int | None] | None = None,
+                cpu: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
     """Time every candidate ``repeats`` times, alternating their order each round (A B, B A, A B, ...).
 
     Alternating the order spreads drifts of the machine's load evenly over the candidates. ``keep(name, result)``
     sees every result (e.g. to check the candidates agree); results are dropped afterwards. ``rss``, when given,
-    receives each candidate's largest peak-RSS delta over its runs (see RssPeak; free to measure).
+    receives each candidate's largest peak-RSS delta over its runs (see RssPeak; free to measure); ``cpu``, when
+    given, each run's CPU seconds (this process, all threads).
     Returns name -> list of seconds.
     """
     names = list(candidates)
@@ -57,6 +66,8 @@ def interleaved(candidates: dict[str, Callable[[], Any]], *, repeats: int,
             with RssPeak() as peak:
                 seconds, result = timed(candidates[name])
             times[name].append(seconds)
+            if cpu is not None:
+                cpu.setdefault(name, []).append(LAST_CPU_SECONDS[0])
             if rss is not None and peak.delta is not None:
                 rss[name] = max(rss.get(name) or 0, peak.delta)
             if keep is not None:

@@ -32,8 +32,8 @@ def bare_loop(*, dataset: ImageArrayDataset, model) -> None:
 
 
 def run(*, quick: bool) -> list[Result]:
-    sizes = [1_000, 2_000, 4_000] if quick else [3_000, 6_000, 12_000]
-    repeats = 3 if quick else 5
+    sizes = [250, 500, 1_000] if quick else [500, 1_000, 2_000]
+    repeats = 3
     root = Path(tempfile.mkdtemp(prefix="bench-export-"))
     try:
         model_path = fixtures.saved_model(root / "model.pt")

@@ -3,7 +3,7 @@
 called directly (``contrastive.stages.train_stage`` with the very keyword arguments the task passed it, minus
 the task's callbacks).
 
-Goal (issue 6): at most 5 % slower. The stage is sized (by a calibration run) to take about 25 s (8 s with
+Goal (issue 6): at most 5 % slower. The stage is sized (by a calibration run) to take about 20 s (8 s with
 --quick) on this machine right now, so fixed per-stage costs show up in the ratio at the size they really have.
 
 One-off costs that a pipeline pays once, not per stage, are kept out of the ratio and reported on their own:
@@ -39,8 +39,8 @@ from flows.mcl_flow import RESULT_STORE, run_step  # noqa: E402
 from pipeline_config.schema import PipelineConfig  # noqa: E402
 from tasks import mcl_tasks as t  # noqa: E402
 
-TARGET_SECONDS = 25.0
-NUM_TRAIN = 4096
+TARGET_SECONDS = 20.0
+NUM_TRAIN = 2048
 BATCH = 128
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.common import (Result, RssPeak, extrapolate, fmt_bytes, fmt_count, fmt_seconds, interleaved, log,
+from bench.common import (Result, extrapolate, fmt_bytes, fmt_count, fmt_seconds, interleaved, log,
                           loglog_slope, median, module_main, peak_tracemalloc)
 from contrastive.sampling import align_labels_to_ids, combine_pseudo_labels
 
@@ -54,22 +54,23 @@ def _compare(*, sizes: list[int], target: int, str_ids: bool, repeats: int):
     for size in sizes:
         inputs = make_inputs(size, str_ids=str_ids)
         outputs = {}
+        rss: dict[str, int | None] = {}
         times = interleaved({"baseline": lambda: python_baseline(*inputs), "ours": lambda: ours(*inputs)},
-                            repeats=repeats, keep=lambda name, out: outputs.__setitem__(name, out))
+                            repeats=repeats, keep=lambda name, out: outputs.__setitem__(name, out), rss=rss)
         if not np.array_equal(outputs["ours"], outputs["baseline"]):
             raise AssertionError(f"pseudo-labels disagree with the Python baseline at M={size}")
         base_t[size], our_t[size] = median(times["baseline"]), median(times["ours"])
         if size == sizes[-1]:
-            with RssPeak() as peak:
-                python_baseline(*inputs)
-            base_rss = peak.delta
+            base_rss = rss.get("baseline")
         log(f"pseudo-labels{' (str ids)' if str_ids else ''} M={fmt_count(size)}: baseline "
             f"{fmt_seconds(base_t[size])}, ours {fmt_seconds(our_t[size])}")
     ours_sizes = sorted({*sizes, target // 4, target // 2, target})
     for size in ours_sizes:
         if size not in our_t:
             inputs = make_inputs(size, str_ids=str_ids)
-            our_t[size] = median(interleaved({"ours": lambda: ours(*inputs)}, repeats=repeats)["ours"])
+            cpu: dict[str, list[float]] = {}
+            our_t[size] = median(interleaved({"ours": lambda: ours(*inputs)}, repeats=repeats, cpu=cpu)["ours"])
+            ours_cpu = median(cpu["ours"])
             log(f"pseudo-labels{' (str ids)' if str_ids else ''} M={fmt_count(size)}: ours {fmt_seconds(our_t[size])}")
     inputs = make_inputs(target, str_ids=str_ids)
     peak, _ = peak_tracemalloc(lambda: ours(*inputs))
@@ -80,7 +81,7 @@ def _compare(*, sizes: list[int], target: int, str_ids: bool, repeats: int):
     lookup_s = median(interleaved({"a": lambda: align_labels_to_ids(label_ids=inputs[0], labels=combined,
                                                                      dataset_ids=inputs[2])}, repeats=repeats)["a"])
     base_at_target, base_slope = extrapolate(sizes=sizes, seconds=[base_t[s] for s in sizes], to=target)
-    return {"ours": our_t, "baseline": base_t, "base_rss": base_rss, "peak": peak, "combine_s": combine_s,
+    return {"ours": our_t, "ours_cpu": ours_cpu, "baseline": base_t, "base_rss": base_rss, "peak": peak, "combine_s": combine_s,
             "lookup_s": lookup_s, "base_at_target": base_at_target, "base_slope": base_slope,
             "ours_slope": loglog_slope(ours_sizes, [our_t[s] for s in ours_sizes]), "ours_sizes": ours_sizes}
 
@@ -106,7 +107,9 @@ def run(*, quick: bool) -> list[Result]:
             memory=(f"ours {fmt_bytes(r['peak'])} tracemalloc peak ({r['peak'] / t:.0f} B/sample); baseline "
                     f"{fmt_bytes(r['base_rss'])} RSS delta at M={fmt_count(largest)}"),
             growth=f"ours {r['ours_slope']:.2f}, baseline {r['base_slope']:.2f}",
-            notes=[f"at M={fmt_count(t)}: combine {fmt_seconds(r['combine_s'])}, id lookup "
+            notes=[f"ours at M={fmt_count(t)}: {fmt_seconds(r['ours'][t])} wall, {fmt_seconds(r['ours_cpu'])} CPU "
+                   "(medians; the machine is shared, so wall time includes waiting for a core)",
+                   f"at M={fmt_count(t)}: combine {fmt_seconds(r['combine_s'])}, id lookup "
                    f"{fmt_seconds(r['lookup_s'])}; baseline extrapolated (slope {r['base_slope']:.2f}) from M="
                    f"{', '.join(fmt_count(s // scale) for s in sizes)}; measured side by side at "
                    f"M={fmt_count(largest)}: baseline {fmt_seconds(r['baseline'][largest])}, ours "

@@ -49,17 +49,24 @@ def results_table(title: str, results: dict[str, dict[str, float]], metric: str 
 
 def run_pipeline(config, rerun_from: int | None = None) -> dict:
     """Dispatch on the config's ``pipeline`` kind; every flow returns {"results", "dir", "tracking_hint", ...}."""
-    if rerun_from is not None and not 0 <= rerun_from < getattr(getattr(config, "mcl", None), "num_stages", 10**9):
+    if rerun_from is not None and config.pipeline == "clip":
+        raise MclpipeError("--rerun-from is supported for mcl pipelines only; for a CLIP pipeline change the "
+                           "settings of the stages to recompute (their content keys change) and run it again")
+    if rerun_from is not None and not 0 <= rerun_from < config.mcl.num_stages:
         raise MclpipeError(f"--rerun-from {rerun_from} is not a stage of this pipeline (stages are 0.."
                            f"{config.mcl.num_stages - 1})")
+    from pipeline_config.schema import check_clip_pretrained, preflight
+    from tasks.mcl_tasks import tracker_for
+    # Fail on user mistakes before the Prefect server starts or anything is computed; an unreachable tracking
+    # server is reported now, not after the first stage.
     if config.pipeline == "clip":
+        check_clip_pretrained(config)
+        tracker_for(config)
         from flows.clip_flow import clip_pipeline
         return clip_pipeline(config)
+    preflight(config)
+    tracker_for(config)
     from flows.mcl_flow import mcl_pipeline
-    from pipeline_config.schema import preflight
-    from tasks.mcl_tasks import tracker_for
-    preflight(config)  # fail on user mistakes before the Prefect server starts or anything is computed
-    tracker_for(config)  # an unreachable tracking server is reported now, not after the first stage
     return mcl_pipeline(config, rerun_from=rerun_from)
 
 
@@ -138,16 +145,20 @@ def deploy(config: ConfigArg, work_pool: Annotated[str, typer.Option(help="Prefe
 
 def report(cfg, summary: dict, elapsed: float) -> None:
     """The results table, the wall time, where the files are and how to open MLflow on the run."""
+    print_tables(cfg, summary)
+    console.print(f"wall time {elapsed / 60:.1f} min; results in {summary['dir']}")
+    console.print(f"MLflow: {summary['tracking_hint']}")
+    console.print(f"pipeline id {summary.get('pipeline_id', '')}: `mclpipe resume` it after a crash, "
+                  f"`mclpipe results` to see this table again")
+
+
+def print_tables(cfg, summary: dict) -> None:
     if getattr(cfg, "pipeline", "mcl") == "clip":  # CLIP MCL reports MMVP pair accuracy and retrieval recall (%)
         console.print(results_table(f"{cfg.name}: MMVP-VLM pair accuracy (%)", summary["results"], metric="mmvp"))
         console.print(results_table("zero-shot retrieval recall (%)", summary["results"], metric="retrieval"))
     else:
         console.print(results_table(f"{cfg.name}: linear-probe accuracy (held-out split)", summary["results"]))
         console.print(results_table("kNN accuracy", summary["results"], metric="knn"))
-    console.print(f"wall time {elapsed / 60:.1f} min; results in {summary['dir']}")
-    console.print(f"MLflow: {summary['tracking_hint']}")
-    console.print(f"pipeline id {summary.get('pipeline_id', '')}: `mclpipe resume` it after a crash, "
-                  f"`mclpipe results` to see this table again")
 
 
 @app.command()
@@ -213,8 +224,7 @@ def results(config: ConfigArg, overrides: SetOpt = None) -> None:
              f"run `mclpipe run {config}` with the same --set options first")
         return
     summary = json.loads(summary_path.read_text())
-    console.print(results_table(f"{cfg.name}: linear-probe accuracy (held-out split)", summary["results"]))
-    console.print(results_table("kNN accuracy", summary["results"], metric="knn"))
+    print_tables(cfg, summary)
     console.print(f"files: {summary_path.parent}")
     console.print(f"MLflow parent run: {summary.get('mlflow_run_id')}")
 

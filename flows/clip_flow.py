@@ -10,12 +10,11 @@ what finished and a failed run retrains only what failed; one parent MLflow run 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from flows.mcl_flow import RESULT_STORE, close_runs, run_step
+from flows.mcl_flow import StepRunner, close_runs
 from pipeline_config.schema import ClipPipelineConfig, digest_of
 from tasks import clip_tasks as c
 from tasks import mcl_tasks as t
@@ -33,34 +32,8 @@ def clip_train_key(config: ClipPipelineConfig, *, stage: int, data: dict, groupe
                       "max_skip_fraction": config.data.max_skip_fraction})
 
 
-class ClipStageRunner:
-    """Runs the steps of one CLIP pipeline invocation (the structure of ``flows.mcl_flow.StageRunner``): one nested
-    MLflow run per stage, cached steps in directories named by content keys, reuse recorded in the current runs."""
-
-    def __init__(self, *, config: ClipPipelineConfig, data: dict, parent_run_id: str, pipeline_id: str):
-        self.config = config
-        self.data = data
-        self.parent_run_id = parent_run_id
-        self.pipeline_id = pipeline_id
-        self.flow_run_id = flow_run.id
-        self.root = Path(config.output_dir).resolve()
-        self.storage = self.root / RESULT_STORE
-        self.stage_runs: dict[tuple[str, int], str] = {}
-
-    def stage_run(self, *, kind: str, stage: int) -> str:
-        if (kind, stage) not in self.stage_runs:
-            self.stage_runs[(kind, stage)] = t.open_stage_run(
-                config=self.config, parent_run_id=self.parent_run_id, stage=stage, kind=kind,
-                pipeline_id=self.pipeline_id, flow_run_id=self.flow_run_id)
-        return self.stage_runs[(kind, stage)]
-
-    def step(self, task_fn, *, prefix: str, key: str, run_id: str, what: str, **kwargs: Any) -> dict:
-        out_dir = str(self.root / "steps" / f"{prefix}-{key}")
-        record = run_step(task_fn, storage=self.storage, config=self.config, key=key, out_dir=out_dir,
-                          mlflow_run_id=run_id, **kwargs)
-        if record.get("mlflow_run_id") != run_id:
-            t.record_reuse(config=self.config, mlflow_run_id=run_id, record=record, what=what)
-        return record
+class ClipStageRunner(StepRunner):
+    """The steps of the CLIP MCL pipeline (same runner as ``flows.mcl_flow.StageRunner``)."""
 
     def train_and_export(self, *, stage: int, grouped: dict | None) -> tuple[dict, dict]:
         run_id = self.stage_run(kind="mcl", stage=stage)

@@ -49,10 +49,11 @@ def run_step(step, *, storage: Path, force: bool = False, **kwargs) -> dict:
     return record
 
 
-class StageRunner:
-    """Runs the steps of one pipeline invocation, logging reuse of cached steps into the current MLflow runs."""
+class StepRunner:
+    """Runs the cached steps of one pipeline invocation (any pipeline kind): one nested MLflow run per stage,
+    step outputs in directories named by content keys, reuse of cached steps recorded in the current runs."""
 
-    def __init__(self, *, config: PipelineConfig, data: dict, parent_run_id: str, pipeline_id: str,
+    def __init__(self, *, config, data: dict, parent_run_id: str, pipeline_id: str,
                  rerun_from: int | None = None):
         self.config = config
         self.rerun_from = rerun_from
@@ -71,17 +72,22 @@ class StageRunner:
                 pipeline_id=self.pipeline_id, flow_run_id=self.flow_run_id)
         return self.stage_runs[(kind, stage)]
 
-    def step(self, task_fn, *, prefix: str, key: str, run_id: str, what: str, stage: int, **kwargs: Any) -> dict:
+    def step(self, task_fn, *, prefix: str, key: str, run_id: str, what: str, stage: int | None = None,
+             **kwargs: Any) -> dict:
         """Run one cached step of ``stage``; with ``rerun_from``, steps of that stage and later are recomputed."""
         out_dir = str(self.root / "steps" / f"{prefix}-{key}")
-        force = self.rerun_from is not None and stage >= self.rerun_from
-        if force and task_fn is t.train_stage:
+        force = None not in (self.rerun_from, stage) and stage >= self.rerun_from
+        if force and what == "train":
             t.note_rerun(config=self.config, mlflow_run_id=run_id, rerun_from=self.rerun_from)
         record = run_step(task_fn, storage=self.storage, force=force, config=self.config, key=key,
                           out_dir=out_dir, mlflow_run_id=run_id, **kwargs)
         if record.get("mlflow_run_id") != run_id:
             t.record_reuse(config=self.config, mlflow_run_id=run_id, record=record, what=what)
         return record
+
+
+class StageRunner(StepRunner):
+    """The steps of the unimodal MCL pipeline."""
 
     def train_and_export(self, *, kind: str, stage: int, pseudo: dict | None) -> tuple[dict, dict]:
         run_id = self.stage_run(kind=kind, stage=stage)

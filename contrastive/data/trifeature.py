@@ -294,7 +294,7 @@ def _box_sum(mask: np.ndarray, *, factor: int) -> np.ndarray:
 
 def _render(scene: dict[str, np.ndarray], *, image_size: int, palette: np.ndarray) -> np.ndarray:
     """uint8 (n, H, W, 3) images of the scenes in ``scene``."""
-    n, ss = scene["shape"].shape[0], SUPERSAMPLE
+    ss = SUPERSAMPLE
     coords = ((np.arange(image_size * ss, dtype=np.float32) + 0.5) / ss).astype(np.float32)
     inside = _shape_masks(scene, coords=coords, shape_names=SHAPE_NAMES)
     bright = _texture_masks(scene, coords=coords, texture_names=TEXTURE_NAMES, k=image_size / 32.0)
