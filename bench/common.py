@@ -198,6 +198,7 @@ class Result:
     baseline_s: float | None = None
     ours_s: float | None = None
     ratio: float | None = None
+    ratio_note: str = ""  # how the ratio was obtained, when not simply baseline_s / ours_s
     goal: str = ""
     passed: bool | None = None
     memory: str = "-"

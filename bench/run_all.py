@@ -39,10 +39,11 @@ def run_module(name: str, *, quick: bool) -> list[Result]:
         return read_results(str(out))
 
 
-def fmt_ratio(result: Result) -> str:
+def fmt_ratio(result: Result, *, with_note: bool = False) -> str:
     if result.ratio is None:
         return "-"
-    return f"{result.ratio:.0f}x" if result.ratio >= 10 else f"{result.ratio:.2f}x"
+    text = f"{result.ratio:.0f}x" if result.ratio >= 10 else f"{result.ratio:.2f}x"
+    return f"{text} ({result.ratio_note})" if with_note and result.ratio_note else text
 
 
 def print_table(results: list[Result]) -> None:
@@ -85,7 +86,7 @@ def markdown(results: list[Result], *, quick: bool, elapsed: float, started: str
         "|---|---|---|---:|---:|---:|---|---|---|---|",
     ]
     for r in results:
-        cells = [r.name, r.workload, r.baseline, fmt_seconds(r.baseline_s), fmt_seconds(r.ours_s), fmt_ratio(r),
+        cells = [r.name, r.workload, r.baseline, fmt_seconds(r.baseline_s), fmt_seconds(r.ours_s), fmt_ratio(r, with_note=True),
                  r.goal, f"**{r.verdict()}**", r.memory, r.growth]
         lines.append("| " + " | ".join(c.replace("|", "/") if c else "-" for c in cells) + " |")
     lines += ["", "## Details", ""]

@@ -8,6 +8,7 @@ whatever already finished.
 from __future__ import annotations
 
 import copy
+import inspect
 import time
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,8 @@ class StepRunner:
              **kwargs: Any) -> dict:
         """Run one cached step of ``stage``; with ``rerun_from``, steps of that stage and later are recomputed."""
         out_dir = str(self.root / "steps" / f"{prefix}-{key}")
+        if stage is not None and "stage" in inspect.signature(task_fn.fn).parameters:
+            kwargs["stage"] = stage
         force = None not in (self.rerun_from, stage) and stage >= self.rerun_from
         if force and what == "train":
             t.note_rerun(config=self.config, mlflow_run_id=run_id, rerun_from=self.rerun_from)
