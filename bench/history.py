@@ -45,3 +45,25 @@ CHANGES = [
                      "caller); tests/unit/test_clustering.py passes.",
     },
 ]
+
+# What the benchmarks showed that is NOT changed here (a design decision, or outside a tiny fix), for the lead.
+FINDINGS = [
+    "k-means goal (>= 5x MiniBatchKMeans at equal or lower inertia) needs more than speed. (a) Speed: training on a "
+    "sample (`max_train_points`, opt-in) gets ~4.5-5x; (b) quality: faiss starts from random points, MiniBatchKMeans "
+    "from k-means++, and on this data faiss lands in a worse local minimum (+0.5 to +0.9 % inertia). Over 4 seeds "
+    "during development, faiss on a 20k sample with random init ranged -1.1 % .. +1.7 % against MiniBatchKMeans; "
+    "with k-means++ init on the sample (`sklearn.cluster.kmeans_plusplus`, passed as `init_centroids` to "
+    "`faiss.Kmeans.train`) -1.1 % .. +0.5 %. Neither is 'equal or lower' every time: best-of-n inits (`nredo`) on "
+    "the sample is the robust option. (c) For small K, faiss's exact search is faster on its SIMD path than on "
+    "BLAS (sgemm with K=10 columns): 0.55 s against 1.46 s for 500k x 512, identical assignments, by raising "
+    "`faiss.cvar.distance_compute_blas_threshold` - a process-global setting, so left alone here.",
+    "String-id lookup (`align_labels_to_ids` when the orders differ) takes the sort-merge join: numpy sorts and "
+    "binary-searches '<U' strings, only ~1.4-2x faster than a Python dict (about 1.2 s at 1.2M ids, so ~12 s or "
+    "more at 12M). The unimodal pipeline hits the same-order fast path; CLIP keys in another order would pay it. "
+    "Options: translate keys to int64 once (e.g. the row index of a key table) and join on those, or a hash join "
+    "(pandas `Index.get_indexer`).",
+    "Pseudo-labels at 12M: after the fixes the remaining ~1.1-1.3 s (on this loaded machine) is one random scatter "
+    "and one random gather over a 12M permutation plus three O(M) passes per stage in the combination; a "
+    "direct-addressed label table was tried and was no faster. Below 1 s likely needs an unloaded machine or "
+    "avoiding the permuted lookup (keep exports in dataset order, so the same-order fast path applies).",
+]

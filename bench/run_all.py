@@ -15,8 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import Result, fmt_seconds, read_results
-from bench.history import CHANGES
+from bench.common import Result, fmt_seconds, read_results, write_results
+from bench.history import CHANGES, FINDINGS
 
 ROOT = Path(__file__).resolve().parent.parent
 MODULES = ["batch_plan", "pseudo_labels", "kmeans", "pipeline_overhead", "export", "shards"]
@@ -108,6 +108,8 @@ def markdown(results: list[Result], *, quick: bool, elapsed: float, started: str
             if change.get(key):
                 lines.append(f"- **{key}**: {change[key]}")
         lines.append("")
+    lines += ["## Open findings (measured, not changed here)", ""]
+    lines += [f"- {finding}" for finding in FINDINGS]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -116,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="scaled-down sizes (minutes less; says so in the output)")
     parser.add_argument("--only", nargs="*", choices=MODULES, help="run only these benchmarks")
     parser.add_argument("--output", default=str(ROOT / "BENCHMARKS.md"), help="where to write the report")
+    parser.add_argument("--json", default=None, help="also write the raw results (all measurements) here")
     args = parser.parse_args(argv)
     started = time.strftime("%Y-%m-%d %H:%M %Z")
     load = os.getloadavg()
@@ -132,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print_table(results)
     print(f"\n{elapsed / 60:.1f} min in all" + (" (--quick: sizes scaled down)" if args.quick else ""))
+    if args.json:
+        write_results(results, args.json)
     Path(args.output).write_text(markdown(results, quick=args.quick, elapsed=elapsed, started=started, load=load))
     print(f"wrote {args.output}")
     return 1 if any(r.status == "error" for r in results) else 0

@@ -55,7 +55,7 @@ def run(*, quick: bool) -> list[Result]:
     num_samples = 800 if quick else 1_600
     per_shard = 100
     batch = 32
-    repeats = 3
+    repeats = 3 if quick else 5
     root = Path(tempfile.mkdtemp(prefix="bench-shards-"))
     try:
         shards = write_tiny_shards(directory=root / "shards", num_samples=num_samples, samples_per_shard=per_shard,

@@ -1,8 +1,9 @@
 """The MCL pipeline as a Prefect flow: stage 0 -> export -> k-means -> pseudo-labels -> stage 1 -> ... ->
-concatenation, plus the control run (same number of fresh stages with random batches).
+concatenation, plus the control run: the same number of fresh stages with random batches (for a HEX pipeline, the
+same stages with HEX switched off).
 
 Every step's output directory is named by a content key (digest of the config that affects it and of the keys of
-what it consumes), so identical steps are shared (the control's stage 0 *is* MCL's stage 0) and a rerun skips
+what it consumes), so identical steps are shared (the plain control's stage 0 *is* MCL's stage 0) and a rerun skips
 whatever already finished.
 """
 from __future__ import annotations
