@@ -36,6 +36,13 @@ def fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+def load_or_fail(config: str, overrides: list[str] | None):
+    try:
+        return load_config(config, overrides or [])
+    except MclpipeError as exc:
+        fail(str(exc))
+
+
 def results_table(title: str, results: dict[str, dict[str, float]], metric: str = "probe") -> Table:
     attributes = sorted({k.split("/", 1)[1] for m in results.values() for k in m if k.startswith(metric + "/")})
     table = Table(title=title)
@@ -213,11 +220,7 @@ def aggregate_seeds(per_seed: list[dict[str, dict[str, float]]], metric: str = "
 @app.command()
 def results(config: ConfigArg, overrides: SetOpt = None) -> None:
     """Print the results of the last finished run of a config (nothing is computed) and where its files are."""
-    try:
-        cfg = load_config(config, overrides or [])
-    except MclpipeError as exc:
-        fail(str(exc))
-        return
+    cfg = load_or_fail(config, overrides)
     summary_path = Path(cfg.output_dir).resolve() / "pipelines" / cfg.config_hash() / "summary.json"
     if not summary_path.exists():
         fail(f"no finished run of this config (hash {cfg.config_hash()}) under {cfg.output_dir}: "
@@ -232,11 +235,7 @@ def results(config: ConfigArg, overrides: SetOpt = None) -> None:
 @app.command("show-config")
 def show_config(config: ConfigArg, overrides: SetOpt = None) -> None:
     """Print the fully resolved config (every valid key, with defaults) and its hash."""
-    try:
-        cfg = load_config(config, overrides or [])
-    except MclpipeError as exc:
-        fail(str(exc))
-        return
+    cfg = load_or_fail(config, overrides)
     console.print(dump_config(cfg), highlight=False, markup=False)
     console.print(f"# config_hash: {cfg.config_hash()}")
 
