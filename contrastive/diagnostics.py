@@ -20,6 +20,7 @@ from typing import Callable
 
 import numpy as np
 import torch
+from contrastive.plotting import locked_pyplot
 
 MIN_GROUP_SIZE = 2
 
@@ -168,30 +169,27 @@ def _sampled_cosines(*, unit: np.ndarray, sampler: Callable, groups: np.ndarray,
 def plot_similarity_histograms(*, diagnosis: Diagnosis, path: Path, title: str = "") -> Path:
     """One panel per grouping: histograms of same-group and other-pair cosines, with the random-pair mean
     (anisotropy baseline) as a dashed line. Without groupings, one panel of random-pair cosines."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = list(diagnosis.group_cosines.items()) or [("random pairs", (None, diagnosis.random_cosines))]
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.0), squeeze=False)
-    bins = np.linspace(-1.0, 1.0, 81)
-    baseline = float(diagnosis.random_cosines.mean())
-    for ax, (name, (same, other)) in zip(axes[0], panels):
-        ax.hist(other, bins=bins, density=True, alpha=0.55, label="other pairs")
-        if same is not None:
-            ax.hist(same, bins=bins, density=True, alpha=0.55, label="same group")
-        ax.axvline(baseline, color="k", linestyle="--", linewidth=1, label=f"random mean {baseline:.2f}")
-        ax.set_title(name)
-        ax.set_xlabel("cosine similarity")
-        ax.legend(fontsize=7)
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    with locked_pyplot() as plt:
+        panels = list(diagnosis.group_cosines.items()) or [("random pairs", (None, diagnosis.random_cosines))]
+        fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.0), squeeze=False)
+        bins = np.linspace(-1.0, 1.0, 81)
+        baseline = float(diagnosis.random_cosines.mean())
+        for ax, (name, (same, other)) in zip(axes[0], panels):
+            ax.hist(other, bins=bins, density=True, alpha=0.55, label="other pairs")
+            if same is not None:
+                ax.hist(same, bins=bins, density=True, alpha=0.55, label="same group")
+            ax.axvline(baseline, color="k", linestyle="--", linewidth=1, label=f"random mean {baseline:.2f}")
+            ax.set_title(name)
+            ax.set_xlabel("cosine similarity")
+            ax.legend(fontsize=7)
+        if title:
+            fig.suptitle(title, fontsize=9)
+        fig.tight_layout()
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
 
 
 # ---------------------------------------------------------------------------------------------------- stage

@@ -11,6 +11,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
 from contrastive.integrate import l2_normalize
+from contrastive.plotting import locked_pyplot
 
 
 def linear_probe_accuracy(*, train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray,
@@ -71,47 +72,41 @@ def evaluate_representation(*, train_x: np.ndarray, test_x: np.ndarray, train_la
 def plot_attribute_accuracy(*, results: dict[str, dict[str, float]], path: Path, metric: str = "probe",
                             title: str = "Linear-probe accuracy per attribute") -> Path:
     """Grouped bars: one group per representation (stage 0, stage 1, ..., concat), one bar per attribute."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(results)
-    attributes = sorted({key.split("/", 1)[1] for r in results.values() for key in r if key.startswith(metric + "/")})
-    width = 0.8 / max(1, len(attributes))
-    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(names), 3.6))
-    for i, attribute in enumerate(attributes):
-        values = [results[name].get(f"{metric}/{attribute}", np.nan) for name in names]
-        bars = ax.bar(np.arange(len(names)) + (i - (len(attributes) - 1) / 2) * width, values, width, label=attribute)
-        ax.bar_label(bars, fmt="%.2f", fontsize=7)
-    ax.set_xticks(np.arange(len(names)), names, rotation=20, ha="right")
-    ax.set_ylim(0, 1.08)
-    ax.set_ylabel(f"{metric} accuracy")
-    ax.set_title(title)
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    with locked_pyplot() as plt:
+        names = list(results)
+        attributes = sorted({key.split("/", 1)[1] for r in results.values() for key in r if key.startswith(metric + "/")})
+        width = 0.8 / max(1, len(attributes))
+        fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(names), 3.6))
+        for i, attribute in enumerate(attributes):
+            values = [results[name].get(f"{metric}/{attribute}", np.nan) for name in names]
+            bars = ax.bar(np.arange(len(names)) + (i - (len(attributes) - 1) / 2) * width, values, width, label=attribute)
+            ax.bar_label(bars, fmt="%.2f", fontsize=7)
+        ax.set_xticks(np.arange(len(names)), names, rotation=20, ha="right")
+        ax.set_ylim(0, 1.08)
+        ax.set_ylabel(f"{metric} accuracy")
+        ax.set_title(title)
+        ax.legend(loc="lower right", fontsize=8)
+        fig.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return path
 
 
 def plot_cluster_sizes(*, sizes_by_stage: dict[str, list[int]], path: Path) -> Path:
     """One histogram of cluster sizes per clustered stage (sorted descending, log y)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, max(1, len(sizes_by_stage)), figsize=(4 * max(1, len(sizes_by_stage)), 3),
-                             squeeze=False)
-    for ax, (name, sizes) in zip(axes[0], sizes_by_stage.items()):
-        ordered = sorted(sizes, reverse=True)
-        ax.bar(np.arange(len(ordered)), ordered, width=1.0)
-        ax.set_yscale("log")
-        ax.set_title(f"{name}: {len(ordered)} clusters")
-        ax.set_xlabel("cluster (sorted by size)")
-        ax.set_ylabel("samples")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    with locked_pyplot() as plt:
+        fig, axes = plt.subplots(1, max(1, len(sizes_by_stage)), figsize=(4 * max(1, len(sizes_by_stage)), 3),
+                                 squeeze=False)
+        for ax, (name, sizes) in zip(axes[0], sizes_by_stage.items()):
+            ordered = sorted(sizes, reverse=True)
+            ax.bar(np.arange(len(ordered)), ordered, width=1.0)
+            ax.set_yscale("log")
+            ax.set_title(f"{name}: {len(ordered)} clusters")
+            ax.set_xlabel("cluster (sorted by size)")
+            ax.set_ylabel("samples")
+        fig.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return path

@@ -85,7 +85,13 @@ class Tracker:
         location = None
         if artifact_root is not None and not self.uri.startswith(("http://", "https://", "databricks")):
             location = Path(artifact_root).resolve().as_uri()
-        return self.client.create_experiment(name, artifact_location=location)
+        try:
+            return self.client.create_experiment(name, artifact_location=location)
+        except mlflow.exceptions.MlflowException as exc:
+            # Two pipelines starting at once both saw no experiment; the loser uses the winner's.
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            return self.client.get_experiment_by_name(name).experiment_id
 
     # ------------------------------------------------------------------------------------------------ runs
     def find_run(self, *, tags: dict[str, str], parent_run_id: str | None = None) -> str | None:
