@@ -83,11 +83,11 @@ def run(*, quick: bool) -> list[Result]:
         repeats = 3 if full else 1
         centroids: dict[str, np.ndarray] = {}
         keep = lambda name, c: centroids.__setitem__(name, c)  # noqa: E731
-        runs = interleaved({name: (lambda fn=fn: fn(x)) for name, fn in candidates.items()
+        runs = interleaved({name: (lambda fn=fn, x=x: fn(x)) for name, fn in candidates.items()
                             if not (full and name == "all_points")}, repeats=repeats, keep=keep,
                            rss=rss if full else None)
         if full:
-            runs.update(interleaved({"all_points": lambda: candidates["all_points"](x)}, repeats=1, keep=keep,
+            runs.update(interleaved({"all_points": lambda x=x: candidates["all_points"](x)}, repeats=1, keep=keep,
                                     rss=rss))
             inertia = {name: inertia_of(x, c) for name, c in centroids.items()}
         for name, values in runs.items():
