@@ -209,9 +209,8 @@ class TrainConfig(_Section):
     threads: int = Field(0, ge=0, description="torch CPU threads; 0 = torch default")
 
 
-class MclConfig(_Section):
-    """Multistage contrastive learning: stage j >= 1 draws every batch from one pseudo-label group, where the
-    pseudo-label combines the k-means cluster ids of ALL earlier stages."""
+class StageClusteringConfig(_Section):
+    """What MCL's unimodal and CLIP pipelines share: stage count and the k-means between stages."""
 
     num_stages: int = Field(3, ge=1, description="stages including stage 0")
     clusters: int | list[int] = Field(
@@ -219,9 +218,6 @@ class MclConfig(_Section):
     spherical_kmeans: bool = True
     kmeans_niter: int = Field(25, ge=1)
     small_group_policy: Literal["merge_nearest", "pool", "none"] = "merge_nearest"
-    remainder_policy: Literal["partial", "pool", "drop"] = "partial"
-    control: bool = Field(True, description="also train the same number of plain SimCLR stages with random "
-                                            "batches and concatenate them, to separate MCL's gain from ensembling")
 
     @field_validator("num_stages", mode="before")
     @classmethod
@@ -237,7 +233,7 @@ class MclConfig(_Section):
         return self.clusters[stage]
 
     @model_validator(mode="after")
-    def _cluster_list_length(self) -> "MclConfig":
+    def _cluster_list_length(self) -> "StageClusteringConfig":
         needed = self.num_stages - 1
         if isinstance(self.clusters, list) and len(self.clusters) < needed:
             raise ValueError(f"mcl.clusters lists {len(self.clusters)} values but {needed} clusterings are needed "
@@ -246,6 +242,15 @@ class MclConfig(_Section):
         if any(k < 2 for k in values):
             raise ValueError(f"mcl.clusters must be >= 2 (got {self.clusters})")
         return self
+
+
+class MclConfig(StageClusteringConfig):
+    """Multistage contrastive learning: stage j >= 1 draws every batch from one pseudo-label group, where the
+    pseudo-label combines the k-means cluster ids of ALL earlier stages."""
+
+    remainder_policy: Literal["partial", "pool", "drop"] = "partial"
+    control: bool = Field(True, description="also train the same number of plain SimCLR stages with random "
+                                            "batches and concatenate them, to separate MCL's gain from ensembling")
 
 
 class EvalConfig(_Section):
@@ -420,33 +425,16 @@ class ClipDistributedConfig(_Section):
     local_loss: bool = Field(False, description="each rank computes its rows of the logits (O(B*WB) memory)")
 
 
-class ClipMclConfig(_Section):
+class ClipMclConfig(StageClusteringConfig):
     """Stage j >= 1 trains from the same init on cluster-pure batches; groups combine the k-means ids of ALL
     earlier stages."""
 
     num_stages: int = Field(2, ge=1, description="stages including stage 0")
     clusters: int | list[int] = Field(10, description="K after each stage but the last; a list gives one per stage")
-    spherical_kmeans: bool = True
-    kmeans_niter: int = Field(25, ge=1)
-    small_group_policy: Literal["merge_nearest", "pool", "none"] = "merge_nearest"
     remainder_policy: Literal["partial", "drop"] = "partial"
     active_streams: int = Field(16, ge=1, description="groups read at once by the cluster-pure reader")
     group_shuffle_buffer: int = Field(0, ge=0, description="extra per-group shuffle buffer while reading")
     spool_mb: int = Field(256, ge=1, description="memory for the per-stage re-shard by group")
-
-    def clusters_after(self, stage: int) -> int:
-        return self.clusters if isinstance(self.clusters, int) else self.clusters[stage]
-
-    @model_validator(mode="after")
-    def _cluster_list_length(self) -> "ClipMclConfig":
-        needed = self.num_stages - 1
-        if isinstance(self.clusters, list) and len(self.clusters) < needed:
-            raise ValueError(f"mcl.clusters lists {len(self.clusters)} values but {needed} clusterings are needed "
-                             f"for {self.num_stages} stages: give one K per stage but the last, or a single int")
-        values = [self.clusters] if isinstance(self.clusters, int) else self.clusters
-        if any(k < 2 for k in values):
-            raise ValueError(f"mcl.clusters must be >= 2 (got {self.clusters})")
-        return self
 
 
 class ClipEvalConfig(_Section):
