@@ -4,6 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 export MLFLOW_TRACKING_URI ?= sqlite:///$(CURDIR)/mlflow.db
 CONFIG ?= pipeline_config/presets/trifeature_mcl.yaml

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# The temporary local Prefect server can take longer than its 20 s default to start on a loaded 2-core machine.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 import json  # noqa: E402
 import statistics  # noqa: E402
