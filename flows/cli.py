@@ -85,8 +85,13 @@ RerunOpt = Annotated[Optional[int], typer.Option("--rerun-from", help="recompute
 @app.command()
 def run(config: ConfigArg, overrides: SetOpt = None, rerun_from: RerunOpt = None) -> None:
     """Run an MCL pipeline (finished steps of an identical earlier run are reused, not recomputed)."""
+    run_and_report(lambda: load_config(config, overrides or []), rerun_from=rerun_from)
+
+
+def run_and_report(make_config, *, rerun_from: int | None) -> None:
+    """Load the config, run its pipeline and print the report; user mistakes end in one line."""
     try:
-        cfg = load_config(config, overrides or [])
+        cfg = make_config()
         started = time.perf_counter()
         summary = run_pipeline(cfg, rerun_from=rerun_from)
     except MclpipeError as exc:
@@ -113,15 +118,7 @@ def resume(pipeline: Annotated[str, typer.Argument(help="pipeline id (config has
            rerun_from: RerunOpt = None) -> None:
     """Continue a crashed or killed pipeline: finished steps are reused, a stage killed mid-way continues from its
     last checkpoint."""
-    try:
-        config_path = find_pipeline_config(pipeline, output_dir)
-        cfg = load_config(config_path)
-        started = time.perf_counter()
-        summary = run_pipeline(cfg, rerun_from=rerun_from)
-    except MclpipeError as exc:
-        fail(str(exc))
-        return
-    report(cfg, summary, time.perf_counter() - started)
+    run_and_report(lambda: load_config(find_pipeline_config(pipeline, output_dir)), rerun_from=rerun_from)
 
 
 @app.command()
