@@ -13,8 +13,10 @@ embeddings it has no exact K = 10 structure, so distinct local minima exist and 
 
 Three candidates run interleaved:
 - MiniBatchKMeans(n_clusters=K, random_state=0) defaults (batch 1024, k-means++ init, early stopping) + predict;
-- ours as the pipeline calls it: Lloyd on all M points, 25 iterations (faiss stops early when converged);
-- ours with ``max_train_points = 2048 K`` (opt-in): Lloyd on a seeded sample, then every point assigned.
+- ours as the pipeline calls it (the k-means keywords of the default ``MclConfig``, ``spherical=False``):
+  the best of 3 k-means++ seedings (each polished by 5 Lloyd iterations on 256 K points), 25 Lloyd iterations
+  on a seeded sample of 1024 K points, then every point assigned;
+- ours on every point (``mcl.kmeans_train_points_per_cluster=0``): the same with Lloyd on all M points.
 
 A GPU row (1M x 256, K = 20,000, niter 25; the faiss wiki reports 55 s on a P100) runs only when faiss sees a GPU.
 """
@@ -50,46 +52,58 @@ def inertia_of(x: np.ndarray, centroids: np.ndarray) -> float:
     return float(distances.astype(np.float64).sum())
 
 
-def minibatch(x: np.ndarray):
+def minibatch(x: np.ndarray, *, seed: int):
     from sklearn.cluster import MiniBatchKMeans
 
-    model = MiniBatchKMeans(n_clusters=K, random_state=0)
+    model = MiniBatchKMeans(n_clusters=K, random_state=seed)
     model.fit(x)
     model.predict(x)  # every point assigned, as ours does
     return model.cluster_centers_
 
 
-def ours(x: np.ndarray, *, max_train_points: int | None):
-    return kmeans(features=x, k=K, seed=0, spherical=False, max_train_points=max_train_points).centroids
+def pipeline_settings(*, every_point: bool) -> dict:
+    """The pipeline's k-means keywords for K clusters (its defaults), Euclidean like MiniBatchKMeans."""
+    from pipeline_config.schema import MclConfig
+
+    config = MclConfig(clusters=K, kmeans_train_points_per_cluster=0 if every_point else
+                       MclConfig.model_fields["kmeans_train_points_per_cluster"].default)
+    return {**config.kmeans_settings(0), "spherical": False}
+
+
+def ours(x: np.ndarray, *, seed: int, every_point: bool):
+    return kmeans(features=x, seed=seed, **pipeline_settings(every_point=every_point)).centroids
+
+
+SEEDS = (0, 1, 2)
 
 
 def run(*, quick: bool) -> list[Result]:
     num_points, dim = (100_000, 512) if quick else (500_000, 512)
-    sample = 2048 * K
+    default = pipeline_settings(every_point=False)
     sizes = [num_points // 4, num_points // 2, num_points]
     candidates = {
-        "minibatch": lambda x: minibatch(x),
-        "sampled": lambda x: ours(x, max_train_points=sample),
-        "all_points": lambda x: ours(x, max_train_points=None),
+        "minibatch": lambda x, seed: minibatch(x, seed=seed),
+        "sampled": lambda x, seed: ours(x, seed=seed, every_point=False),
+        "all_points": lambda x, seed: ours(x, seed=seed, every_point=True),
     }
     times: dict[str, dict[int, float]] = {name: {} for name in candidates}
-    inertia: dict[str, float] = {}
+    inertia: dict[str, dict[int, float]] = {name: {} for name in candidates}
     rss: dict[str, int | None] = {}
     for size in sizes:
         x = make_features(size, dim)
         full = size == num_points
-        # At the goal size: 3 interleaved repetitions of baseline and sampled candidate, 1 of the slow all-points path;
-        # at the smaller sizes one run each, for the growth slopes only.
-        repeats = 3 if full else 1
-        centroids: dict[str, np.ndarray] = {}
-        keep = lambda name, c: centroids.__setitem__(name, c)  # noqa: E731
-        runs = interleaved({name: (lambda fn=fn, x=x: fn(x)) for name, fn in candidates.items()
-                            if not (full and name == "all_points")}, repeats=repeats, keep=keep,
-                           rss=rss if full else None)
-        if full:
-            runs.update(interleaved({"all_points": lambda x=x: candidates["all_points"](x)}, repeats=1, keep=keep,
-                                    rss=rss))
-            inertia = {name: inertia_of(x, c) for name, c in centroids.items()}
+        # Both methods are randomised, so at the goal size each runs with seeds 0, 1, 2 (baseline and ours
+        # interleaved, order alternating) and times and inertias are compared as medians over the seeds; the slow
+        # every-point path runs with seed 0 only. At the smaller sizes one run each, for the growth slopes only.
+        seeds = SEEDS if full else SEEDS[:1]
+        runs: dict[str, list[float]] = {name: [] for name in candidates}
+        for round_number, seed in enumerate(seeds):
+            names = [n for n in candidates if not (full and n == "all_points" and seed != SEEDS[0])]
+            names = names if round_number % 2 == 0 else names[::-1]
+            keep = (lambda name, c, seed=seed: inertia[name].__setitem__(seed, inertia_of(x, c))) if full else None
+            for name, values in interleaved({n: (lambda fn=candidates[n], seed=seed: fn(x, seed)) for n in names},
+                                            repeats=1, keep=keep, rss=rss if full else None).items():
+                runs[name] += values
         for name, values in runs.items():
             times[name][size] = median(values)
         log(f"k-means M={fmt_count(size)}: " + ", ".join(f"{n} {fmt_seconds(t[size])}" for n, t in times.items()
@@ -99,23 +113,34 @@ def run(*, quick: bool) -> list[Result]:
     slope = {name: loglog_slope(sizes, [times[name][s] for s in sizes]) for name in candidates}
     workload = f"{fmt_count(num_points)} x {dim} float32, K={K}, all points assigned, Euclidean"
     results = []
-    for name, label in (("all_points", "ours as the pipeline runs it (all points, default)"),
-                        ("sampled", f"ours, max_train_points={sample} (opt-in)")):
+    labels = (("sampled", f"ours as the pipeline runs it (init {default['init']}, Lloyd on "
+                          f"{fmt_count(default['max_train_points'])} points)"),
+              ("all_points", "ours, Lloyd on every point (kmeans_train_points_per_cluster=0)"))
+    for name, label in labels:
         ratio = base / times[name][num_points]
-        rel = inertia[name] / inertia["minibatch"] - 1.0
+        # Median over the seeds each ran with (seed 0 only for the every-point path) against MiniBatchKMeans's.
+        ours_inertia = median(list(inertia[name].values()))
+        base_inertia = median([inertia["minibatch"][seed] for seed in inertia[name]])
+        rel = ours_inertia / base_inertia - 1.0
+        per_seed = ", ".join(f"seed {seed} {inertia[name][seed] / inertia['minibatch'][seed] - 1.0:+.2%}"
+                             for seed in inertia[name])
         results.append(Result(
             name=f"k-means: {label}",
             workload=workload,
             baseline="sklearn MiniBatchKMeans (defaults) fit + predict",
             baseline_s=base, ours_s=times[name][num_points], ratio=ratio,
-            goal=">= 5x at equal or lower inertia", passed=ratio >= 5 and rel <= EQUAL_TOLERANCE,
+            # The goal judges what the pipeline runs; the every-point setting is opt-in context.
+            goal=">= 5x at equal or lower inertia" if name == "sampled" else "context (opt-in)",
+            passed=ratio >= 5 and rel <= EQUAL_TOLERANCE if name == "sampled" else None,
             memory=f"ours {fmt_bytes(rss.get(name))} RSS delta, MiniBatchKMeans {fmt_bytes(rss.get('minibatch'))} "
                    "RSS delta (features excluded; freed heap reused after earlier runs can hide faiss's few MB)",
             growth=f"ours {slope[name]:.2f}, MiniBatchKMeans {slope['minibatch']:.2f}",
-            notes=[f"inertia (all points, same measure): ours {inertia[name]:.6g}, MiniBatchKMeans "
-                   f"{inertia['minibatch']:.6g}: ours {rel * 100:+.2f} % ({'equal or lower' if rel <= EQUAL_TOLERANCE else 'HIGHER'})",
-                   "times by size: " + ", ".join(f"{fmt_count(s)} {fmt_seconds(times[name][s])} vs "
-                                                 f"{fmt_seconds(times['minibatch'][s])}" for s in sizes)],
+            notes=[f"inertia (all points, same measure, median over seeds {sorted(inertia[name])}): ours "
+                   f"{ours_inertia:.6g}, MiniBatchKMeans {base_inertia:.6g}: ours {rel * 100:+.2f} % "
+                   f"({'equal or lower' if rel <= EQUAL_TOLERANCE else 'HIGHER'}); same seed each: {per_seed}",
+                   "times by size (median over seeds at the goal size): " + ", ".join(
+                       f"{fmt_count(s)} {fmt_seconds(times[name][s])} vs {fmt_seconds(times['minibatch'][s])}"
+                       for s in sizes)],
             details={"times": times, "inertia": inertia, "rss": rss},
         ))
     results.append(gpu_kmeans(quick=quick))

@@ -251,9 +251,14 @@ def align_labels_to_ids(*, label_ids: np.ndarray, labels: np.ndarray, dataset_id
     if label_ids.shape == dataset_ids.shape and np.array_equal(label_ids, dataset_ids):
         return labels
     _check_id_kinds(label_ids=label_ids, dataset_ids=dataset_ids)
-    if label_ids.dtype.kind in "iu" and _fits_int64(label_ids) and _fits_int64(dataset_ids):
-        rows = _join_int_ids(label_ids=label_ids.astype(np.int64, copy=False),
-                             dataset_ids=dataset_ids.astype(np.int64, copy=False))
+    int_ids = label_ids.dtype.kind in "iu" and _fits_int64(label_ids) and _fits_int64(dataset_ids)
+    if int_ids:
+        label_ids = label_ids.astype(np.int64, copy=False)
+        dataset_ids = dataset_ids.astype(np.int64, copy=False)
+        direct = _scatter_int_labels(label_ids=label_ids, labels=labels, dataset_ids=dataset_ids)
+        if direct is not None:
+            return direct
+        rows = _join_int_ids(label_ids=label_ids, dataset_ids=dataset_ids)
     else:
         rows = _join_sorted_ids(label_ids=label_ids, dataset_ids=dataset_ids)
     found = rows >= 0
@@ -275,6 +280,37 @@ def _duplicate_ids_error(*, count: int, examples: list) -> DataError:
         f"{count} label ids are duplicated (e.g. {examples}); sample ids must be unique: "
         "fix the dataset's id column and re-run the clustering stage."
     )
+
+
+def _scatter_int_labels(*, label_ids: np.ndarray, labels: np.ndarray, dataset_ids: np.ndarray) -> np.ndarray | None:
+    """Fast path of align_labels_to_ids for int64 ids in a compact range and non-negative 1-D integer labels
+    (pseudo-label codes, cluster ids): labels[j] for each dataset id, int (M,); None when it does not apply
+    or when something is wrong (duplicated or missing ids), so the general path words the error.
+
+    One random-access pass (the scatter ``by_id[label_ids] = labels``) instead of two (scatter the row of each
+    id, then gather the labels by row): at 12M samples the passes are memory-latency bound, ~0.3 s each.
+    Slots start at -1; ids fill at most L distinct slots, so L filled slots means no id is duplicated.
+    """
+    if labels.ndim != 1 or labels.dtype.kind not in "iu" or label_ids.size == 0 or dataset_ids.size == 0:
+        return None
+    if labels.dtype == np.uint64:
+        return None  # no signed type holds every uint64 and -1
+    lo, hi = int(label_ids.min()), int(label_ids.max())
+    span = hi - lo + 1
+    if span > max(_DENSE_RANGE_FACTOR * label_ids.size, _DENSE_RANGE_MIN) or int(labels.min()) < 0:
+        return None
+    dtype = np.result_type(labels.dtype, np.int8)  # signed, so -1 can mark an empty slot
+    by_id = np.full(span, -1, dtype=dtype)
+    by_id[label_ids - lo if lo else label_ids] = labels
+    if span - np.count_nonzero(by_id < 0) != label_ids.size:
+        return None  # duplicated ids
+    query = dataset_ids - lo if lo else dataset_ids
+    if int(query.min()) < 0 or int(query.max()) >= span:
+        return None  # some dataset ids outside the labelled range
+    out = by_id[query]
+    if (out < 0).any():
+        return None  # some dataset ids have no label
+    return out.astype(labels.dtype, copy=False)
 
 
 def _join_int_ids(*, label_ids: np.ndarray, dataset_ids: np.ndarray) -> np.ndarray:

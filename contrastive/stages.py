@@ -124,11 +124,13 @@ def _train_split_embeddings(*, embeddings_dir: Path, dataset: ImageArrayDataset)
 
 # ---------------------------------------------------------------------------------------------------- clustering
 def cluster_stage(*, dataset_dir: Path, embeddings_dir: Path, out_dir: Path, k: int, seed: int, niter: int,
-                  spherical: bool, earlier_cluster_dirs: list[Path]) -> dict:
+                  spherical: bool, init: str, max_train_points: int | None,
+                  earlier_cluster_dirs: list[Path]) -> dict:
     """k-means on the train split's embeddings of one stage; AMI against every earlier stage's clustering."""
     dataset = ImageArrayDataset.load(dataset_dir)
     ids, features = _train_split_embeddings(embeddings_dir=embeddings_dir, dataset=dataset)
-    result = kmeans(features=features, k=k, seed=seed, niter=niter, spherical=spherical)
+    result = kmeans(features=features, k=k, seed=seed, niter=niter, spherical=spherical, init=init,
+                    max_train_points=max_train_points)
     summary = save_clusters(result=result, ids=ids, directory=Path(out_dir))
     ami = {}
     for number, earlier in enumerate(earlier_cluster_dirs):

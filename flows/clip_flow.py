@@ -59,8 +59,8 @@ class ClipStageRunner(StepRunner):
     def next_stage_groups(self, *, stage: int, exports: list[dict], clusters: list[dict], run_id: str) -> dict:
         """Cluster stage ``stage``, combine ALL stages' clusters into pseudo-labels, re-shard for stage + 1."""
         m = self.config.mcl
-        cluster_key = digest_of(["clip-cluster", exports[-1]["key"], m.clusters_after(stage), m.kmeans_niter,
-                                 m.spherical_kmeans, t.stage_seed(self.config, stage), [x["key"] for x in clusters]])
+        cluster_key = digest_of(["clip-cluster", exports[-1]["key"], m.kmeans_settings(stage),
+                                 t.stage_seed(self.config, stage), [x["key"] for x in clusters]])
         clusters.append(self.step(c.cluster_clip_embeddings, prefix=f"clip-cluster{stage}", key=cluster_key,
                                   run_id=run_id, what="cluster", stage=stage, exported=exports[-1],
                                   earlier=list(clusters)))

@@ -156,8 +156,7 @@ def mcl_pipeline(config: PipelineConfig, rerun_from: int | None = None) -> dict:
             results[f"stage {stage}"] = runner.evaluate(name=f"stage{stage}", exports=[exported],
                                                         run_id=run_id, stage=stage)["metrics"]
             if stage + 1 < config.mcl.num_stages:
-                cluster_key = digest_of(["cluster", exported["key"], config.mcl.clusters_after(stage),
-                                         config.mcl.kmeans_niter, config.mcl.spherical_kmeans,
+                cluster_key = digest_of(["cluster", exported["key"], config.mcl.kmeans_settings(stage),
                                          t.stage_seed(config, stage), [c["key"] for c in clusters]])
                 clusters.append(runner.step(t.cluster_embeddings, prefix=f"cluster{stage}", key=cluster_key,
                                             run_id=run_id, what="cluster", stage=stage, exported=exported,

@@ -212,11 +212,17 @@ class TrainConfig(_Section):
 class StageClusteringConfig(_Section):
     """What MCL's unimodal and CLIP pipelines share: stage count and the k-means between stages."""
 
-    num_stages: int = Field(3, ge=1, description="stages including stage 0")
+    num_stages: int = Field(3, ge=1, le=100, description="stages including stage 0")
     clusters: int | list[int] = Field(
         64, description="K for k-means after each stage but the last; a list gives one K per stage")
     spherical_kmeans: bool = True
     kmeans_niter: int = Field(25, ge=1)
+    kmeans_init: Literal["auto", "k-means++", "random"] = Field(
+        "auto", description="centroid seeding: k-means++ on a sample, or faiss's random points; auto = "
+                            "k-means++ for K <= 256")
+    kmeans_train_points_per_cluster: int = Field(
+        1024, ge=0, description="Lloyd's iterations run on a seeded sample of K x this many points (every point "
+                                "is still assigned); 0 = on every point")
     small_group_policy: Literal["merge_nearest", "pool", "none"] = "merge_nearest"
 
     @field_validator("num_stages", mode="before")
@@ -231,6 +237,13 @@ class StageClusteringConfig(_Section):
         if isinstance(self.clusters, int):
             return self.clusters
         return self.clusters[stage]
+
+    def kmeans_settings(self, stage: int) -> dict:
+        """Keyword arguments of ``contrastive.clustering.kmeans`` (all but features and seed) after ``stage``."""
+        k = self.clusters_after(stage)
+        per_cluster = self.kmeans_train_points_per_cluster
+        return {"k": k, "niter": self.kmeans_niter, "spherical": self.spherical_kmeans, "init": self.kmeans_init,
+                "max_train_points": k * per_cluster if per_cluster else None}
 
     @model_validator(mode="after")
     def _cluster_list_length(self) -> "StageClusteringConfig":
@@ -429,7 +442,7 @@ class ClipMclConfig(StageClusteringConfig):
     """Stage j >= 1 trains from the same init on cluster-pure batches; groups combine the k-means ids of ALL
     earlier stages."""
 
-    num_stages: int = Field(2, ge=1, description="stages including stage 0")
+    num_stages: int = Field(2, ge=1, le=100, description="stages including stage 0")
     clusters: int | list[int] = Field(10, description="K after each stage but the last; a list gives one per stage")
     remainder_policy: Literal["partial", "drop"] = "partial"
     active_streams: int = Field(16, ge=1, description="groups read at once by the cluster-pure reader")

@@ -165,8 +165,7 @@ def cluster_clip_embeddings(*, config: ClipPipelineConfig, key: str, out_dir: st
     tracker = tracker_for(config)
     k = config.mcl.clusters_after(stage)
     summary = stages.cluster_stage(embeddings_dir=exported["embeddings_dir"], out_dir=str(Path(out_dir) / "clusters"),
-                                   k=k, seed=stage_seed(config, stage), niter=config.mcl.kmeans_niter,
-                                   spherical=config.mcl.spherical_kmeans,
+                                   seed=stage_seed(config, stage), **config.mcl.kmeans_settings(stage),
                                    earlier_cluster_dirs=[e["clusters_dir"] for e in earlier])
     plot = plot_cluster_sizes(sizes_by_stage={f"stage {stage}": summary["sizes"]},
                               path=Path(out_dir) / "clusters" / "cluster_sizes.png")

@@ -23,7 +23,7 @@ from contrastive.data.image_folder import prepare_image_folder
 from contrastive.data.trifeature import prepare_trifeature
 from contrastive.evaluate import plot_attribute_accuracy, plot_cluster_sizes
 from pipeline_config.loader import dump_config
-from pipeline_config.schema import PipelineConfig, check_feasible
+from pipeline_config.schema import ClipPipelineConfig, PipelineConfig, check_feasible
 from tasks.tracking import MetricBuffer, Tracker
 
 RECORD = "record.json"
@@ -55,8 +55,16 @@ def tracker_for(config: PipelineConfig) -> Tracker:
                    artifact_root=Path(config.output_dir) / "mlartifacts")
 
 
-def stage_seed(config: PipelineConfig, stage: int) -> int:
-    return config.seed + stage
+STAGE_SEED_STRIDE = 1000  # > any stage count, so (seed, stage) pairs never share a stage seed
+
+
+def stage_seed(config: PipelineConfig | ClipPipelineConfig, stage: int) -> int:
+    """Seed of one stage's training, k-means and batch plans: distinct for every (pipeline seed, stage).
+
+    seed + stage would make stage 1 of seed s train exactly like stage 0 of seed s + 1 (a control stage has no
+    pseudo-labels), so multi-seed runs would share models and understate the spread across seeds.
+    """
+    return config.seed * STAGE_SEED_STRIDE + stage
 
 
 def cached_task(name: str, **kwargs):
@@ -223,8 +231,8 @@ def cluster_embeddings(*, config: PipelineConfig, key: str, out_dir: str, stage:
     tracker = tracker_for(config)
     k = config.mcl.clusters_after(stage)
     summary = stages.cluster_stage(dataset_dir=data["dir"], embeddings_dir=exported["embeddings_dir"],
-                                   out_dir=Path(out_dir) / "clusters", k=k, seed=stage_seed(config, stage),
-                                   niter=config.mcl.kmeans_niter, spherical=config.mcl.spherical_kmeans,
+                                   out_dir=Path(out_dir) / "clusters", seed=stage_seed(config, stage),
+                                   **config.mcl.kmeans_settings(stage),
                                    earlier_cluster_dirs=[e["clusters_dir"] for e in earlier])
     plot = plot_cluster_sizes(sizes_by_stage={f"stage {stage}": summary["sizes"]},
                               path=Path(out_dir) / "clusters" / "cluster_sizes.png")

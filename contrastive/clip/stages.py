@@ -205,14 +205,15 @@ def export_stage(*, model_path: str, urls: list[str], out_dir: str, batch_size: 
 
 
 # ---------------------------------------------------------------------------------------------------- clustering
-def cluster_stage(*, embeddings_dir: str, out_dir: str, k: int, seed: int, niter: int, spherical: bool,
-                  earlier_cluster_dirs: list[str]) -> dict:
+def cluster_stage(*, embeddings_dir: str, out_dir: str, k: int, seed: int, niter: int, spherical: bool, init: str,
+                  max_train_points: int | None, earlier_cluster_dirs: list[str]) -> dict:
     """k-means on one stage's image embeddings (keyed by sample key); AMI against every earlier stage."""
     # Imported here: faiss and scikit-learn cost seconds to import in every torchrun worker that never clusters.
     from contrastive.clustering import adjusted_mutual_information, kmeans, load_assignments, save_clusters
 
     ids, features = load_embeddings(directory=Path(embeddings_dir))
-    result = kmeans(features=features, k=k, seed=seed, niter=niter, spherical=spherical)
+    result = kmeans(features=features, k=k, seed=seed, niter=niter, spherical=spherical, init=init,
+                    max_train_points=max_train_points)
     summary = save_clusters(result=result, ids=ids, directory=Path(out_dir))
     ami = {}
     for number, earlier in enumerate(earlier_cluster_dirs):

@@ -19,7 +19,8 @@ def test_pseudo_labels_combine_every_earlier_stage_by_key(tmp_path):
         exports.append(str(tmp_path / f"emb{stage}"))
         clusters.append(str(tmp_path / f"clu{stage}"))
         summary = cluster_stage(embeddings_dir=exports[-1], out_dir=clusters[-1], k=2, seed=0, niter=10,
-                                spherical=False, earlier_cluster_dirs=clusters[:-1])
+                                spherical=False, init="auto", max_train_points=None,
+                                earlier_cluster_dirs=clusters[:-1])
         assert sorted(summary["sizes"]) == [30, 30]
     assert abs(summary["ami"]["stage_0"]) < 0.2  # stage 1's clusters differ from stage 0's
     stats = build_pseudo_labels(cluster_dirs=clusters, embeddings_dirs=exports, out_path=str(tmp_path / "p.npz"),

@@ -69,6 +69,47 @@ def test_all_points_train_the_centroids_no_subsampling():
         np.testing.assert_allclose(result.centroids[j], x[result.assignments == j].mean(0), atol=1e-4)
 
 
+def test_training_sample_trains_on_a_subset_but_assigns_and_scores_every_point():
+    centers = np.array([[5.0, 0.0], [-5.0, 0.0]])
+    x, truth = _blobs(centers=centers, per_blob=2000, std=1.0, seed=4)
+    result = kmeans(features=x, k=2, seed=0, spherical=False, max_train_points=200)
+    assert adjusted_mutual_information(a=result.assignments, b=truth) == pytest.approx(1.0, abs=1e-12)
+    np.testing.assert_array_equal(result.assignments, _sq_dist(x, result.centroids).argmin(1))
+    expected = ((x.astype(np.float64) - result.centroids[result.assignments]) ** 2).sum()
+    assert result.inertia == pytest.approx(expected, rel=1e-4)
+    # Centroids are means of the 200 sampled points, not of all 4,000: off by ~ std / sqrt(100).
+    full_means = np.stack([x[result.assignments == j].mean(0) for j in range(2)])
+    assert np.abs(result.centroids - full_means).max() > 1e-3
+    again = kmeans(features=x, k=2, seed=0, spherical=False, max_train_points=200)
+    np.testing.assert_array_equal(again.centroids, result.centroids)
+    with pytest.raises(ConfigError, match="max_train_points=1 is below k=2"):
+        kmeans(features=x, k=2, seed=0, spherical=False, max_train_points=1)
+
+
+def test_kmeans_plus_plus_finds_small_far_clusters_that_random_seeding_misses():
+    # One big blob and three 5-point blobs far away: random seeding puts (almost) every seed in the big
+    # blob and Lloyd splits it; k-means++ seeds in proportion to squared distance, so it picks the far ones.
+    big, _ = _blobs(centers=np.zeros((1, 2)), per_blob=2000, std=1.0, seed=0)
+    small, small_truth = _blobs(centers=np.array([[60.0, 0.0], [0.0, 60.0], [-60.0, -60.0]]), per_blob=5,
+                                std=0.1, seed=1)
+    x = np.concatenate([big, small])
+    truth = np.concatenate([np.zeros(len(big), np.int64), small_truth + 1])
+    recovered = {}
+    for init in ("k-means++", "random"):
+        recovered[init] = [
+            adjusted_mutual_information(a=kmeans(features=x, k=4, seed=seed, spherical=False, init=init)
+                                        .assignments, b=truth) > 0.99
+            for seed in range(5)
+        ]
+    assert all(recovered["k-means++"])
+    assert not all(recovered["random"])
+    auto = kmeans(features=x, k=4, seed=0, spherical=False, init="auto")  # k <= 256: k-means++
+    np.testing.assert_array_equal(auto.centroids, kmeans(features=x, k=4, seed=0, spherical=False,
+                                                         init="k-means++").centroids)
+    with pytest.raises(ConfigError, match="init 'kmeans' is not one of"):
+        kmeans(features=x, k=4, seed=0, init="kmeans")
+
+
 def test_seed_determinism(blobs):
     x, _ = blobs
     noisy = x + np.random.default_rng(5).standard_normal(x.shape).astype(np.float32) * 4  # overlapping blobs
@@ -119,6 +160,19 @@ def test_non_finite_embeddings_are_a_data_error(blobs, bad):
     with pytest.raises(DataError, match="learning rate") as info:
         kmeans(features=x, k=4, seed=0)
     assert "row 7" in str(info.value)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered")  # scikit-learn's k-means++ on values near 3e38
+def test_huge_finite_embeddings_are_not_mistaken_for_non_finite(blobs):
+    # Row sums of float32 values near the float32 maximum overflow to inf; the entries are still finite.
+    x, _ = blobs
+    x = x.copy()
+    x[5, :] = 3e38
+    x[6, :2] = [np.inf, -np.inf]  # inf - inf sums to NaN: still reported
+    with pytest.raises(DataError, match=r"1 of 600 embedding rows .* \(e.g. row 6\)"):
+        kmeans(features=x, k=4, seed=0, spherical=False)
+    x[6, :2] = 0.0
+    assert kmeans(features=x, k=4, seed=0, spherical=False).sizes.sum() == 600
 
 
 def test_bad_shapes_and_gpu_request_without_gpu(blobs):

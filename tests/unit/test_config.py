@@ -49,3 +49,19 @@ def test_config_hash_ignores_name_and_tracking_only():
     a = PipelineConfig()
     assert a.config_hash() == PipelineConfig(name="other", tracking={"experiment": "x"}).config_hash()
     assert a.config_hash() != PipelineConfig(seed=1).config_hash()
+
+
+def test_kmeans_settings_are_the_kmeans_keywords_per_stage():
+    from contrastive.clustering import kmeans
+    import inspect
+
+    config = load_config("trifeature_tiny", ["mcl.clusters=[8, 3]", "mcl.kmeans_train_points_per_cluster=100",
+                                             "mcl.kmeans_init=random"])
+    assert config.mcl.kmeans_settings(1) == {"k": 3, "niter": config.mcl.kmeans_niter, "spherical": True,
+                                             "init": "random", "max_train_points": 300}
+    assert set(config.mcl.kmeans_settings(0)) | {"features", "seed", "use_gpu"} == set(
+        inspect.signature(kmeans).parameters)
+    every_point = load_config("trifeature_tiny", ["mcl.kmeans_train_points_per_cluster=0"])
+    assert every_point.mcl.kmeans_settings(0)["max_train_points"] is None
+    with pytest.raises(ConfigError, match="kmeans_init"):
+        load_config("trifeature_tiny", ["mcl.kmeans_init=kmeans"])

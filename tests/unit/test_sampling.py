@@ -162,6 +162,33 @@ def test_align_duplicate_label_ids_and_mismatched_types():
         align_labels_to_ids(label_ids=np.array([1, 2]), labels=np.zeros(3), dataset_ids=np.array([2, 1]))
 
 
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint8, np.uint64, np.int16])
+def test_align_int_labels_scatter_path_matches_a_dict_lookup(dtype):
+    # Non-negative 1-D integer labels with compact int ids take the one-scatter path; negative labels,
+    # uint64 and float labels take the row-join path. All must agree with a plain dict lookup.
+    rng = np.random.default_rng(1)
+    ids = rng.permutation(1000).astype(np.int64) + 5_000  # compact range, not starting at 0
+    labels = rng.integers(0, 100, size=1000).astype(dtype)
+    dataset_ids = rng.permutation(ids)[:700]
+    expected = np.array([dict(zip(ids.tolist(), labels.tolist()))[i] for i in dataset_ids.tolist()])
+    out = align_labels_to_ids(label_ids=ids, labels=labels, dataset_ids=dataset_ids)
+    assert out.dtype == labels.dtype
+    np.testing.assert_array_equal(out, expected)
+    signed = labels.astype(np.int64) - 50  # negative labels: the general path
+    np.testing.assert_array_equal(align_labels_to_ids(label_ids=ids, labels=signed, dataset_ids=dataset_ids),
+                                  expected - 50)
+
+
+def test_align_int_labels_errors_match_the_general_path():
+    ids = np.array([3, 1, 2, 2])
+    with pytest.raises(DataError, match=r"1 label ids are duplicated \(e.g. \[2\]\)"):
+        align_labels_to_ids(label_ids=ids, labels=np.array([0, 1, 2, 3]), dataset_ids=np.array([1, 2]))
+    ids = np.array([3, 1, 2, 5])  # 4 is a gap inside the range, 9 lies outside it
+    for missing in (4, 9):
+        with pytest.raises(DataError, match=rf"1 of 3 dataset ids have no label \(e.g. \[{missing}\]\)"):
+            align_labels_to_ids(label_ids=ids, labels=np.array([0, 1, 2, 3]), dataset_ids=np.array([1, missing, 3]))
+
+
 # ---------------------------------------------------------------- merge_small_groups
 @pytest.fixture
 def small_group_case():
