@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 import torch
-from contrastive.plotting import locked_pyplot
+from contrastive.plotting import locked_pyplot, save_figure
 
 MIN_GROUP_SIZE = 2
 
@@ -184,12 +184,7 @@ def plot_similarity_histograms(*, diagnosis: Diagnosis, path: Path, title: str =
             ax.legend(fontsize=7)
         if title:
             fig.suptitle(title, fontsize=9)
-        fig.tight_layout()
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        return path
+        return save_figure(plt, fig, path, dpi=110)
 
 
 # ---------------------------------------------------------------------------------------------------- stage

@@ -11,7 +11,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
 from contrastive.integrate import l2_normalize
-from contrastive.plotting import locked_pyplot
+from contrastive.plotting import grouped_bars, locked_pyplot, save_figure
 
 
 def linear_probe_accuracy(*, train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray,
@@ -73,24 +73,13 @@ def plot_attribute_accuracy(*, results: dict[str, dict[str, float]], path: Path,
                             title: str = "Linear-probe accuracy per attribute") -> Path:
     """Grouped bars: one group per representation (stage 0, stage 1, ..., concat), one bar per attribute."""
     with locked_pyplot() as plt:
-        names = list(results)
-        attributes = sorted({key.split("/", 1)[1] for r in results.values() for key in r if key.startswith(metric + "/")})
-        width = 0.8 / max(1, len(attributes))
-        fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(names), 3.6))
-        for i, attribute in enumerate(attributes):
-            values = [results[name].get(f"{metric}/{attribute}", np.nan) for name in names]
-            bars = ax.bar(np.arange(len(names)) + (i - (len(attributes) - 1) / 2) * width, values, width, label=attribute)
-            ax.bar_label(bars, fmt="%.2f", fontsize=7)
-        ax.set_xticks(np.arange(len(names)), names, rotation=20, ha="right")
+        fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(results), 3.6))
+        grouped_bars(ax, results=results, prefix=metric, value_format="%.2f")
         ax.set_ylim(0, 1.08)
         ax.set_ylabel(f"{metric} accuracy")
         ax.set_title(title)
         ax.legend(loc="lower right", fontsize=8)
-        fig.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        return path
+        return save_figure(plt, fig, path, dpi=120)
 
 
 def plot_cluster_sizes(*, sizes_by_stage: dict[str, list[int]], path: Path) -> Path:
@@ -105,8 +94,4 @@ def plot_cluster_sizes(*, sizes_by_stage: dict[str, list[int]], path: Path) -> P
             ax.set_title(f"{name}: {len(ordered)} clusters")
             ax.set_xlabel("cluster (sorted by size)")
             ax.set_ylabel("samples")
-        fig.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        return path
+        return save_figure(plt, fig, path, dpi=120)

@@ -165,17 +165,29 @@ def build_pseudo_labels(*, dataset_dir: Path, cluster_dirs: list[Path], embeddin
     if small_group_policy == "merge_nearest":
         features = concat_normalized(stage_embeddings=[
             _train_split_embeddings(embeddings_dir=d, dataset=dataset)[1] for d in embeddings_dirs])
+    return save_merged_pseudo_labels(ids=train_ids, combined=combined, features=features,
+                                     min_group_size=min_group_size, small_group_policy=small_group_policy,
+                                     stages_combined=len(cluster_dirs), out_path=out_path)
+
+
+def save_merged_pseudo_labels(*, ids: np.ndarray, combined: np.ndarray, features: np.ndarray | None,
+                              min_group_size: int, small_group_policy: str, stages_combined: int, out_path: Path,
+                              extra_stats: dict | None = None) -> dict:
+    """Apply ``small_group_policy`` to the combined pseudo-labels (aligned to ``ids``), write ``{ids, groups}`` to
+    ``out_path`` and the stats beside it as JSON; returns the stats. Shared by the MCL and CLIP pipelines so both
+    write one file format. The npz is written to a temporary name and renamed, so a killed run never leaves a
+    half-written file that the next run would trust. ``extra_stats`` go before ``path`` in the stats."""
     groups, stats = merge_small_groups(groups=combined, features=features, min_size=min_group_size,
                                        policy=small_group_policy)
     sizes = np.bincount(groups)
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(out_path.stem + ".tmp.npz")
-    np.savez(tmp, ids=train_ids, groups=groups)
-    tmp.replace(out_path)
-    stats = {**stats, "stages_combined": len(cluster_dirs), "num_groups": int(len(sizes)),
-             "min_group": int(sizes.min()), "max_group": int(sizes.max()), "path": str(out_path)}
-    write_json(out_path.with_suffix(".json"), stats)
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.stem + ".tmp.npz")
+    np.savez(tmp, ids=ids, groups=groups)
+    tmp.replace(out)
+    stats = {**stats, "stages_combined": stages_combined, "num_groups": int(sizes.size),
+             "min_group": int(sizes.min()), "max_group": int(sizes.max()), **(extra_stats or {}), "path": str(out)}
+    write_json(out.with_suffix(".json"), stats)
     return stats
 
 

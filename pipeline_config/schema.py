@@ -295,15 +295,29 @@ class ScheduleConfig(_Section):
         return self
 
 
-class PipelineConfig(_Section):
+class _PipelineBase(_Section):
+    """The top of every pipeline config (MCL and CLIP) and its hash. Subclasses give ``pipeline`` and ``name`` their
+    literal and default (a redeclared field keeps its place, so these stay first in a dumped config) and declare
+    ``tracking`` and ``schedule`` last themselves, after their own sections."""
+
+    pipeline: str
+    name: str
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    output_dir: Path = Path("runs")
+
+    def config_hash(self) -> str:
+        """Digest of everything that changes results: ``name``, ``output_dir``, ``tracking`` and ``schedule`` do not,
+        so renaming a run, moving its outputs or its tracking server, or scheduling it reuses the same results."""
+        return digest_of(self.model_dump(mode="json", exclude={"name", "tracking", "output_dir", "schedule"}))
+
+
+class PipelineConfig(_PipelineBase):
     """Everything one MCL pipeline needs. ``name``, ``output_dir``, ``tracking`` and ``schedule`` do not change
     results and are left out of the config hash; everything else is in it."""
 
     pipeline: Literal["mcl"] = "mcl"
     name: str = "mcl"
-    seed: int = 0
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    output_dir: Path = Path("runs")
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     method: MethodConfig = MethodConfig()
@@ -313,10 +327,6 @@ class PipelineConfig(_Section):
     eval: EvalConfig = EvalConfig()
     tracking: TrackingConfig = TrackingConfig()
     schedule: ScheduleConfig = ScheduleConfig()
-
-    def config_hash(self) -> str:
-        """Digest of everything that changes results."""
-        return digest_of(self.model_dump(mode="json", exclude={"name", "tracking", "output_dir", "schedule"}))
 
 
 def digest_of(value) -> str:
@@ -460,14 +470,11 @@ class ClipEvalConfig(_Section):
     soup: bool = Field(True, description="also evaluate the weight average of the stage models")
 
 
-class ClipPipelineConfig(_Section):
+class ClipPipelineConfig(_PipelineBase):
     """One CLIP MCL pipeline. ``name``, ``output_dir``, ``tracking`` and ``schedule`` are left out of the hash."""
 
     pipeline: Literal["clip"] = "clip"
     name: str = "clip"
-    seed: int = 0
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    output_dir: Path = Path("runs")
     data: ClipDataConfig = ClipDataConfig()
     model: ClipModelConfig = ClipModelConfig()
     train: ClipTrainConfig = ClipTrainConfig()
@@ -484,9 +491,6 @@ class ClipPipelineConfig(_Section):
             raise ValueError(f"train.global_batch_size={self.train.global_batch_size} must split into "
                              f"distributed.nproc_per_node={n} equal per-process batches of at least 2")
         return self
-
-    def config_hash(self) -> str:
-        return digest_of(self.model_dump(mode="json", exclude={"name", "tracking", "output_dir", "schedule"}))
 
 
 def check_clip_pretrained(config: ClipPipelineConfig) -> None:

@@ -4,7 +4,8 @@ MLflow through ``tasks.tracking``, return a small JSON record (paths, numbers).
 Same caching contract as ``tasks.mcl_tasks``: every expensive task takes ``key`` (digest of the config that affects
 it and the keys of its inputs) and ``out_dir`` (named by that key), returns early when ``out_dir/record.json``
 holds a finished result, and Prefect caches the record under the key. The MLflow helpers (pipeline and stage runs,
-reuse tags, closing runs) are the unimodal pipeline's, so both pipelines leave the same run tree.
+reuse tags, closing runs, and the ``finish_*`` / ``publish_summary`` ends of the tasks) are the unimodal pipeline's,
+so both pipelines leave the same run tree with the same metric names.
 """
 from __future__ import annotations
 
@@ -12,17 +13,16 @@ import json
 from pathlib import Path
 
 from prefect import get_run_logger, task
-from prefect.artifacts import create_markdown_artifact
 
 from contrastive.clip import stages
 from contrastive.clip.data import count_samples, data_fingerprint, expand_urls
 from contrastive.clip.evaluate import plot_metric_groups
 from contrastive.clip.launch import run_under_torchrun
 from contrastive.clip.model import ClipSpec, file_fingerprint, resolve_pretrained
-from contrastive.evaluate import plot_cluster_sizes
 from pipeline_config.schema import ClipPipelineConfig, check_clip_feasible, check_clip_pretrained, digest_of
-from tasks.mcl_tasks import (PrefectProgress, TerminalProgress, cached_task, finished_record, save_record,
-                             stage_seed, tracker_for)
+from tasks.mcl_tasks import (PrefectProgress, TerminalProgress, cached_task, finish_cluster_record,
+                             finish_eval_record, finish_pseudo_label_record, finish_train_record, finished_record,
+                             numeric_metrics, publish_summary, save_record, stage_seed, tracker_for)
 from tasks.tracking import MetricBuffer
 
 
@@ -124,18 +124,11 @@ def train_clip_stage(*, config: ClipPipelineConfig, key: str, out_dir: str, stag
         finally:
             terminal.close()
         buffer.flush()
-    if summary["resumed_from_step"] is not None:
-        tracker.set_tags(mlflow_run_id, {"resumed_from_step": summary["resumed_from_step"]})
-    tracker.log_metrics(mlflow_run_id, {
-        "train/final_loss": summary["final_loss"], "train/seconds": summary["seconds"],
-        "train/samples_per_second": summary["samples_per_second"], "train/trimmed_samples": summary["trimmed_samples"],
-        **{f"data/{k}": v for k, v in summary["data"].items() if isinstance(v, (int, float))},
-        **{f"batch_plan/{k}": v for k, v in summary["batch_plan"].items() if isinstance(v, (int, float))}})
-    tracker.log_artifact(mlflow_run_id, Path(out_dir) / "checkpoints", artifact_path="checkpoints")
-    tracker.log_artifact(mlflow_run_id, Path(out_dir) / "model", artifact_path="model")
-    tracker.log_artifact(mlflow_run_id, Path(out_dir) / "train_summary.json")
-    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "stage": stage, "mlflow_run_id": mlflow_run_id,
-                                       "model_path": summary["model_path"], "summary": summary})
+    return finish_train_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, stage=stage,
+                               summary=summary,
+                               extra_metrics={"train/samples_per_second": summary["samples_per_second"],
+                                              "train/trimmed_samples": summary["trimmed_samples"],
+                                              **numeric_metrics("data", summary["data"])})
 
 
 @cached_task("clip-export-embeddings")
@@ -149,8 +142,7 @@ def export_clip_embeddings(*, config: ClipPipelineConfig, key: str, out_dir: str
                                  out_dir=str(Path(out_dir) / "embeddings"), batch_size=config.eval.export_batch_size,
                                  device=config.device, max_skip_fraction=config.data.max_skip_fraction,
                                  workers=config.data.decode_workers)
-    tracker.log_metrics(mlflow_run_id, {f"export/{k}": v for k, v in result["data"].items()
-                                        if isinstance(v, (int, float))})
+    tracker.log_metrics(mlflow_run_id, numeric_metrics("export", result["data"]))
     tracker.log_artifact(mlflow_run_id, Path(out_dir) / "embeddings", artifact_path="embeddings")
     return save_record(Path(out_dir), {"key": key, "dir": out_dir, "embeddings_dir": result["dir"],
                                        "num_samples": result["num_samples"], "dim": result["dim"],
@@ -167,16 +159,8 @@ def cluster_clip_embeddings(*, config: ClipPipelineConfig, key: str, out_dir: st
     summary = stages.cluster_stage(embeddings_dir=exported["embeddings_dir"], out_dir=str(Path(out_dir) / "clusters"),
                                    seed=stage_seed(config, stage), **config.mcl.kmeans_settings(stage),
                                    earlier_cluster_dirs=[e["clusters_dir"] for e in earlier])
-    plot = plot_cluster_sizes(sizes_by_stage={f"stage {stage}": summary["sizes"]},
-                              path=Path(out_dir) / "clusters" / "cluster_sizes.png")
-    tracker.log_metrics(mlflow_run_id, {"kmeans/inertia": summary["inertia"], "kmeans/k": k,
-                                        "kmeans/empty_clusters": summary.get("empty_clusters", 0),
-                                        **{f"ami/{name}": v for name, v in summary["ami"].items()}})
-    tracker.log_artifact(mlflow_run_id, Path(out_dir) / "clusters", artifact_path="clusters")
-    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "stage": stage,
-                                       "clusters_dir": str(Path(out_dir) / "clusters"), "sizes": summary["sizes"],
-                                       "inertia": summary["inertia"], "ami": summary["ami"], "plot": str(plot),
-                                       "mlflow_run_id": mlflow_run_id})
+    return finish_cluster_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, stage=stage,
+                                 k=k, summary=summary)
 
 
 @cached_task("clip-pseudo-labels")
@@ -192,11 +176,8 @@ def make_clip_pseudo_labels(*, config: ClipPipelineConfig, key: str, out_dir: st
                                        min_group_size=config.train.global_batch_size,
                                        small_group_policy=config.mcl.small_group_policy)
     get_run_logger().info("pseudo-labels for CLIP stage %d: %s", for_stage, stats)
-    tracker.log_metrics(mlflow_run_id, {f"pseudo_labels/{k}": v for k, v in stats.items()
-                                        if isinstance(v, (int, float))})
-    tracker.log_artifact(mlflow_run_id, Path(out_dir), artifact_path="pseudo_labels")
-    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "path": stats["path"], "stats": stats,
-                                       "mlflow_run_id": mlflow_run_id})
+    return finish_pseudo_label_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir,
+                                      stats=stats)
 
 
 @cached_task("clip-reshard-by-group")
@@ -253,13 +234,8 @@ def score_clip_eval(*, config: ClipPipelineConfig, key: str, out_dir: str, name:
         return done
     tracker = tracker_for(config)
     metrics = stages.score_eval_sets(feature_files=[f["features"] for f in features])
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    stages.write_json(Path(out_dir) / "metrics.json", {"name": name, "metrics": metrics,
-                                                        "stages": [f["name"] for f in features]})
-    tracker.log_metrics(mlflow_run_id, {f"eval/{name}/{k}": v for k, v in metrics.items()})
-    tracker.log_artifact(mlflow_run_id, Path(out_dir) / "metrics.json", artifact_path=f"eval/{name}")
-    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "name": name, "metrics": metrics,
-                                       "mlflow_run_id": mlflow_run_id})
+    return finish_eval_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, name=name,
+                              metrics=metrics, details={"stages": [f["name"] for f in features]})
 
 
 @task(name="clip-summarize")
@@ -276,21 +252,11 @@ def summarize_clip(*, config: ClipPipelineConfig, parent_run_id: str, pipeline_i
     if any(k.startswith("retrieval/") for m in results.values() for k in m):
         paths.append(plot_metric_groups(results=results, prefix="retrieval", path=out / "retrieval.png",
                                         title="zero-shot retrieval recall@k (held-out)", ylabel="recall (%)"))
-    if cluster_records:
-        paths.append(plot_cluster_sizes(sizes_by_stage={f"stage {c['stage']}": c["sizes"] for c in cluster_records},
-                                        path=out / "cluster_sizes.png"))
-    table = clip_results_markdown(results)
-    summary = {"pipeline_id": pipeline_id, "config_hash": config.config_hash(), "results": results,
-               "mlflow_run_id": parent_run_id, "pipeline": "clip"}
-    stages.write_json(out / "summary.json", summary)
-    (out / "results.md").write_text(table)
-    for path in paths:
-        tracker.log_artifact(parent_run_id, path, artifact_path="eval")
-    tracker.log_artifact(parent_run_id, out / "summary.json", artifact_path="eval")
-    tracker.log_metrics(parent_run_id, {f"{name}/{k}": v for name, m in results.items() for k, v in m.items()})
-    create_markdown_artifact(markdown=f"# {config.name}: CLIP MCL results\n\n{table}",
-                             key=f"clip-results-{pipeline_id[:8]}", description="CLIP MCL results")
-    return {**summary, "dir": str(out), "tracking_hint": tracker.run_url_hint(parent_run_id)}
+    return publish_summary(config=config, tracker=tracker, parent_run_id=parent_run_id, pipeline_id=pipeline_id,
+                           results=results, cluster_records=cluster_records, out=out, plots=paths,
+                           table=clip_results_markdown(results), heading="CLIP MCL results",
+                           artifact_key="clip-results", description="CLIP MCL results",
+                           extra_summary={"pipeline": "clip"})
 
 
 CLIP_TABLE_COLUMNS = ("mmvp/average", "retrieval/i2t_r@1", "retrieval/t2i_r@1", "retrieval/mean_r@5",

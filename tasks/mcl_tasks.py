@@ -71,6 +71,88 @@ def cached_task(name: str, **kwargs):
     return task(name=name, cache_key_fn=cache_key_from_parameters, persist_result=True, **kwargs)
 
 
+# The finish_* helpers end the tasks of BOTH pipelines (this module and tasks.clip_tasks), so an MCL and a CLIP
+# stage run carry the same metric names, artifact paths and record fields, and the comparison tools read either.
+def numeric_metrics(prefix: str, values: dict) -> dict[str, float]:
+    """``{prefix/key: value}`` for the numeric entries of a summary dict (MLflow metrics must be numbers)."""
+    return {f"{prefix}/{k}": v for k, v in values.items() if isinstance(v, (int, float))}
+
+
+def finish_train_record(*, tracker: Tracker, mlflow_run_id: str, key: str, out_dir: str, stage: int, summary: dict,
+                        extra_metrics: dict[str, float]) -> dict:
+    """After a stage trained: tag a resumed run, log loss, time, ``extra_metrics`` (the pipeline's throughput
+    numbers) and the batch plan, upload checkpoints, model and summary, and save the task record."""
+    if summary["resumed_from_step"] is not None:
+        tracker.set_tags(mlflow_run_id, {"resumed_from_step": summary["resumed_from_step"]})
+    tracker.log_metrics(mlflow_run_id, {"train/final_loss": summary["final_loss"], "train/seconds": summary["seconds"],
+                                        **extra_metrics, **numeric_metrics("batch_plan", summary["batch_plan"])})
+    tracker.log_artifact(mlflow_run_id, Path(out_dir) / "checkpoints", artifact_path="checkpoints")
+    tracker.log_artifact(mlflow_run_id, Path(out_dir) / "model", artifact_path="model")
+    tracker.log_artifact(mlflow_run_id, Path(out_dir) / "train_summary.json")
+    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "stage": stage, "mlflow_run_id": mlflow_run_id,
+                                       "model_path": summary["model_path"], "summary": summary})
+
+
+def finish_cluster_record(*, tracker: Tracker, mlflow_run_id: str, key: str, out_dir: str, stage: int, k: int,
+                          summary: dict) -> dict:
+    """After a stage's embeddings were clustered into ``out_dir/clusters``: plot the cluster sizes, log k-means
+    numbers and the AMI against every earlier stage, upload the clusters and save the task record."""
+    plot = plot_cluster_sizes(sizes_by_stage={f"stage {stage}": summary["sizes"]},
+                              path=Path(out_dir) / "clusters" / "cluster_sizes.png")
+    tracker.log_metrics(mlflow_run_id, {"kmeans/inertia": summary["inertia"], "kmeans/k": k,
+                                        "kmeans/empty_clusters": summary.get("empty_clusters", 0),
+                                        **{f"ami/{name}": v for name, v in summary["ami"].items()}})
+    tracker.log_artifact(mlflow_run_id, Path(out_dir) / "clusters", artifact_path="clusters")
+    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "stage": stage,
+                                       "clusters_dir": str(Path(out_dir) / "clusters"), "sizes": summary["sizes"],
+                                       "inertia": summary["inertia"], "ami": summary["ami"], "plot": str(plot),
+                                       "mlflow_run_id": mlflow_run_id})
+
+
+def finish_pseudo_label_record(*, tracker: Tracker, mlflow_run_id: str, key: str, out_dir: str, stats: dict) -> dict:
+    """After the pseudo-labels were written into ``out_dir``: log their group statistics, upload them and save the
+    task record."""
+    tracker.log_metrics(mlflow_run_id, numeric_metrics("pseudo_labels", stats))
+    tracker.log_artifact(mlflow_run_id, Path(out_dir), artifact_path="pseudo_labels")
+    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "path": stats["path"], "stats": stats,
+                                       "mlflow_run_id": mlflow_run_id})
+
+
+def finish_eval_record(*, tracker: Tracker, mlflow_run_id: str, key: str, out_dir: str, name: str, metrics: dict,
+                       details: dict | None = None) -> dict:
+    """After representation ``name`` was scored: write ``out_dir/metrics.json`` (name, metrics, ``details``), log
+    the metrics as ``eval/<name>/...``, upload the file and save the task record."""
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    stages.write_json(Path(out_dir) / "metrics.json", {"name": name, "metrics": metrics, **(details or {})})
+    tracker.log_metrics(mlflow_run_id, {f"eval/{name}/{k}": v for k, v in metrics.items()})
+    tracker.log_artifact(mlflow_run_id, Path(out_dir) / "metrics.json", artifact_path=f"eval/{name}")
+    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "name": name, "metrics": metrics,
+                                       "mlflow_run_id": mlflow_run_id})
+
+
+def publish_summary(*, config: PipelineConfig | ClipPipelineConfig, tracker: Tracker, parent_run_id: str,
+                    pipeline_id: str, results: dict[str, dict], cluster_records: list[dict], out: Path,
+                    plots: list[Path], table: str, heading: str, artifact_key: str, description: str,
+                    extra_summary: dict | None = None) -> dict:
+    """End of a pipeline's summarize task: add the cluster-size plot, write summary.json and results.md, put plots,
+    summary and all result metrics on the parent MLflow run, and the table in a Prefect markdown artifact."""
+    paths = list(plots)
+    if cluster_records:
+        paths.append(plot_cluster_sizes(sizes_by_stage={f"stage {c['stage']}": c["sizes"] for c in cluster_records},
+                                        path=out / "cluster_sizes.png"))
+    summary = {"pipeline_id": pipeline_id, "config_hash": config.config_hash(), "results": results,
+               "mlflow_run_id": parent_run_id, **(extra_summary or {})}
+    stages.write_json(out / "summary.json", summary)
+    (out / "results.md").write_text(table)
+    for path in paths:
+        tracker.log_artifact(parent_run_id, path, artifact_path="eval")
+    tracker.log_artifact(parent_run_id, out / "summary.json", artifact_path="eval")
+    tracker.log_metrics(parent_run_id, {f"{name}/{k}": v for name, m in results.items() for k, v in m.items()})
+    create_markdown_artifact(markdown=f"# {config.name}: {heading}\n\n{table}", key=f"{artifact_key}-{pipeline_id[:8]}",
+                             description=description)
+    return {**summary, "dir": str(out), "tracking_hint": tracker.run_url_hint(parent_run_id)}
+
+
 class PrefectProgress:
     """Training callback that mirrors progress into a Prefect progress artifact (visible in the UI)."""
 
@@ -194,18 +276,9 @@ def train_stage(*, config: PipelineConfig, key: str, out_dir: str, stage: int, d
         log_every_steps=t.log_every_steps, threads=t.threads, callbacks=[buffer, progress, terminal])
     terminal.close()
     buffer.flush(final=True)
-    if summary["resumed_from_step"] is not None:
-        tracker.set_tags(mlflow_run_id, {"resumed_from_step": summary["resumed_from_step"]})
-    tracker.log_metrics(mlflow_run_id, {"train/final_loss": summary["final_loss"],
-                                        "train/seconds": summary["seconds"],
-                                        "train/views_per_second": summary["views_per_second"],
-                                        **{f"batch_plan/{k}": v for k, v in summary["batch_plan"].items()
-                                           if isinstance(v, (int, float))}})
-    tracker.log_artifact(mlflow_run_id, Path(out_dir) / "checkpoints", artifact_path="checkpoints")
-    tracker.log_artifact(mlflow_run_id, Path(out_dir) / "model", artifact_path="model")
-    tracker.log_artifact(mlflow_run_id, Path(out_dir) / "train_summary.json")
-    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "stage": stage, "mlflow_run_id": mlflow_run_id,
-                                       "model_path": summary["model_path"], "summary": summary})
+    return finish_train_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, stage=stage,
+                               summary=summary,
+                               extra_metrics={"train/views_per_second": summary["views_per_second"]})
 
 
 @cached_task("export-embeddings")
@@ -234,16 +307,8 @@ def cluster_embeddings(*, config: PipelineConfig, key: str, out_dir: str, stage:
                                    out_dir=Path(out_dir) / "clusters", seed=stage_seed(config, stage),
                                    **config.mcl.kmeans_settings(stage),
                                    earlier_cluster_dirs=[e["clusters_dir"] for e in earlier])
-    plot = plot_cluster_sizes(sizes_by_stage={f"stage {stage}": summary["sizes"]},
-                              path=Path(out_dir) / "clusters" / "cluster_sizes.png")
-    tracker.log_metrics(mlflow_run_id, {"kmeans/inertia": summary["inertia"], "kmeans/k": k,
-                                        "kmeans/empty_clusters": summary.get("empty_clusters", 0),
-                                        **{f"ami/{name}": v for name, v in summary["ami"].items()}})
-    tracker.log_artifact(mlflow_run_id, Path(out_dir) / "clusters", artifact_path="clusters")
-    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "stage": stage,
-                                       "clusters_dir": str(Path(out_dir) / "clusters"), "sizes": summary["sizes"],
-                                       "inertia": summary["inertia"], "ami": summary["ami"], "plot": str(plot),
-                                       "mlflow_run_id": mlflow_run_id})
+    return finish_cluster_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, stage=stage,
+                                 k=k, summary=summary)
 
 
 @cached_task("pseudo-labels")
@@ -259,11 +324,8 @@ def make_pseudo_labels(*, config: PipelineConfig, key: str, out_dir: str, for_st
                                        min_group_size=config.train.batch_size,
                                        small_group_policy=config.mcl.small_group_policy)
     get_run_logger().info("pseudo-labels for stage %d: %s", for_stage, stats)
-    tracker.log_metrics(mlflow_run_id, {f"pseudo_labels/{k}": v for k, v in stats.items()
-                                        if isinstance(v, (int, float))})
-    tracker.log_artifact(mlflow_run_id, Path(out_dir), artifact_path="pseudo_labels")
-    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "path": stats["path"], "stats": stats,
-                                       "mlflow_run_id": mlflow_run_id})
+    return finish_pseudo_label_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir,
+                                      stats=stats)
 
 
 @cached_task("evaluate")
@@ -277,12 +339,8 @@ def evaluate(*, config: PipelineConfig, key: str, out_dir: str, name: str, expor
     metrics = stages.evaluate_embeddings(dataset_dir=data["dir"], embeddings_dirs=[x["embeddings_dir"] for x in exports],
                                          probe_c=e.probe_c, probe_max_iter=e.probe_max_iter,
                                          probe_max_train=e.probe_max_train, knn_k=e.knn_k, seed=config.seed)
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    stages.write_json(Path(out_dir) / "metrics.json", {"name": name, "metrics": metrics})
-    tracker.log_metrics(mlflow_run_id, {f"eval/{name}/{k}": v for k, v in metrics.items()})
-    tracker.log_artifact(mlflow_run_id, Path(out_dir) / "metrics.json", artifact_path=f"eval/{name}")
-    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "name": name, "metrics": metrics,
-                                       "mlflow_run_id": mlflow_run_id})
+    return finish_eval_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, name=name,
+                              metrics=metrics)
 
 
 @task(name="record-reuse")
@@ -315,22 +373,10 @@ def summarize(*, config: PipelineConfig, parent_run_id: str, pipeline_id: str, r
     probe = plot_attribute_accuracy(results=results, path=out / "probe_accuracy.png")
     knn = plot_attribute_accuracy(results=results, path=out / "knn_accuracy.png", metric="knn",
                                   title="kNN accuracy per attribute")
-    paths = [probe, knn]
-    if cluster_records:
-        paths.append(plot_cluster_sizes(sizes_by_stage={f"stage {c['stage']}": c["sizes"] for c in cluster_records},
-                                        path=out / "cluster_sizes.png"))
-    table = results_table_markdown(results)
-    summary = {"pipeline_id": pipeline_id, "config_hash": config.config_hash(), "results": results,
-               "mlflow_run_id": parent_run_id}
-    stages.write_json(out / "summary.json", summary)
-    (out / "results.md").write_text(table)
-    for path in paths:
-        tracker.log_artifact(parent_run_id, path, artifact_path="eval")
-    tracker.log_artifact(parent_run_id, out / "summary.json", artifact_path="eval")
-    tracker.log_metrics(parent_run_id, {f"{name}/{k}": v for name, m in results.items() for k, v in m.items()})
-    create_markdown_artifact(markdown=f"# {config.name}: linear-probe accuracy\n\n{table}",
-                             key=f"mcl-results-{pipeline_id[:8]}", description="MCL results")
-    return {**summary, "dir": str(out), "tracking_hint": tracker.run_url_hint(parent_run_id)}
+    return publish_summary(config=config, tracker=tracker, parent_run_id=parent_run_id, pipeline_id=pipeline_id,
+                           results=results, cluster_records=cluster_records, out=out, plots=[probe, knn],
+                           table=results_table_markdown(results), heading="linear-probe accuracy",
+                           artifact_key="mcl-results", description="MCL results")
 
 
 def results_table_markdown(results: dict[str, dict], metric: str = "probe") -> str:

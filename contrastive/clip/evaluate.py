@@ -8,15 +8,13 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from pathlib import Path
-
 import numpy as np
 import torch
 from PIL import Image
 from torch import nn
 
 from contrastive.clip.model import autocast_context
-from contrastive.plotting import locked_pyplot
+from contrastive.plotting import grouped_bars, locked_pyplot, save_figure
 
 RECALL_KS = (1, 5, 10)
 
@@ -107,21 +105,10 @@ def plot_metric_groups(*, results: dict[str, dict[str, float]], prefix: str, pat
     """Grouped bars: one group per representation (stage 0, ..., concat, soup), one bar per ``prefix/<name>``
     metric (e.g. the nine MMVP categories and their average). Values in percent. Returns the path."""
     with locked_pyplot() as plt:
-        names = list(results)
-        series = sorted({k.split("/", 1)[1] for r in results.values() for k in r if k.startswith(prefix + "/")})
-        width = 0.8 / max(1, len(series))
-        fig, ax = plt.subplots(figsize=(2.5 + 1.6 * len(names), 4.0))
-        for i, name in enumerate(series):
-            values = [results[r].get(f"{prefix}/{name}", np.nan) for r in names]
-            ax.bar(np.arange(len(names)) + (i - (len(series) - 1) / 2) * width, values, width, label=name)
-        ax.set_xticks(np.arange(len(names)), names, rotation=20, ha="right")
+        fig, ax = plt.subplots(figsize=(2.5 + 1.6 * len(results), 4.0))
+        grouped_bars(ax, results=results, prefix=prefix)
         ax.set_ylim(0, 105)
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
-        fig.tight_layout()
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        return path
+        return save_figure(plt, fig, path, dpi=120)

@@ -34,7 +34,7 @@ from contrastive.clip.mmvp import write_tiny_mmvp
 from contrastive.clip.train import ClipCallback, train_clip
 from contrastive.embeddings import load_embeddings, save_embeddings
 from contrastive.errors import ConfigError, DataError
-from contrastive.sampling import align_labels_to_ids, combine_pseudo_labels, merge_small_groups
+from contrastive.sampling import align_labels_to_ids, combine_pseudo_labels
 
 log = logging.getLogger(__name__)
 
@@ -233,6 +233,7 @@ def build_pseudo_labels(*, cluster_dirs: list[str], embeddings_dirs: list[str], 
     ``min_group_size`` (the global batch) are merged / pooled / kept by ``small_group_policy`` and counted.
     """
     from contrastive.clustering import load_assignments
+    from contrastive.stages import save_merged_pseudo_labels  # here like the line above: it imports faiss, sklearn
 
     ids, _ = load_embeddings(directory=Path(embeddings_dirs[-1]))
     assignments = []
@@ -248,19 +249,9 @@ def build_pseudo_labels(*, cluster_dirs: list[str], embeddings_dirs: list[str], 
             rows = align_labels_to_ids(label_ids=stage_ids, labels=np.arange(stage_ids.size), dataset_ids=ids)
             per_stage.append(embeddings[rows])
         features = concat_stage_features(per_stage)
-    groups, stats = merge_small_groups(groups=combined, features=features, min_size=min_group_size,
-                                       policy=small_group_policy)
-    sizes = np.bincount(groups)
-    out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.stem + ".tmp.npz")
-    np.savez(tmp, ids=ids, groups=groups)
-    tmp.replace(out)
-    stats = {**stats, "stages_combined": len(cluster_dirs), "num_groups": int(sizes.size),
-             "min_group": int(sizes.min()), "max_group": int(sizes.max()), "samples": int(ids.size),
-             "path": str(out)}
-    write_json(out.with_suffix(".json"), stats)
-    return stats
+    return save_merged_pseudo_labels(ids=ids, combined=combined, features=features, min_group_size=min_group_size,
+                                     small_group_policy=small_group_policy, stages_combined=len(cluster_dirs),
+                                     out_path=out_path, extra_stats={"samples": int(ids.size)})
 
 
 def reshard_stage(*, pseudo_labels_path: str, urls: list[str], out_dir: str, world_size: int, seed: int,

@@ -16,7 +16,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -29,15 +29,11 @@ from contrastive.clip.loss import clip_loss
 from contrastive.clip.model import (MAX_LOGIT_SCALE, ClipBundle, autocast_context, grad_scaler, load_trainable_state,
                                     trainable_state_dict)
 from contrastive.errors import MclpipeError
-from contrastive.train import lr_multiplier
+from contrastive.train import TrainCallback, lr_multiplier
 
-
-class ClipCallback(Protocol):
-    def on_step(self, *, step: int, epoch: int, metrics: dict[str, float]) -> None: ...
-
-    def on_epoch_end(self, *, epoch: int, metrics: dict[str, float]) -> None: ...
-
-    def on_checkpoint(self, *, path: Path, step: int) -> None: ...
+# The unimodal loop's hooks (on_step, on_epoch_end, on_checkpoint): one protocol, so the pipeline's progress and
+# metric callbacks serve both loops.
+ClipCallback = TrainCallback
 
 
 @dataclass

@@ -10,13 +10,7 @@ from mlflow.tracking import MlflowClient
 from contrastive.clip import stages
 from flows.clip_flow import clip_pipeline
 from pipeline_config.loader import load_config
-
-
-def artifact_paths(client: MlflowClient, run_id: str, path: str | None = None) -> set[str]:
-    out = set()
-    for item in client.list_artifacts(run_id, path):
-        out |= artifact_paths(client, run_id, item.path) if item.is_dir else {item.path}
-    return out
+from tests.flows.mlflow_runs import artifact_paths, run_tree
 
 
 @pytest.fixture
@@ -50,9 +44,7 @@ def test_clip_mcl_pipeline_run_tree_artifacts_and_cache(clip_config, count_train
     assert summary["dir"] and "mlflow ui" in summary["tracking_hint"]
 
     client = MlflowClient(tracking_uri=config.tracking.uri)
-    runs = client.search_runs([client.get_experiment_by_name("mclpipe").experiment_id], max_results=100)
-    parents = [r for r in runs if r.data.tags.get("kind") == "pipeline"]
-    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    parents, children = run_tree(config.tracking.uri)
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     parent = parents[0]
     for run in [parent, *children]:
@@ -86,7 +78,7 @@ def test_clip_mcl_pipeline_run_tree_artifacts_and_cache(clip_config, count_train
     again = clip_pipeline(config)
     assert count_training == []
     assert again["results"] == summary["results"]
-    runs = client.search_runs([client.get_experiment_by_name("mclpipe").experiment_id], max_results=100)
-    newest = max((r for r in runs if r.data.tags.get("kind") == "pipeline"), key=lambda r: r.info.start_time)
-    new_children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == newest.info.run_id]
+    parents, children = run_tree(config.tracking.uri)
+    newest = max(parents, key=lambda r: r.info.start_time)
+    new_children = [r for r in children if r.data.tags["mlflow.parentRunId"] == newest.info.run_id]
     assert len(new_children) == 2 and all(c.data.tags.get("reused.train") == "true" for c in new_children)

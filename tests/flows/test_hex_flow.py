@@ -2,7 +2,7 @@
 from mlflow.tracking import MlflowClient
 
 from flows.mcl_flow import mcl_pipeline
-from tests.flows.test_mcl_flow import artifact_paths, run_tree
+from tests.flows.mlflow_runs import artifact_paths, run_tree
 
 
 def test_hex_pipeline_has_a_no_hex_control_and_diagnostics(tiny_config):

@@ -6,21 +6,7 @@ from mlflow.tracking import MlflowClient
 
 from contrastive import stages
 from flows.mcl_flow import mcl_pipeline
-
-
-def run_tree(uri: str) -> tuple[list, list]:
-    client = MlflowClient(tracking_uri=uri)
-    runs = client.search_runs([client.get_experiment_by_name("mclpipe").experiment_id], max_results=500)
-    parents = [r for r in runs if r.data.tags.get("kind") == "pipeline"]
-    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
-    return parents, children
-
-
-def artifact_paths(client: MlflowClient, run_id: str, path: str | None = None) -> set[str]:
-    out = set()
-    for item in client.list_artifacts(run_id, path):
-        out |= artifact_paths(client, run_id, item.path) if item.is_dir else {item.path}
-    return out
+from tests.flows.mlflow_runs import artifact_paths, run_tree
 
 
 @pytest.fixture
