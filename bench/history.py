@@ -44,26 +44,57 @@ CHANGES = [
         "behaviour": "default unchanged (same centroids, assignments and inertia as before for every existing "
                      "caller); tests/unit/test_clustering.py passes.",
     },
+    {
+        "title": "Int id lookup: one scatter instead of scatter + gather (contrastive/sampling.py), 2026-11-22",
+        "where": "`align_labels_to_ids` -> new `_scatter_int_labels` (non-negative 1-D integer labels, compact "
+                 "int ids; anything else keeps the row join)",
+        "why": "bench.pseudo_labels at M=12M: 1.30 s (goal < 1 s). Timing of the parts on the idle machine: "
+               "combine 0.30-0.36 s, lookup 0.71-0.79 s, of which the random scatter `table[ids] = arange` 0.43 s "
+               "and the random gather `labels[rows]` 0.23 s: two memory-latency-bound passes over a 12M "
+               "permutation (torch index_put / index_select with 2 threads: no faster).",
+        "change": "scatter the labels themselves by id into a -1-filled table (`by_id[ids] = labels`), then read "
+                  "them in dataset order: one random pass. Duplicates: L ids filling fewer than L slots; missing: "
+                  "a -1 read back. On either, the general path runs and words the error exactly as before.",
+        "before": "12M, idle machine: 1.00-1.15 s (combine ~0.33 s, lookup ~0.73 s).",
+        "after": "12M, same session: 0.75-0.91 s (combine ~0.33 s, lookup ~0.45 s).",
+        "behaviour": "same outputs and error messages (tests: the scatter path against a dict lookup for 5 label "
+                     "dtypes, duplicate/missing/out-of-range ids through it).",
+    },
+    {
+        "title": "k-means: k-means++ seeding, Lloyd on a sample by default (contrastive/clustering.py, "
+                 "pipeline_config/schema.py), 2026-11-22",
+        "where": "`kmeans(..., init=)`, new `_initial_centroids`; `_check_finite`; config "
+                 "`mcl.kmeans_init`, `mcl.kmeans_train_points_per_cluster` (default 1024)",
+        "why": "the previous run's finding: speed needs a sample, quality needs better seeds. Idle-machine timing of "
+               "the parts at 500k x 512, K=10 (MiniBatchKMeans 4.9-5.8 s): k-means++ on the whole 20k sample "
+               "0.47 s; faiss Lloyd 25 its on 20k points 0.38 s; assigning all points 0.27 s; the finiteness check "
+               "(float64 row sums) 0.21 s. Single k-means++ seedings, 5 seeds: inertia -1.2 % .. +0.4 % against "
+               "MiniBatchKMeans with the same seed (median +0.04 %): seeds decide the local minimum.",
+        "change": "best of 3 k-means++ seedings (sklearn `kmeans_plusplus` on 256 K points, each polished by 5 "
+                  "Lloyd iterations there, lowest inertia on that sample wins), then 25 Lloyd iterations on a "
+                  "seeded sample of 1024 K points, then every point assigned; the finiteness check is a BLAS "
+                  "`x @ 1` (NaN/inf propagate) with an exact recheck of flagged rows (float32 overflow).",
+        "before": "previous run: every point 0.72x (+0.94 % inertia, random seeds); opt-in 20k sample 5.3x (+0.5 %).",
+        "after": "pipeline default, 3 seeds each, idle machine: 6.8x at -0.82 % median inertia (every seed lower); "
+                 "every-point Lloyd with the new seeding 0.45x at -0.87 %.",
+        "behaviour": "different (better) centroids for the same seed; `init=\"random\"` and "
+                     "`kmeans_train_points_per_cluster=0` give the previous algorithm. Tests: k-means++ finds three "
+                     "5-point far blobs in every seed where random seeding misses some; the sample trains on a "
+                     "subset but assigns and scores every point; huge finite values are not reported as NaN.",
+    },
 ]
 
 # What the benchmarks showed that is NOT changed here (a design decision, or outside a tiny fix), for the lead.
 FINDINGS = [
-    "k-means goal (>= 5x MiniBatchKMeans at equal or lower inertia) needs more than speed. (a) Speed: training on a "
-    "sample (`max_train_points`, opt-in) gets ~4.5-5x; (b) quality: faiss starts from random points, MiniBatchKMeans "
-    "from k-means++, and on this data faiss lands in a worse local minimum (+0.5 to +0.9 % inertia). Over 4 seeds "
-    "during development, faiss on a 20k sample with random init ranged -1.1 % .. +1.7 % against MiniBatchKMeans; "
-    "with k-means++ init on the sample (`sklearn.cluster.kmeans_plusplus`, passed as `init_centroids` to "
-    "`faiss.Kmeans.train`) -1.1 % .. +0.5 %. Neither is 'equal or lower' every time: best-of-n inits (`nredo`) on "
-    "the sample is the robust option. (c) For small K, faiss's exact search is faster on its SIMD path than on "
-    "BLAS (sgemm with K=10 columns): 0.55 s against 1.46 s for 500k x 512, identical assignments, by raising "
-    "`faiss.cvar.distance_compute_blas_threshold` - a process-global setting, so left alone here.",
+    "For small K, faiss's exact search is faster on its SIMD path than on BLAS (sgemm with K=10 columns): 0.55 s "
+    "against 1.46 s for 500k x 512 on the loaded machine of the previous run, identical assignments, by raising "
+    "`faiss.cvar.distance_compute_blas_threshold` - a process-global setting, so left alone here (the assignment "
+    "pass is now 0.27 s of the 0.78 s k-means on the idle machine).",
     "String-id lookup (`align_labels_to_ids` when the orders differ) takes the sort-merge join: numpy sorts and "
-    "binary-searches '<U' strings, only ~1.4-2x faster than a Python dict (about 1.2 s at 1.2M ids, so ~12 s or "
-    "more at 12M). The unimodal pipeline hits the same-order fast path; CLIP keys in another order would pay it. "
-    "Options: translate keys to int64 once (e.g. the row index of a key table) and join on those, or a hash join "
-    "(pandas `Index.get_indexer`).",
-    "Pseudo-labels at 12M: after the fixes the remaining ~1.1-1.3 s (on this loaded machine) is one random scatter "
-    "and one random gather over a 12M permutation plus three O(M) passes per stage in the combination; a "
-    "direct-addressed label table was tried and was no faster. Below 1 s likely needs an unloaded machine or "
-    "avoiding the permuted lookup (keep exports in dataset order, so the same-order fast path applies).",
+    "binary-searches '<U' strings, only ~1.4-2x faster than a Python dict (about 1.2-1.9 s at 1.2M ids, so ~12 s or "
+    "more at 12M). pandas `Index.get_indexer` (hash join) was tried: no faster at 1.2M. The unimodal pipeline hits "
+    "the same-order fast path; CLIP keys in another order would pay it. Option: translate keys to int64 once (the "
+    "row index of a key table written with the shards) and join on those.",
+    "k-means on a GPU (1M x 256, K=20000) is not measured: no GPU was lent to this project's sessions so far. "
+    "At K > 256 the default seeding is faiss's random one (k-means++ would cost more than Lloyd).",
 ]
