@@ -81,7 +81,8 @@ def kmeans(
     max_train_points: int | None = None,
     init: Literal["auto", "k-means++", "random"] = "auto",
 ) -> KMeansResult:
-    """Lloyd's k-means (faiss.Kmeans) on all M points, then assign every point to its nearest centroid.
+    """Lloyd's k-means (faiss.Kmeans) on the M points or a seeded sample of them, then assign every point to its
+    nearest centroid.
 
     features: float (M, D), any float dtype (cast to float32 C-contiguous; float16 exports are fine).
     spherical: L2-normalise rows first and keep unit centroids (cosine k-means), the usual choice for
