@@ -95,7 +95,8 @@ class StageRunner(StepRunner):
 
     def train_and_export(self, *, kind: str, stage: int, pseudo: dict | None) -> tuple[dict, dict]:
         run_id = self.stage_run(kind=kind, stage=stage)
-        key = train_key(self.config, stage=stage, data=self.data, pseudo_key=pseudo["key"] if pseudo else None)
+        key = train_key(self.config.for_stage(stage), stage=stage, data=self.data,
+                        pseudo_key=pseudo["key"] if pseudo else None)
         trained = self.step(t.train_stage, prefix=f"train{stage}", key=key, run_id=run_id, what="train",
                             stage=stage, data=self.data, pseudo_labels=pseudo)
         exported = self.step(t.export_embeddings, prefix=f"export{stage}", key=digest_of(["export", key]),
@@ -111,7 +112,7 @@ class StageRunner(StepRunner):
                  stage: int) -> dict:
         """Embedding diagnostics of one stage (cosine distributions, anisotropy, rank, alignment/uniformity)."""
         key = digest_of(["diagnose", exported["key"], clusters["key"] if clusters else None,
-                         self.config.augment.model_dump(mode="json"), self.config.seed])
+                         self.config.for_stage(stage).augment.model_dump(mode="json"), self.config.seed])
         return self.step(diagnose, prefix="diag", key=key, run_id=run_id, what=f"diagnose.{name}", stage=stage,
                          name=name, trained=trained, exported=exported, clusters=clusters, data=self.data)
 
@@ -127,6 +128,9 @@ def without_hex(config: PipelineConfig) -> PipelineConfig:
     """A HEX pipeline's control: the same method and everything else, with method.hex.enabled = False."""
     control = config.model_copy(deep=True)
     control.method.hex.enabled = False
+    for patch in control.stage_overrides.values():
+        if isinstance(patch.get("method"), dict) and isinstance(patch["method"].get("hex"), dict):
+            patch["method"]["hex"]["enabled"] = False
     return control
 
 
@@ -162,7 +166,7 @@ def mcl_pipeline(config: PipelineConfig, rerun_from: int | None = None) -> dict:
                                             run_id=run_id, what="cluster", stage=stage, exported=exported,
                                             data=data, earlier=list(clusters)))
                 pseudo_key = digest_of(["pseudo", [c["key"] for c in clusters], config.mcl.small_group_policy,
-                                        config.train.batch_size])
+                                        config.for_stage(stage + 1).train.batch_size])
                 pseudo = runner.step(t.make_pseudo_labels, prefix=f"pseudo{stage + 1}", key=pseudo_key,
                                      run_id=run_id, what="pseudo_labels", stage=stage, for_stage=stage + 1,
                                      clusters=list(clusters),

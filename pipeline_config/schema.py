@@ -10,9 +10,9 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from contrastive.errors import ConfigError
 
@@ -309,7 +309,10 @@ class _PipelineBase(_Section):
     def config_hash(self) -> str:
         """Digest of everything that changes results: ``name``, ``output_dir``, ``tracking`` and ``schedule`` do not,
         so renaming a run, moving its outputs or its tracking server, or scheduling it reuses the same results."""
-        return digest_of(self.model_dump(mode="json", exclude={"name", "tracking", "output_dir", "schedule"}))
+        excluded = {"name", "tracking", "output_dir", "schedule"}
+        if not getattr(self, "stage_overrides", None):
+            excluded.add("stage_overrides")  # so configs without any keep the hash they had before the field existed
+        return digest_of(self.model_dump(mode="json", exclude=excluded))
 
 
 class PipelineConfig(_PipelineBase):
@@ -325,8 +328,52 @@ class PipelineConfig(_PipelineBase):
     train: TrainConfig = TrainConfig()
     mcl: MclConfig = MclConfig()
     eval: EvalConfig = EvalConfig()
+    stage_overrides: dict[int, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="per-stage changes to the model, method, augment and train sections, e.g. "
+                    "{2: {train: {epochs: 20}}}: stage 2 (MCL and control) trains 20 epochs. Stages without an "
+                    "entry keep their content keys, so with --rerun-from N a change here recomputes only stage N on")
     tracking: TrackingConfig = TrackingConfig()
     schedule: ScheduleConfig = ScheduleConfig()
+
+    @model_validator(mode="after")
+    def _check_stage_overrides(self) -> "PipelineConfig":
+        for stage, patch in self.stage_overrides.items():
+            if not 0 <= stage < self.mcl.num_stages:
+                raise ValueError(f"stage_overrides has stage {stage} but the stages are 0..{self.mcl.num_stages - 1}")
+            unknown = sorted(set(patch) - set(STAGE_SECTIONS))
+            if unknown:
+                raise ValueError(f"stage_overrides.{stage} changes {', '.join(unknown)}: only the sections "
+                                 f"{', '.join(STAGE_SECTIONS)} can differ between stages")
+            self.for_stage(stage)  # every stage's config must be valid on its own
+        return self
+
+    def for_stage(self, stage: int) -> "PipelineConfig":
+        """The config stage ``stage`` trains with: stage_overrides[stage] merged into the model, method, augment
+        and train sections (self when the stage has no override). The result has no stage_overrides of its own."""
+        patch = self.stage_overrides.get(stage)
+        if not patch:
+            return self
+        raw = _deep_merge(self.model_dump(mode="json", exclude={"stage_overrides"}), patch)
+        try:
+            return PipelineConfig.model_validate(raw)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
+            raise ValueError(f"stage_overrides.{stage}: {problems}") from None
+
+
+STAGE_SECTIONS = ("model", "method", "augment", "train")
+
+
+def _deep_merge(base: dict, patch: dict) -> dict:
+    """base with patch's values; nested dicts are merged key by key, anything else is replaced."""
+    merged = dict(base)
+    for key, value in patch.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
 
 
 def digest_of(value) -> str:
@@ -336,30 +383,43 @@ def digest_of(value) -> str:
 
 
 def check_feasible(config: PipelineConfig, *, num_train: int) -> None:
-    """Checks that need the dataset size, run before any training.
+    """Checks that need the dataset size, run before any training, for every stage's config (stage_overrides).
 
     MCL draws every batch of stage j from one pseudo-label group. With K clusters per stage and N clusterings,
     there are up to K^N groups; each must hold at least a batch on average: prod(K_j) <= M / b (paper, Sec. 4).
     """
+    name_stage = bool(config.stage_overrides)  # say which stage fails when stages differ
+    for stage in range(config.mcl.num_stages):
+        if stage == 0 or stage in config.stage_overrides:
+            _check_stage_feasible(config.for_stage(stage), stage=stage, num_train=num_train, name_stage=name_stage)
+    if config.mcl.num_stages > 1 and (config.mcl.num_stages - 1) not in config.stage_overrides:
+        _check_stage_feasible(config, stage=config.mcl.num_stages - 1, num_train=num_train, name_stage=name_stage)
+
+
+def _check_stage_feasible(config: PipelineConfig, *, stage: int, num_train: int, name_stage: bool) -> None:
+    """The checks for one stage: batch and queue against the data, and prod(K over earlier clusterings) <= M / b.
+
+    The capacity rule of the last stage implies the earlier stages' when the batch size is the same everywhere."""
     batch = config.train.batch_size
+    where = f"stage {stage}: " if name_stage else ""
     queue = config.method.queue_size()
     if queue is not None and queue > num_train - batch:
         section = "moco" if config.method.name == "moco_v2" else "nnclr"
-        raise ConfigError(f"method.{section}.queue_size={queue} leaves fewer than a batch of the {num_train} training "
-                          f"samples out of the queue, so it would hold stale copies of the current batch: lower it "
-                          f"(--set method.{section}.queue_size={max(1, (num_train - batch) // 2)})")
+        raise ConfigError(f"{where}method.{section}.queue_size={queue} leaves fewer than a batch of the {num_train} "
+                          f"training samples out of the queue, so it would hold stale copies of the current batch: "
+                          f"lower it (--set method.{section}.queue_size={max(1, (num_train - batch) // 2)})")
     if batch > num_train:
-        raise ConfigError(f"train.batch_size={batch} is larger than the {num_train} training samples: "
+        raise ConfigError(f"{where}train.batch_size={batch} is larger than the {num_train} training samples: "
                           f"lower it (--set train.batch_size={max(2, num_train // 8)}) or use more data")
-    num_clusterings = config.mcl.num_stages - 1
+    num_clusterings = stage
     if num_clusterings == 0:
         return
     groups = math.prod(config.mcl.clusters_after(j) for j in range(num_clusterings))
     capacity = num_train / batch
     if groups > capacity:
         raise ConfigError(
-            f"MCL needs prod(K) <= M/b so every pseudo-label group can hold a batch: K={config.mcl.clusters} over "
-            f"{num_clusterings} clusterings gives up to {groups} groups but M/b = {num_train}/{batch} = "
+            f"{where}MCL needs prod(K) <= M/b so every pseudo-label group can hold a batch: K={config.mcl.clusters} "
+            f"over {num_clusterings} clusterings gives up to {groups} groups but M/b = {num_train}/{batch} = "
             f"{capacity:.0f}. Fix: fewer clusters (e.g. --set mcl.clusters=[{max(2, int(capacity) // 2 ** (num_clusterings - 1))}"
             f"{', 2' * (num_clusterings - 1)}]), a smaller train.batch_size, fewer mcl.num_stages, or more data")
 

@@ -13,7 +13,7 @@ from tasks.mcl_tasks import cached_task, finished_record, save_record, tracker_f
 
 
 @cached_task("diagnose")
-def diagnose(*, config: PipelineConfig, key: str, out_dir: str, name: str, trained: dict, exported: dict,
+def diagnose(*, config: PipelineConfig, key: str, out_dir: str, stage: int, name: str, trained: dict, exported: dict,
              clusters: dict | None, data: dict, mlflow_run_id: str) -> dict:
     """Same-group vs other-pair cosine distributions (per attribute, and per k-means cluster when the stage was
     clustered), anisotropy, effective rank, alignment and uniformity of one stage's embeddings."""
@@ -22,7 +22,8 @@ def diagnose(*, config: PipelineConfig, key: str, out_dir: str, name: str, train
     result = diagnose_stage(dataset_dir=data["dir"], embeddings_dir=exported["embeddings_dir"],
                             out_dir=Path(out_dir) / "diagnostics",
                             clusters_dir=clusters["clusters_dir"] if clusters else None,
-                            model_path=trained["model_path"], augment_kwargs=config.augment.model_dump(),
+                            model_path=trained["model_path"],
+                            augment_kwargs=config.for_stage(stage).augment.model_dump(),
                             device=config.device, seed=config.seed, title=name)
     tracker = tracker_for(config)
     tracker.log_metrics(mlflow_run_id, result["metrics"])

@@ -237,13 +237,16 @@ def open_pipeline_run(*, config: PipelineConfig, pipeline_id: str, flow_run_id: 
 def open_stage_run(*, config: PipelineConfig, parent_run_id: str, stage: int, kind: str, pipeline_id: str,
                    flow_run_id: str | None) -> str:
     tracker = tracker_for(config)
-    tags = {"pipeline_id": pipeline_id, "stage": str(stage), "kind": kind, "config_hash": config.config_hash()}
+    tags = {"pipeline_id": pipeline_id, "stage": str(stage), "kind": kind, "config_hash": config.config_hash(),
+            "stage_override": str(stage in getattr(config, "stage_overrides", {})).lower()}
     if flow_run_id:
         tags["prefect.flow_run_id"] = flow_run_id
     reuse = {"stage": str(stage), "kind": kind}
     run_id = tracker.start_run(name=f"{kind}-stage{stage}", tags=tags, parent_run_id=parent_run_id,
                                reuse_tags=reuse if flow_run_id else None)
-    tracker.log_params(run_id, config.model_dump(mode="json"))
+    # The stage's own config (its stage_overrides applied): what this stage actually trained with.
+    stage_config = config.for_stage(stage) if isinstance(config, PipelineConfig) else config
+    tracker.log_params(run_id, stage_config.model_dump(mode="json"))
     return run_id
 
 
@@ -255,6 +258,7 @@ def train_stage(*, config: PipelineConfig, key: str, out_dir: str, stage: int, d
         return done
     logger = get_run_logger()
     tracker = tracker_for(config)
+    config = config.for_stage(stage)
     t = config.train
     seed = stage_seed(config, stage)
     tracker.set_tags(mlflow_run_id, {"train_key": key, "cluster_pure_batches": pseudo_labels is not None})
@@ -321,7 +325,7 @@ def make_pseudo_labels(*, config: PipelineConfig, key: str, out_dir: str, for_st
     stats = stages.build_pseudo_labels(dataset_dir=data["dir"], cluster_dirs=[c["clusters_dir"] for c in clusters],
                                        embeddings_dirs=[e["embeddings_dir"] for e in exports],
                                        out_path=Path(out_dir) / "pseudo_labels.npz",
-                                       min_group_size=config.train.batch_size,
+                                       min_group_size=config.for_stage(for_stage).train.batch_size,
                                        small_group_policy=config.mcl.small_group_policy)
     get_run_logger().info("pseudo-labels for stage %d: %s", for_stage, stats)
     return finish_pseudo_label_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir,

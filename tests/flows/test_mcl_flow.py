@@ -112,3 +112,26 @@ def test_rerun_from_recomputes_later_stages_and_keeps_old_files(tiny_config, cou
     _, children = run_tree(config.tracking.uri)
     stage1_runs = [c for c in children if c.data.tags["stage"] == "1"]
     assert any(c.data.tags.get("rerun_from") == "1" for c in stage1_runs)
+
+
+def test_rerun_from_with_a_stage_override_keeps_earlier_stages(tiny_config, count_training):
+    # Issue: "--rerun-from N, with a new config allowed for the stages that rerun". A change to train.epochs for
+    # every stage would give every stage a new content key; put under stage_overrides it changes stage 1 only.
+    calls, _ = count_training
+    config = tiny_config("mcl.num_stages=2", "mcl.control=false")
+    mcl_pipeline(config)
+    steps = Path(config.output_dir) / "steps"
+    stage0_dir = next(steps.glob("train0-*"))
+    calls.clear()
+    changed = tiny_config("mcl.num_stages=2", "mcl.control=false",
+                          f"stage_overrides.1.train.epochs={config.train.epochs + 1}")
+    mcl_pipeline(changed, rerun_from=1)
+    assert calls == ["train1"]
+    assert list(steps.glob("train0-*")) == [stage0_dir]  # stage 0 kept its key and was reused
+    new_stage1 = [d for d in steps.glob("train1-*") if ".replaced-" not in d.name]
+    assert len(new_stage1) == 2  # the first run's stage 1 and the overridden one (a different key)
+    epochs = sorted(stages.read_json(d / "train_summary.json")["epochs"] for d in new_stage1)
+    assert epochs == [config.train.epochs, config.train.epochs + 1]
+    _, children = run_tree(config.tracking.uri)
+    overridden = [c for c in children if c.data.tags.get("stage_override") == "true"]
+    assert overridden and all(c.data.params["train.epochs"] == str(config.train.epochs + 1) for c in overridden)

@@ -65,3 +65,28 @@ def test_kmeans_settings_are_the_kmeans_keywords_per_stage():
     assert every_point.mcl.kmeans_settings(0)["max_train_points"] is None
     with pytest.raises(ConfigError, match="kmeans_init"):
         load_config("trifeature_tiny", ["mcl.kmeans_init=kmeans"])
+
+
+def test_stage_overrides_change_one_stage_and_are_validated():
+    config = load_config("trifeature_tiny", ["stage_overrides.2.train.epochs=7", "stage_overrides.2.method.temperature=0.5"])
+    assert config.for_stage(2).train.epochs == 7 and config.for_stage(2).method.temperature == 0.5
+    assert config.for_stage(2).train.lr == config.train.lr  # only the given keys change
+    assert config.for_stage(1) is config and config.for_stage(2).stage_overrides == {}
+    assert config.config_hash() != load_config("trifeature_tiny").config_hash()
+    # Configs without overrides keep the hash they had before the field existed.
+    plain = PipelineConfig()
+    from pipeline_config.schema import digest_of
+    assert plain.config_hash() == digest_of(plain.model_dump(
+        mode="json", exclude={"name", "tracking", "output_dir", "schedule", "stage_overrides"}))
+
+
+@pytest.mark.parametrize("override, fix", [
+    ("stage_overrides.5.train.epochs=2", "stages are 0..2"),
+    ("stage_overrides.1.mcl.clusters=4", "only the sections model, method, augment, train"),
+    ("stage_overrides.1.train.epoch=2", r"stage_overrides.1: train.epoch: Extra inputs"),
+    ("stage_overrides.2.train.batch_size=64", "stage 2: MCL needs prod"),  # 4 x 2 groups > 256 / 64
+])
+def test_bad_stage_overrides_name_the_fix(override, fix):
+    config_loader = lambda: load_config("trifeature_tiny", [override])  # noqa: E731
+    with pytest.raises(ConfigError, match=fix):
+        check_feasible(config_loader(), num_train=config_loader().data.trifeature.num_train)
