@@ -115,10 +115,12 @@ def find_pipeline_config(pipeline: str, output_dir: Path) -> Path:
 @app.command()
 def resume(pipeline: Annotated[str, typer.Argument(help="pipeline id (config hash) or a unique prefix")],
            output_dir: Annotated[Path, typer.Option(help="where the pipeline wrote its files")] = Path("runs"),
-           rerun_from: RerunOpt = None) -> None:
+           rerun_from: RerunOpt = None, overrides: SetOpt = None) -> None:
     """Continue a crashed or killed pipeline: finished steps are reused, a stage killed mid-way continues from its
-    last checkpoint."""
-    run_and_report(lambda: load_config(find_pipeline_config(pipeline, output_dir)), rerun_from=rerun_from)
+    last checkpoint. ``--set`` changes the saved config first (e.g. ``stage_overrides.2.train.epochs=20`` with
+    ``--rerun-from 2``): that is a new pipeline id, whose unchanged steps are reused."""
+    run_and_report(lambda: load_config(find_pipeline_config(pipeline, output_dir), overrides or []),
+                   rerun_from=rerun_from)
 
 
 @app.command()

@@ -43,6 +43,17 @@ def test_run_then_rerun_hits_the_cache(tmp_path):
     parents = client.search_runs([experiment.experiment_id], "tags.kind = 'pipeline'")
     assert len(parents) == 2 and all(p.info.status == "FINISHED" for p in parents)
 
+    # `mclpipe resume <id prefix>` with a new config for the last stage: only stage 2 (MCL and control) retrains.
+    pipeline_id = summary_dirs[0].name
+    third = mclpipe(tmp_path, "resume", pipeline_id[:6], "--rerun-from", "2",
+                    "--set", "stage_overrides.2.train.epochs=2")
+    assert third.returncode == 0, third.stderr[-3000:]
+    log = third.stdout + third.stderr
+    assert log.count("training stage 2") == 2 and "training stage 0" not in log and "training stage 1" not in log
+    assert len(list((tmp_path / "runs" / "pipelines").iterdir())) == 2  # a new pipeline id beside the old one
+    missing = mclpipe(tmp_path, "resume", "ffffffff")
+    assert missing.returncode == 2 and "no pipeline matching 'ffffffff'" in missing.stderr
+
 
 @pytest.mark.parametrize("extra, message", [
     (["--set", "train.epoch=3"], "train.epoch: unknown key"),
