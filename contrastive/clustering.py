@@ -38,6 +38,7 @@ CENTROIDS_FILE = "centroids.npy"
 SUMMARY_FILE = "summary.json"
 
 _ROW_CHUNK = 1 << 16  # rows per chunk when normalising, so temporaries stay chunk x D
+_ASSIGN_CHUNK = 1 << 17  # rows converted and assigned at a time after training on a sample (0.4 GB at D = 768)
 
 KMEANS_INITS = ("auto", "k-means++", "random")
 # k-means++ costs O(seeding points x k x log k x D) on the CPU; above this k (auto) faiss's random seeding
@@ -97,10 +98,13 @@ def kmeans(
     """
     if init not in KMEANS_INITS:
         raise ConfigError(f"k-means init {init!r} is not one of {KMEANS_INITS}.")
-    x = _prepare_features(features=features, k=k, spherical=spherical)
+    arr = _validated_features(features=features, k=k)
     gpu = _resolve_gpu(use_gpu)
-    num_points, dim = x.shape
-    train_x = _training_sample(x=x, k=k, seed=seed, max_train_points=max_train_points)
+    num_points, dim = arr.shape
+    rows = _training_rows(num_points=num_points, k=k, seed=seed, max_train_points=max_train_points)
+    train_x = _unit_float32(arr if rows is None else arr[rows], spherical=spherical)
+    if _non_finite_rows(train_x).any():
+        raise _non_finite_error(arr)
     init_centroids = _initial_centroids(train_x=train_x, k=k, seed=seed, init=init, spherical=spherical)
     km = faiss.Kmeans(
         dim,
@@ -111,17 +115,28 @@ def kmeans(
         gpu=gpu,
         verbose=False,
         # faiss trains on a random subset of k * max_points_per_centroid points (default 256 per
-        # centroid) and says so only on stdout; raise the cap so every point is used.
+        # centroid) and says so only on stdout; raise the cap so every training point is used.
         max_points_per_centroid=math.ceil(train_x.shape[0] / k) + 1,
     )
     km.train(train_x, init_centroids=init_centroids)
-    scores, labels = km.index.search(x, 1)
-    assignments = labels[:, 0].astype(np.int64)
     centroids = np.asarray(km.centroids, dtype=np.float32).reshape(k, dim)
-    inertia = _inertia(
-        x=x, centroids=centroids, assignments=assignments, scores=scores[:, 0],
-        inner_product=km.index.metric_type == faiss.METRIC_INNER_PRODUCT,
-    )
+    inner_product = km.index.metric_type == faiss.METRIC_INNER_PRODUCT
+    if rows is None:
+        chunks = [(0, train_x)]  # already converted (and checked): one search over all points
+    else:
+        # Trained on a sample: convert, check and assign the points a chunk at a time, so peak memory is a chunk
+        # in float32 (not an (M, D) copy; 10M x 768 CC12M embeddings would be 30 GB), with the input untouched.
+        chunks = ((start, _unit_float32(arr[start:start + _ASSIGN_CHUNK], spherical=spherical))
+                  for start in range(0, num_points, _ASSIGN_CHUNK))
+    assignments = np.empty(num_points, dtype=np.int64)
+    inertia = 0.0
+    for start, chunk in chunks:
+        if rows is not None and _non_finite_rows(chunk).any():
+            raise _non_finite_error(arr)
+        scores, labels = km.index.search(chunk, 1)
+        assignments[start:start + chunk.shape[0]] = labels[:, 0]
+        inertia += _inertia(x=chunk, centroids=centroids, assignments=labels[:, 0], scores=scores[:, 0],
+                            inner_product=inner_product)
     return KMeansResult(
         assignments=assignments,
         centroids=centroids,
@@ -163,20 +178,20 @@ def _initial_centroids(*, train_x: np.ndarray, k: int, seed: int, init: str, sph
     return best
 
 
-def _training_sample(*, x: np.ndarray, k: int, seed: int, max_train_points: int | None) -> np.ndarray:
-    """x itself, or a seeded uniform sample of max_train_points of its rows (in their original order)."""
-    if max_train_points is None or max_train_points >= x.shape[0]:
-        return x
+def _training_rows(*, num_points: int, k: int, seed: int, max_train_points: int | None) -> np.ndarray | None:
+    """None (train on every point), or the sorted indices of a seeded uniform sample of max_train_points rows."""
+    if max_train_points is None or max_train_points >= num_points:
+        return None
     if max_train_points < k:
         raise ConfigError(f"max_train_points={max_train_points} is below k={k}: k-means needs at least one "
                           "training point per cluster; raise it (or leave it unset to train on every point).")
-    rows = np.random.default_rng(seed).choice(x.shape[0], size=max_train_points, replace=False)
+    rows = np.random.default_rng(seed).choice(num_points, size=max_train_points, replace=False)
     rows.sort()
-    return x[rows]
+    return rows
 
 
-def _prepare_features(*, features: np.ndarray, k: int, spherical: bool) -> np.ndarray:
-    """Validated float32 C-contiguous (M, D) copy-or-view; unit rows when spherical (never in place)."""
+def _validated_features(*, features: np.ndarray, k: int) -> np.ndarray:
+    """features as an (M, D) numeric array (no copy), with 1 <= k <= M."""
     arr = np.asarray(features)
     if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] == 0:
         raise DataError(f"features must be a non-empty (M, D) array, got shape {arr.shape}.")
@@ -188,28 +203,44 @@ def _prepare_features(*, features: np.ndarray, k: int, spherical: bool) -> np.nd
             f"k={k} clusters for {num_points} points: k must be in [1, {num_points}]; lower k "
             "(MCL also needs K^N <= M / batch_size so every cluster can fill a batch)."
         )
-    # Copy when normalising so the caller's array is never modified.
-    x = np.array(arr, dtype=np.float32, order="C", copy=spherical or None)
-    _check_finite(x)
+    return arr
+
+
+def _unit_float32(rows: np.ndarray, *, spherical: bool) -> np.ndarray:
+    """float32 C-contiguous copy-or-view of rows (n, D); L2-normalised when spherical (a copy: the caller's
+    array is never modified)."""
+    x = np.array(rows, dtype=np.float32, order="C", copy=spherical or None)
     if spherical:
         _l2_normalize_rows_(x)
     return x
 
 
-def _check_finite(x: np.ndarray) -> None:
-    # A row with a NaN or inf entry has a non-finite sum (NaN and inf propagate through x @ 1, a BLAS gemv:
-    # ~4x faster than a float64 np.sum and no (M, D) boolean temporary). A non-finite sum can also be a
-    # float32 overflow of finite entries, so only the flagged rows are then checked entry by entry.
+def _non_finite_rows(x: np.ndarray) -> np.ndarray:
+    """bool (n,): rows of float32 x (n, D) holding a NaN or inf.
+
+    A row with a NaN or inf entry has a non-finite sum (NaN and inf propagate; a float32 sum is 2x faster than a
+    float64 one and needs no (n, D) boolean temporary). A non-finite sum can also be a float32 overflow of finite
+    entries, so only the flagged rows are then checked entry by entry. Not a BLAS ``x @ 1``: between faiss
+    searches its spinning thread pool took the cores from faiss's (+30 % on the assignment pass). Normalising
+    keeps NaN/inf rows non-finite (inf / inf is NaN).
+    """
     with np.errstate(over="ignore", invalid="ignore"):
-        suspect = np.flatnonzero(~np.isfinite(x @ np.ones(x.shape[1], dtype=x.dtype)))
+        suspect = np.flatnonzero(~np.isfinite(x.sum(axis=1)))
     bad = np.zeros(x.shape[0], dtype=bool)
     bad[suspect] = ~np.isfinite(x[suspect]).all(axis=1)
-    if bad.any():
-        raise DataError(
-            f"{int(bad.sum())} of {x.shape[0]} embedding rows contain NaN or inf (e.g. row "
-            f"{int(np.flatnonzero(bad)[0])}); the encoder of the stage that exported them has probably "
-            "diverged: lower its learning rate (or enable gradient clipping) and retrain that stage."
-        )
+    return bad
+
+
+def _non_finite_error(arr: np.ndarray) -> DataError:
+    """The error for embeddings with NaN/inf rows: how many of all M rows (counted a chunk at a time) and the
+    first one."""
+    bad = np.concatenate([_non_finite_rows(_unit_float32(arr[start:start + _ASSIGN_CHUNK], spherical=False))
+                          for start in range(0, arr.shape[0], _ASSIGN_CHUNK)])
+    return DataError(
+        f"{int(bad.sum())} of {arr.shape[0]} embedding rows contain NaN or inf (e.g. row "
+        f"{int(np.flatnonzero(bad)[0])}); the encoder of the stage that exported them has probably "
+        "diverged: lower its learning rate (or enable gradient clipping) and retrain that stage."
+    )
 
 
 def _l2_normalize_rows_(x: np.ndarray) -> None:

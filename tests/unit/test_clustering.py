@@ -230,3 +230,28 @@ def test_save_counts_empty_clusters_and_checks_ids(tmp_path):
 def test_load_missing_directory_says_to_rerun_clustering(tmp_path):
     with pytest.raises(DataError, match="re-run the clustering stage"):
         load_assignments(directory=tmp_path / "nope")
+
+
+def test_sampled_kmeans_assigns_chunk_by_chunk_like_one_pass(blobs, monkeypatch):
+    # After training on a sample the points are converted and assigned a chunk at a time (peak memory: a chunk,
+    # not an (M, D) float32 copy); with tiny chunks the result must equal nearest-centroid assignment of all rows.
+    import contrastive.clustering as clustering
+
+    x, truth = blobs
+    scaled = (x * np.random.default_rng(2).uniform(0.5, 4.0, size=(x.shape[0], 1))).astype(np.float16)
+    original = scaled.copy()
+    monkeypatch.setattr(clustering, "_ASSIGN_CHUNK", 64)
+    result = kmeans(features=scaled, k=4, seed=0, spherical=True, max_train_points=200)
+    np.testing.assert_array_equal(scaled, original)
+    unit = scaled.astype(np.float32) / np.linalg.norm(scaled.astype(np.float32), axis=1, keepdims=True)
+    np.testing.assert_array_equal(result.assignments, _sq_dist(unit, result.centroids).argmin(1))
+    expected = ((unit.astype(np.float64) - result.centroids[result.assignments]) ** 2).sum()
+    assert result.inertia == pytest.approx(expected, rel=1e-3)
+    assert adjusted_mutual_information(a=result.assignments, b=truth) == pytest.approx(1.0, abs=1e-12)
+    # A NaN outside the training sample and two chunks in is still found, counted over all rows and named.
+    sample = set(clustering._training_rows(num_points=len(x), k=4, seed=0, max_train_points=200).tolist())
+    late = [row for row in range(300, len(x)) if row not in sample][:2]
+    broken = x.copy()
+    broken[late] = np.nan
+    with pytest.raises(DataError, match=rf"2 of 600 embedding rows .* \(e.g. row {late[0]}\)"):
+        kmeans(features=broken, k=4, seed=0, spherical=False, max_train_points=200)
