@@ -248,7 +248,8 @@ def _l2_normalize_rows_(x: np.ndarray) -> None:
     for start in range(0, x.shape[0], _ROW_CHUNK):
         rows = x[start : start + _ROW_CHUNK]
         norms = np.sqrt(np.einsum("ij,ij->i", rows, rows))
-        rows /= np.maximum(norms, 1e-12)[:, None]
+        with np.errstate(invalid="ignore"):  # an inf row becomes NaN here; the caller reports it right after
+            rows /= np.maximum(norms, 1e-12)[:, None]
 
 
 def _resolve_gpu(use_gpu: bool | None) -> bool:
