@@ -306,6 +306,10 @@ class _PipelineBase(_Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     output_dir: Path = Path("runs")
 
+    def for_stage(self, stage: int) -> "_PipelineBase":
+        """The config stage ``stage`` runs with: this one (PipelineConfig applies its stage_overrides)."""
+        return self
+
     def config_hash(self) -> str:
         """Digest of everything that changes results: ``name``, ``output_dir``, ``tracking`` and ``schedule`` do not,
         so renaming a run, moving its outputs or its tracking server, or scheduling it reuses the same results."""
@@ -389,17 +393,14 @@ def check_feasible(config: PipelineConfig, *, num_train: int) -> None:
     there are up to K^N groups; each must hold at least a batch on average: prod(K_j) <= M / b (paper, Sec. 4).
     """
     name_stage = bool(config.stage_overrides)  # say which stage fails when stages differ
-    for stage in range(config.mcl.num_stages):
-        if stage == 0 or stage in config.stage_overrides:
-            _check_stage_feasible(config.for_stage(stage), stage=stage, num_train=num_train, name_stage=name_stage)
-    if config.mcl.num_stages > 1 and (config.mcl.num_stages - 1) not in config.stage_overrides:
-        _check_stage_feasible(config, stage=config.mcl.num_stages - 1, num_train=num_train, name_stage=name_stage)
+    # Last stage first: with one batch size everywhere its capacity rule (most groups) implies the earlier stages',
+    # so a config without stage_overrides fails on the same check, with the same suggested fix, as it always did.
+    for stage in reversed(range(config.mcl.num_stages)):
+        _check_stage_feasible(config.for_stage(stage), stage=stage, num_train=num_train, name_stage=name_stage)
 
 
 def _check_stage_feasible(config: PipelineConfig, *, stage: int, num_train: int, name_stage: bool) -> None:
-    """The checks for one stage: batch and queue against the data, and prod(K over earlier clusterings) <= M / b.
-
-    The capacity rule of the last stage implies the earlier stages' when the batch size is the same everywhere."""
+    """The checks for one stage: batch and queue against the data, and prod(K over earlier clusterings) <= M / b."""
     batch = config.train.batch_size
     where = f"stage {stage}: " if name_stage else ""
     queue = config.method.queue_size()

@@ -237,15 +237,15 @@ def open_pipeline_run(*, config: PipelineConfig, pipeline_id: str, flow_run_id: 
 def open_stage_run(*, config: PipelineConfig, parent_run_id: str, stage: int, kind: str, pipeline_id: str,
                    flow_run_id: str | None) -> str:
     tracker = tracker_for(config)
+    # The stage's own config (its stage_overrides applied): what this stage actually trained with.
+    stage_config = config.for_stage(stage)
     tags = {"pipeline_id": pipeline_id, "stage": str(stage), "kind": kind, "config_hash": config.config_hash(),
-            "stage_override": str(stage in getattr(config, "stage_overrides", {})).lower()}
+            "stage_override": str(stage_config is not config).lower()}
     if flow_run_id:
         tags["prefect.flow_run_id"] = flow_run_id
     reuse = {"stage": str(stage), "kind": kind}
     run_id = tracker.start_run(name=f"{kind}-stage{stage}", tags=tags, parent_run_id=parent_run_id,
                                reuse_tags=reuse if flow_run_id else None)
-    # The stage's own config (its stage_overrides applied): what this stage actually trained with.
-    stage_config = config.for_stage(stage) if isinstance(config, PipelineConfig) else config
     tracker.log_params(run_id, stage_config.model_dump(mode="json"))
     return run_id
 

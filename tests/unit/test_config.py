@@ -90,3 +90,11 @@ def test_bad_stage_overrides_name_the_fix(override, fix):
     config_loader = lambda: load_config("trifeature_tiny", [override])  # noqa: E731
     with pytest.raises(ConfigError, match=fix):
         check_feasible(config_loader(), num_train=config_loader().data.trifeature.num_train)
+
+
+def test_capacity_rule_checks_a_stage_without_override_between_overridden_ones():
+    # Stages 0 and 2 have their own settings, stage 1 keeps the base batch of 128: 4 groups > 256 / 128.
+    config = load_config("trifeature_tiny", ["train.batch_size=128", "stage_overrides.0.train.epochs=2",
+                                             "stage_overrides.2.train.batch_size=16"])
+    with pytest.raises(ConfigError, match="stage 1: MCL needs prod"):
+        check_feasible(config, num_train=config.data.trifeature.num_train)
