@@ -1,6 +1,6 @@
 """Pipeline overhead: one training stage through the Prefect tasks and MLflow logging (``open_stage_run`` ->
 ``train_stage`` via ``flows.mcl_flow.run_step`` -> ``close_run``, inside a flow run) against the same training
-called directly (``contrastive.stages.train_stage`` with the very keyword arguments the task passed it, minus
+called directly (``contrastive.stages.train_stage`` with the very spec the task passed it, minus
 the task's callbacks).
 
 Goal (issue 6): at most 5 % slower. The stage has the default pipeline's shape (batch 64, 64 steps an epoch, so
@@ -22,6 +22,7 @@ readable (its API log shipping stays on).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -107,12 +108,12 @@ def _run(*, quick: bool) -> list[Result]:
 
     callback_clock = [0.0]
 
-    def recording_train_stage(**kwargs):
+    def recording_train_stage(spec, **kwargs):
         recorded.clear()
-        recorded.update(kwargs)
+        recorded["spec"] = spec
         callback_clock[0] = 0.0
         timed_callbacks = [_TimedCallback(c, callback_clock) for c in kwargs.get("callbacks", ())]
-        return real_train_stage(**{**kwargs, "callbacks": timed_callbacks})
+        return real_train_stage(spec, **{**kwargs, "callbacks": timed_callbacks})
 
     stages.train_stage = recording_train_stage
     counter = iter(range(1_000_000))
@@ -150,10 +151,12 @@ def _run(*, quick: bool) -> list[Result]:
                                 "server_cpu": _children_cpu() - server, "callbacks": callback_clock[0]})
 
     def direct():
-        kwargs = dict(recorded, epochs=epochs, callbacks=(), stage_dir=ROOT / "direct" / str(next(counter)))
+        spec = recorded["spec"]
+        spec = dataclasses.replace(spec, loop=dataclasses.replace(spec.loop, epochs=epochs),
+                                   stage_dir=str(ROOT / "direct" / str(next(counter))))
         cpu, server = _own_cpu(), _children_cpu()
         started = time.perf_counter()
-        summary = real_train_stage(**kwargs)
+        summary = real_train_stage(spec)
         runs["direct"].append({"inner": time.perf_counter() - started, "loop": summary["seconds"],
                                "cpu": _own_cpu() - cpu, "server_cpu": _children_cpu() - server})
 

@@ -15,15 +15,22 @@ def _uniform(low: float, high: float, size: int, generator: torch.Generator) -> 
     return low + (high - low) * torch.rand(size, generator=generator)
 
 
+def _rows(draws: torch.Tensor, rows: slice | None) -> torch.Tensor:
+    """This rank's rows of per-sample draws made for the whole global batch."""
+    return draws if rows is None else draws[rows]
+
+
 def random_resized_crop(*, images: torch.Tensor, scale: tuple[float, float], ratio: tuple[float, float],
-                        hflip: bool, generator: torch.Generator) -> torch.Tensor:
+                        hflip: bool, generator: torch.Generator, global_batch: int | None = None,
+                        rows: slice | None = None) -> torch.Tensor:
     """Inception-style random resized crop for a whole batch via one affine ``grid_sample``.
 
     images: (B, C, H, W) float. Each sample gets a crop covering a fraction ``scale`` of the image area with
     aspect ratio in ``ratio`` (log-uniform), resized back to (H, W) bilinearly; with ``hflip`` half are mirrored.
-    Returns (B, C, H, W).
+    Returns (B, C, H, W). With ``global_batch`` every draw is made for that many samples and ``rows`` of them are
+    applied (DDP: each rank augments its slice of the global batch exactly as one process would).
     """
-    batch = images.shape[0]
+    batch = images.shape[0] if global_batch is None else global_batch
     area = _uniform(scale[0], scale[1], batch, generator)
     log_ratio = _uniform(math.log(ratio[0]), math.log(ratio[1]), batch, generator)
     aspect = torch.exp(log_ratio)
@@ -36,7 +43,8 @@ def random_resized_crop(*, images: torch.Tensor, scale: tuple[float, float], rat
     sign = torch.ones(batch)
     if hflip:
         sign = torch.where(torch.rand(batch, generator=generator) < 0.5, -1.0, 1.0)
-    theta = torch.zeros(batch, 2, 3)
+    width, height, center_x, center_y, sign = (_rows(v, rows) for v in (width, height, center_x, center_y, sign))
+    theta = torch.zeros(images.shape[0], 2, 3)
     theta[:, 0, 0] = width * sign
     theta[:, 0, 2] = center_x
     theta[:, 1, 1] = height
@@ -46,17 +54,19 @@ def random_resized_crop(*, images: torch.Tensor, scale: tuple[float, float], rat
     return F.grid_sample(images, grid, mode="bilinear", padding_mode="reflection", align_corners=False)
 
 
-def color_jitter(*, images: torch.Tensor, strength: float, generator: torch.Generator) -> torch.Tensor:
+def color_jitter(*, images: torch.Tensor, strength: float, generator: torch.Generator,
+                 global_batch: int | None = None, rows: slice | None = None) -> torch.Tensor:
     """Per-sample brightness, contrast and saturation factors in [1 - strength, 1 + strength].
 
     images: (B, 3, H, W) in [0, 1]. Off by default: on Trifeature it destroys the colour attribute.
     """
     if strength <= 0:
         return images
-    batch = images.shape[0]
+    batch = images.shape[0] if global_batch is None else global_batch
 
     def factors() -> torch.Tensor:
-        return _uniform(1 - strength, 1 + strength, batch, generator).to(images.device).view(batch, 1, 1, 1)
+        drawn = _rows(_uniform(1 - strength, 1 + strength, batch, generator), rows)
+        return drawn.to(images.device).view(-1, 1, 1, 1)
 
     images = images * factors()
     mean = images.mean(dim=(1, 2, 3), keepdim=True)
@@ -76,14 +86,21 @@ class TwoViewAugment:
         self.hflip = hflip
         self.color_jitter = color_jitter
 
-    def view(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    def view(self, images: torch.Tensor, generator: torch.Generator, *, global_batch: int | None = None,
+             rows: slice | None = None) -> torch.Tensor:
+        part = {"global_batch": global_batch, "rows": rows}
         out = random_resized_crop(images=images, scale=self.crop_scale, ratio=self.crop_ratio, hflip=self.hflip,
-                                  generator=generator)
-        return color_jitter(images=out, strength=self.color_jitter, generator=generator)
+                                  generator=generator, **part)
+        return color_jitter(images=out, strength=self.color_jitter, generator=generator, **part)
 
-    def __call__(self, images_uint8: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, images_uint8: torch.Tensor, generator: torch.Generator, *, global_batch: int | None = None,
+                 offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """uint8 (b, C, H, W) -> two float views. global_batch / offset: these b samples are rows
+        [offset, offset + b) of a global batch of ``global_batch`` (every rank draws for all of it)."""
         images = images_uint8.float().div_(255.0)
-        return self.view(images, generator), self.view(images, generator)
+        rows = None if global_batch is None else slice(offset, offset + images.shape[0])
+        return (self.view(images, generator, global_batch=global_batch, rows=rows),
+                self.view(images, generator, global_batch=global_batch, rows=rows))
 
 
 def to_float(images_uint8: torch.Tensor) -> torch.Tensor:

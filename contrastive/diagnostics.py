@@ -211,13 +211,13 @@ def diagnose_stage(*, dataset_dir: Path, embeddings_dir: Path, out_dir: Path, cl
     ``out_dir/similarity.png``; returns {"metrics", "plot"}."""
     from contrastive.augment import TwoViewAugment
     from contrastive.clustering import load_assignments
-    from contrastive.data.dataset import ImageArrayDataset
+    from contrastive.data.image_files import load_dataset
     from contrastive.embeddings import load_embeddings
     from contrastive.sampling import align_labels_to_ids
     from contrastive.stages import load_trained_model, write_json
-    from contrastive.train import resolve_device
+    from contrastive.engine.distributed import device_for
 
-    dataset = ImageArrayDataset.load(dataset_dir)
+    dataset = load_dataset(dataset_dir)
     ids, embeddings = load_embeddings(directory=embeddings_dir)
     dataset.verify_ids(ids)
     train = dataset.indices("train")
@@ -228,7 +228,7 @@ def diagnose_stage(*, dataset_dir: Path, embeddings_dir: Path, out_dir: Path, cl
                                                     dataset_ids=ids[train])
     views = None
     if model_path is not None and augment_kwargs is not None:
-        torch_device = resolve_device(device)
+        torch_device = device_for(name=device)
         model = load_trained_model(model_path=model_path, device=torch_device)
         chosen = np.sort(np.random.default_rng(seed).permutation(len(train))[:alignment_samples])
         views = embed_two_views(encode=model.embed, images_uint8=dataset.get_batch(train[chosen]),

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from contrastive.checkpoint import atomic_write_bytes
+from contrastive.engine.checkpoint import atomic_write_bytes
 from contrastive.errors import DataError
 
 MANIFEST = "manifest.json"

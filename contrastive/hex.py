@@ -56,7 +56,7 @@ def percentile(values: torch.Tensor, q: float) -> float:
 def progress_of(*, step: int, total_steps: int | None) -> float:
     if not total_steps:
         raise ConfigError("HEX epsilon/Q schedules need the run length: call method.on_train_start(total_steps=...) "
-                          "before training_loss (contrastive.train.train_contrastive does), or use a fixed epsilon "
+                          "before training_loss (the engine loop does, through the task's on_train_start), or use a fixed epsilon "
                           "and a constant Q")
     return min(1.0, step / total_steps)
 

@@ -7,6 +7,7 @@ MLflow.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -14,17 +15,24 @@ import numpy as np
 import torch
 
 from contrastive.augment import TwoViewAugment
-from contrastive.checkpoint import atomic_write_bytes
+from contrastive.engine.checkpoint import atomic_write_bytes
 from contrastive.clustering import adjusted_mutual_information, kmeans, load_assignments, save_clusters
 from contrastive.data.dataset import ImageArrayDataset
+from contrastive.data.image_files import load_dataset
+from contrastive.data.loading import iter_batches
 from contrastive.embeddings import compute_embeddings, load_embeddings, save_embeddings
-from contrastive.errors import DataError
+from contrastive.errors import ConfigError, DataError
 from contrastive.evaluate import evaluate_representation
 from contrastive.integrate import concat_normalized
 from contrastive.methods import build_method
 from contrastive.sampling import (ClusterBatchSampler, align_labels_to_ids, combine_pseudo_labels,
                                   merge_small_groups)
-from contrastive.train import TrainCallback, resolve_device, seed_everything, train_contrastive
+from contrastive.engine.distributed import DistInfo, current_info, device_for, per_rank_batch
+from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
+from contrastive.engine.loop import TrainCallback, release_device_memory, train
+from contrastive.engine.rng import seed_everything
+from contrastive.engine.task import LoopSpec, OptimSpec
+from contrastive.modalities.image import ImageBatchSource, ImageContrastiveTask
 
 
 def write_json(path: Path, value: dict) -> None:
@@ -46,51 +54,112 @@ def load_pseudo_labels(*, path: Path, dataset: ImageArrayDataset) -> np.ndarray:
     return align_labels_to_ids(label_ids=stored["ids"], labels=stored["groups"], dataset_ids=train_ids)
 
 
-def train_stage(*, dataset_dir: Path, stage_dir: Path, pseudo_labels_path: Path | None, model_kwargs: dict,
-                method_kwargs: dict, augment_kwargs: dict, epochs: int, batch_size: int, optimizer: str, lr: float,
-                weight_decay: float, schedule: str, warmup_fraction: float, seed: int, device: str,
-                remainder_policy: str, checkpoint_every_steps: int, log_every_steps: int, threads: int = 0,
-                callbacks: list[TrainCallback] = (), stop_after_steps: int | None = None) -> dict:
+@dataclass(frozen=True)
+class ImageStageSpec:
+    """Everything one unimodal training stage reads, built by the config schema (JSON-able for torchrun).
+
+    batch_size is the GLOBAL batch (all ranks); each of the W processes holds batch_size / W samples of it.
+    model / method / augment: the config's sections as JSON (they are saved with the model, so it rebuilds).
+    """
+    dataset_dir: str
+    stage_dir: str
+    pseudo_labels_path: str | None
+    model: dict
+    method: dict
+    augment: dict
+    batch_size: int
+    seed: int
+    device: str
+    remainder_policy: str
+    optim: OptimSpec
+    loop: LoopSpec
+    threads: int = 0
+    workers: int = 0
+    record_keys: bool = False
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, value: dict) -> "ImageStageSpec":
+        return cls(**{**value, "optim": OptimSpec(**value["optim"]), "loop": LoopSpec(**value["loop"])})
+
+
+def train_stage(spec: ImageStageSpec, *, info: DistInfo | None = None, callbacks: list[TrainCallback] = (),
+                stop_after_steps: int | None = None) -> dict:
     """Train a FRESH encoder for one stage (the paper shows inheriting weights from stage j-1 defeats MCL).
 
-    With ``pseudo_labels_path`` every batch comes from one pseudo-label group (MCL Algorithm 1); without it the
-    batches are ordinary random batches (stage 0 and the control run). Writes
-    ``stage_dir/checkpoints/last.pt`` (resumable), ``stage_dir/model/model.pt`` and ``train_summary.json``.
+    With ``spec.pseudo_labels_path`` every global batch comes from one pseudo-label group (MCL Algorithm 1), split
+    across the ranks; without it the batches are ordinary random batches (stage 0 and the control run). Every
+    process of a torchrun launch calls this with its ``info``; rank 0 writes ``stage_dir/checkpoints/last.pt``
+    (resumable), ``stage_dir/model/model.pt`` and ``train_summary.json``.
     """
-    if threads:
-        torch.set_num_threads(threads)
-    stage_dir = Path(stage_dir)
-    dataset = ImageArrayDataset.load(dataset_dir)
+    info = info or current_info()
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    stage_dir = Path(spec.stage_dir)
+    dataset = load_dataset(spec.dataset_dir)
     train_indices = dataset.indices("train")
-    groups = None if pseudo_labels_path is None else load_pseudo_labels(path=pseudo_labels_path, dataset=dataset)
-    sampler = ClusterBatchSampler(groups=groups, num_samples=len(train_indices), batch_size=batch_size, seed=seed,
-                                  remainder_policy=remainder_policy)
-    seed_everything(seed)
-    method = build_method(model_kwargs=model_kwargs, method_kwargs=method_kwargs)
-    torch_device = resolve_device(device)
-    # HEX with hierarchy = earlier_clusters reads each batch sample's pseudo-label (stage 0 has none: threshold).
-    get_groups = None
-    if groups is not None and method.wants_groups:
-        get_groups = lambda rows: torch.from_numpy(groups[rows].astype(np.int64))  # noqa: E731
-    result = train_contrastive(
-        model=method, batch_sampler=sampler, get_batch=lambda rows: dataset.get_batch(train_indices[rows]),
-        augment=TwoViewAugment(**augment_kwargs), epochs=epochs, optimizer=optimizer, lr=lr, weight_decay=weight_decay, schedule=schedule,
-        warmup_fraction=warmup_fraction, seed=seed, device=torch_device,
-        checkpoint_path=stage_dir / "checkpoints" / "last.pt", checkpoint_every_steps=checkpoint_every_steps,
-        log_every_steps=log_every_steps, callbacks=callbacks, stop_after_steps=stop_after_steps,
-        get_groups=get_groups)
+    groups = None if spec.pseudo_labels_path is None else load_pseudo_labels(path=spec.pseudo_labels_path,
+                                                                             dataset=dataset)
+    batch = per_rank_batch(global_batch_size=spec.batch_size, world_size=info.world_size)
+    sampler = ClusterBatchSampler(groups=groups, num_samples=len(train_indices), batch_size=batch, seed=spec.seed,
+                                  world_size=info.world_size, rank=info.rank,
+                                  remainder_policy=spec.remainder_policy)
+    seed_everything(spec.seed)
+    method = build_method(model_kwargs=spec.model, method_kwargs=spec.method)
+    torch_device = device_for(name=spec.device, info=info)
+    source = ImageBatchSource(
+        sampler=sampler, ids=dataset.ids[train_indices], groups=groups, info=info,
+        read_batches=lambda planned: read_image_batches(dataset=dataset, rows_in_split=train_indices,
+                                                        planned=planned, workers=spec.workers))
+    task = ImageContrastiveTask(method=method, augment=TwoViewAugment(**spec.augment), seed=spec.seed,
+                                channels_last=spec.loop.channels_last)
+    recorder = KeyRecorder()
+    # Under torchrun the flow reads the metrics from this file once the launch ends.
+    extra = [JsonlMetrics(stage_dir / "train_metrics.jsonl")] if info.is_distributed else []
+    result = train(task=task, source=source, optim=spec.optim, loop=spec.loop, device=torch_device,
+                   checkpoint_path=stage_dir / "checkpoints" / "last.pt", info=info,
+                   callbacks=[*callbacks, *extra, *([recorder] if spec.record_keys else [])],
+                   stop_after_steps=stop_after_steps)
+    if spec.record_keys:
+        write_json(stage_dir / f"keys_rank{info.rank}.json", {
+            "batches": recorder.batches, "losses": [h["train/loss"] for h in result.history]})
     model_path = stage_dir / "model" / "model.pt"
-    model_path.parent.mkdir(parents=True, exist_ok=True)
-    buffer_path = model_path.with_suffix(".tmp")
-    torch.save({"state_dict": method.state_dict(), "model_kwargs": model_kwargs, "method_kwargs": method_kwargs},
-               buffer_path)
-    buffer_path.replace(model_path)
     summary = {"steps": result.steps, "epochs": result.epochs, "final_loss": result.final_loss,
                "resumed_from_step": result.resumed_from_step, "seconds": result.seconds,
-               "views_per_second": result.views_per_second, "batch_plan": sampler.stats,
-               "cluster_pure_batches": groups is not None, "model_path": str(model_path)}
-    write_json(stage_dir / "train_summary.json", summary)
+               "samples_per_second": result.samples_per_second,
+               "views_per_second": task.views_per_sample * result.samples_per_second,
+               "trimmed_samples": result.trimmed_samples, "epochs_ended_early": result.epochs_ended_early,
+               "world_size": info.world_size, "per_rank_batch": batch, "global_batch": spec.batch_size,
+               "batch_plan": sampler.stats, "cluster_pure_batches": groups is not None,
+               "model_path": str(model_path)}
+    if info.is_main:
+        model_path.parent.mkdir(parents=True, exist_ok=True)
+        buffer_path = model_path.with_suffix(".tmp")
+        torch.save({"state_dict": method.state_dict(), "model_kwargs": spec.model, "method_kwargs": spec.method},
+                   buffer_path)
+        buffer_path.replace(model_path)
+        write_json(stage_dir / "train_summary.json", summary)
+    del task, method, source
+    release_device_memory(torch_device)
     return summary
+
+
+def train_stage_from_json(*, spec: dict, info: DistInfo | None = None) -> dict:
+    """Entry point of a torchrun launch (``contrastive.engine.launch``): the spec arrives as JSON."""
+    return train_stage(ImageStageSpec.from_json(spec), info=info)
+
+
+def read_image_batches(*, dataset, rows_in_split: np.ndarray, planned, workers: int):
+    """(split positions kept, uint8 images) for every planned batch of split positions, in order: decoded in
+    DataLoader workers for a dataset stored as files (unreadable files dropped and counted), a slice of the
+    in-memory array otherwise."""
+    position_of = np.full(len(dataset), -1, dtype=np.int64)
+    position_of[rows_in_split] = np.arange(rows_in_split.size)
+    dataset_rows = (rows_in_split[rows] for rows in planned)
+    for kept, images in iter_batches(dataset, dataset_rows, workers=workers):
+        yield position_of[kept], images
 
 
 def load_trained_model(*, model_path: Path, device: torch.device) -> torch.nn.Module:
@@ -106,8 +175,8 @@ def load_trained_model(*, model_path: Path, device: torch.device) -> torch.nn.Mo
 def export_stage_embeddings(*, dataset_dir: Path, model_path: Path, out_dir: Path, batch_size: int, device: str,
                             progress: Callable[[int], None] | None = None) -> dict:
     """Embed every sample (train and test) with the stage's backbone; float16 shards + ids in ``out_dir``."""
-    dataset = ImageArrayDataset.load(dataset_dir)
-    torch_device = resolve_device(device)
+    dataset = load_dataset(dataset_dir)
+    torch_device = device_for(name=device)
     model = load_trained_model(model_path=model_path, device=torch_device)
     embeddings = compute_embeddings(encode=model.embed, get_batch=dataset.get_batch, num_samples=len(dataset),
                                     batch_size=batch_size, device=torch_device, progress=progress)
@@ -127,7 +196,7 @@ def cluster_stage(*, dataset_dir: Path, embeddings_dir: Path, out_dir: Path, k: 
                   spherical: bool, init: str, max_train_points: int | None,
                   earlier_cluster_dirs: list[Path]) -> dict:
     """k-means on the train split's embeddings of one stage; AMI against every earlier stage's clustering."""
-    dataset = ImageArrayDataset.load(dataset_dir)
+    dataset = load_dataset(dataset_dir)
     ids, features = _train_split_embeddings(embeddings_dir=embeddings_dir, dataset=dataset)
     result = kmeans(features=features, k=k, seed=seed, niter=niter, spherical=spherical, init=init,
                     max_train_points=max_train_points)
@@ -154,7 +223,7 @@ def build_pseudo_labels(*, dataset_dir: Path, cluster_dirs: list[Path], embeddin
     Groups smaller than a batch are handled by ``small_group_policy`` (merge into the nearest group by centroid
     in the concatenated earlier-stage embedding space, pool, or none); counts go in the returned stats.
     """
-    dataset = ImageArrayDataset.load(dataset_dir)
+    dataset = load_dataset(dataset_dir)
     train_ids = dataset.ids[dataset.indices("train")]
     stage_assignments = []
     for cluster_dir in cluster_dirs:
@@ -195,7 +264,7 @@ def save_merged_pseudo_labels(*, ids: np.ndarray, combined: np.ndarray, features
 def evaluate_embeddings(*, dataset_dir: Path, embeddings_dirs: list[Path], probe_c: float, probe_max_iter: int,
                         probe_max_train: int, knn_k: int, seed: int) -> dict[str, float]:
     """Probe one stage (one dir) or the concatenation of several stages' L2-normalised embeddings."""
-    dataset = ImageArrayDataset.load(dataset_dir)
+    dataset = load_dataset(dataset_dir)
     stage_embeddings = []
     for directory in embeddings_dirs:
         ids, embeddings = load_embeddings(directory=directory)

@@ -25,12 +25,11 @@ RESULT_STORE = "prefect-results"
 
 
 def train_key(config: PipelineConfig, *, stage: int, data: dict, pseudo_key: str | None) -> str:
-    train = config.train.model_dump(exclude={"log_every_steps", "checkpoint_every_steps", "threads"})
-    return digest_of({"step": "train", "model": config.model.model_dump(mode="json"),
-                      "method": config.method.in_use(),
-                      "augment": config.augment.model_dump(mode="json"), "train": train,
+    return digest_of({"step": "train", "model": config.model.content(), "method": config.method.in_use(),
+                      "augment": config.augment.content(), "train": config.train.content(),
                       "seed": t.stage_seed(config, stage), "data": data["digest"], "pseudo_labels": pseudo_key,
-                      "remainder_policy": config.mcl.remainder_policy if pseudo_key else None})
+                      "remainder_policy": config.mcl.remainder_policy if pseudo_key else None,
+                      "processes": config.distributed.nproc_per_node * config.distributed.nnodes})
 
 
 def run_step(step, *, storage: Path, force: bool = False, **kwargs) -> dict:

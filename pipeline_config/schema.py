@@ -14,11 +14,29 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from contrastive.engine.task import LoopSpec, OptimSpec
 from contrastive.errors import ConfigError
+
+
+# A field that never changes a result (log cadence, thread count, worker count): left out of content keys.
+NOT_IN_KEY = {"json_schema_extra": {"affects_results": False}}
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    def content(self) -> dict:
+        """This section as JSON without the fields marked ``NOT_IN_KEY``, recursively: what a step's content
+        key digests, so a new field is part of the key unless its declaration says it cannot change a result."""
+        out = {}
+        for name, field in type(self).model_fields.items():
+            extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+            if extra.get("affects_results") is False:
+                continue
+            value = getattr(self, name)
+            out[name] = value.content() if isinstance(value, _Section) else self.model_dump(
+                mode="json", include={name})[name]
+        return out
 
 
 class TrifeatureConfig(_Section):
@@ -34,13 +52,25 @@ class TrifeatureConfig(_Section):
 
 
 class ImageFolderConfig(_Section):
-    """A user's own images, optionally with a CSV of attribute labels (column ``id`` = relative path)."""
+    """A user's own images, optionally with a CSV of attribute labels (column ``id`` = relative path).
+
+    ``storage``: ``memory`` decodes every image once into ``images.npy`` (fast; host memory and disk grow with the
+    number of images, fine up to ~100k small images); ``files`` writes only an index (ids, split, labels) and
+    decodes each file when it is read (ImageNet scale). ``split_from_folders``: ImageNet's layout
+    ``train/<class>/*.JPEG`` + ``val/<class>/*.JPEG``: the split comes from the top folder (train -> train;
+    val / validation / test -> test), the class from the folder below it.
+    """
 
     source: Path | None = None
     labels_csv: Path | None = None
     image_size: int = Field(32, ge=16, le=512)
     test_fraction: float = Field(0.25, gt=0.0, lt=1.0)
     seed: int = 0
+    storage: Literal["memory", "files"] = Field("memory", description="memory = decode once into images.npy; "
+                                                                      "files = index only, decode when read")
+    split_from_folders: bool = Field(False, description="train/<class>/ + val/<class>/ folders give the split")
+    max_skip_fraction: float = Field(0.01, ge=0.0, le=1.0, description="fail when more of the images are "
+                                                                       "unreadable (else they are skipped)")
 
 
 class DataConfig(_Section):
@@ -196,17 +226,59 @@ class AugmentConfig(_Section):
         return self
 
 
-class TrainConfig(_Section):
+class LoopSettings(_Section):
+    """What every stage's training loop reads (unimodal and CLIP alike); builds the engine's typed specs."""
     epochs: int = Field(8, ge=1)
-    batch_size: int = Field(128, ge=2)
-    lr: float = Field(1e-3, gt=0)
+    lr: float = Field(1e-3, gt=0, description="learning rate at the reference batch (see lr_scaling)")
     weight_decay: float = Field(1e-6, ge=0)
-    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
     scheduler: Literal["cosine", "constant"] = "cosine"
     warmup_fraction: float = Field(0.0, ge=0.0, lt=1.0)
-    log_every_steps: int = Field(10, ge=1)
-    checkpoint_every_steps: int = Field(100, ge=1)
-    threads: int = Field(0, ge=0, description="torch CPU threads; 0 = torch default")
+    precision: Literal["fp32", "bf16", "fp16", "amp"] = Field(
+        "fp32", description="bf16 autocast; fp16 (= amp) autocast with a gradient scaler on CUDA, fp32 on CPU")
+    grad_accumulation: int = Field(1, ge=1, description="micro-batches per optimizer step; each micro-batch is its "
+                                                        "own contrastive batch (its own negatives)")
+    grad_clip_norm: float | None = Field(None, gt=0)
+    compile: bool = Field(False, description="torch.compile the forward (GPU runs; slow to start on CPU)")
+    max_steps_per_epoch: int | None = Field(None, ge=1, description="cap steps per epoch (smoke runs)")
+    channels_last: bool = Field(False, description="channels_last memory format for conv towers", **NOT_IN_KEY)
+    log_every_steps: int = Field(10, ge=1, **NOT_IN_KEY)
+    checkpoint_every_steps: int = Field(100, ge=1, **NOT_IN_KEY)
+    threads: int = Field(0, ge=0, description="torch CPU threads; 0 = torch default", **NOT_IN_KEY)
+
+    def loop_spec(self) -> LoopSpec:
+        return LoopSpec(epochs=self.epochs, checkpoint_every_steps=self.checkpoint_every_steps,
+                        log_every_steps=self.log_every_steps, precision=self.precision,
+                        grad_accumulation=self.grad_accumulation, grad_clip_norm=self.grad_clip_norm,
+                        compile=self.compile, channels_last=self.channels_last,
+                        max_steps_per_epoch=self.max_steps_per_epoch)
+
+
+class TrainConfig(LoopSettings):
+    batch_size: int = Field(128, ge=2, description="GLOBAL batch: summed over the distributed.nproc_per_node "
+                                                   "processes, each holding batch_size / nproc_per_node")
+    optimizer: Literal["adam", "adamw", "sgd", "lars"] = "adam"
+    channels_last: bool = Field(True, description="channels_last memory format (about 30 % faster convs on CPU)",
+                                **NOT_IN_KEY)
+    lr_scaling: Literal["none", "linear", "sqrt"] = Field(
+        "none", description="lr used = lr * batch_size / 256 (linear) or lr * sqrt(batch_size) (sqrt, SimCLR+LARS)")
+    momentum: float = Field(0.9, ge=0.0, lt=1.0, description="sgd / lars momentum")
+    workers: int = Field(0, ge=0, description="DataLoader workers decoding image files (data stored as files)",
+                         **NOT_IN_KEY)
+
+    def optim_spec(self) -> OptimSpec:
+        from contrastive.engine.optim import scaled_lr
+        return OptimSpec(name=self.optimizer, weight_decay=self.weight_decay, schedule=self.scheduler,
+                         lr=scaled_lr(base_lr=self.lr, global_batch_size=self.batch_size, rule=self.lr_scaling),
+                         warmup_fraction=self.warmup_fraction, momentum=self.momentum)
+
+
+class DistributedConfig(_Section):
+    """Processes of one stage: > 1 runs the stage under torchrun (DDP: nccl on GPUs, gloo on CPU)."""
+    nproc_per_node: int = Field(1, ge=1, description="processes (GPUs) per stage; > 1 runs the stage under torchrun")
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    nnodes: int = Field(1, ge=1, description="nodes of a multi-node launch (torchrun --nnodes)")
+    rdzv_endpoint: str | None = Field(None, description="host:port of the c10d rendezvous (multi-node); default: "
+                                                        "a standalone rendezvous on this node")
 
 
 class StageClusteringConfig(_Section):
@@ -332,6 +404,7 @@ class PipelineConfig(_PipelineBase):
     train: TrainConfig = TrainConfig()
     mcl: MclConfig = MclConfig()
     eval: EvalConfig = EvalConfig()
+    distributed: DistributedConfig = DistributedConfig()
     stage_overrides: dict[int, dict[str, Any]] = Field(
         default_factory=dict,
         description="per-stage changes to the model, method, augment and train sections, e.g. "
@@ -350,6 +423,15 @@ class PipelineConfig(_PipelineBase):
                 raise ValueError(f"stage_overrides.{stage} changes {', '.join(unknown)}: only the sections "
                                  f"{', '.join(STAGE_SECTIONS)} can differ between stages")
             self.for_stage(stage)  # every stage's config must be valid on its own
+        return self
+
+    @model_validator(mode="after")
+    def _batch_splits(self) -> "PipelineConfig":
+        n = self.distributed.nproc_per_node * self.distributed.nnodes
+        if self.train.batch_size % n or self.train.batch_size // n < 2:
+            raise ValueError(f"train.batch_size={self.train.batch_size} is the global batch: it must be a multiple "
+                             f"of the {n} processes (distributed.nproc_per_node x nnodes) with at least 2 samples "
+                             "each: change one of them")
         return self
 
     def for_stage(self, stage: int) -> "PipelineConfig":
@@ -486,26 +568,24 @@ class ClipModelConfig(_Section):
     cache_dir: str | None = Field(None, description="where to look for tag weights (default: Hugging Face cache)")
 
 
-class ClipTrainConfig(_Section):
+class ClipTrainConfig(LoopSettings):
     epochs: int = Field(1, ge=1)
     global_batch_size: int = Field(32, ge=2, description="samples per step over all processes; every batch of a "
                                                          "stage >= 1 comes from one pseudo-label group")
     lr: float = Field(1e-5, gt=0)
     weight_decay: float = Field(0.1, ge=0)
     warmup_fraction: float = Field(0.1, ge=0.0, lt=1.0)
-    scheduler: Literal["cosine", "constant"] = "cosine"
-    precision: Literal["amp", "bf16", "fp32"] = "amp"
+    precision: Literal["fp32", "bf16", "fp16", "amp"] = "amp"
     grad_checkpointing: bool = False
-    grad_clip_norm: float | None = Field(None, gt=0)
-    max_steps_per_epoch: int | None = Field(None, ge=1, description="cap steps per epoch (smoke runs)")
-    log_every_steps: int = Field(10, ge=1)
-    checkpoint_every_steps: int = Field(500, ge=1)
-    threads: int = Field(0, ge=0, description="torch CPU threads; 0 = torch default")
+    checkpoint_every_steps: int = Field(500, ge=1, **NOT_IN_KEY)
+
+    def optim_spec(self) -> OptimSpec:
+        """AdamW with CLIP's betas and eps (open_clip's fine-tuning defaults)."""
+        return OptimSpec(name="adamw", lr=self.lr, weight_decay=self.weight_decay, schedule=self.scheduler,
+                         warmup_fraction=self.warmup_fraction, betas=(0.9, 0.98), eps=1e-6)
 
 
-class ClipDistributedConfig(_Section):
-    nproc_per_node: int = Field(1, ge=1, description="processes (GPUs) per stage; > 1 runs the stage under torchrun")
-    backend: Literal["auto", "gloo", "nccl"] = "auto"
+class ClipDistributedConfig(DistributedConfig):
     local_loss: bool = Field(False, description="each rank computes its rows of the logits (O(B*WB) memory)")
 
 

@@ -10,6 +10,7 @@ so both pipelines leave the same run tree with the same metric names.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -17,13 +18,11 @@ from prefect import get_run_logger, task
 from contrastive.clip import stages
 from contrastive.clip.data import count_samples, data_fingerprint, expand_urls
 from contrastive.clip.evaluate import plot_metric_groups
-from contrastive.clip.launch import run_under_torchrun
 from contrastive.clip.model import ClipSpec, file_fingerprint, resolve_pretrained
 from pipeline_config.schema import ClipPipelineConfig, check_clip_feasible, check_clip_pretrained, digest_of
-from tasks.mcl_tasks import (PrefectProgress, TerminalProgress, cached_task, finish_cluster_record,
+from tasks.mcl_tasks import (cached_task, run_stage_training, finish_cluster_record,
                              finish_eval_record, finish_pseudo_label_record, finish_train_record, finished_record,
                              numeric_metrics, publish_summary, save_record, stage_seed, tracker_for)
-from tasks.tracking import MetricBuffer
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
@@ -94,36 +93,22 @@ def train_clip_stage(*, config: ClipPipelineConfig, key: str, out_dir: str, stag
     seed = stage_seed(config, stage)
     kwargs = dict(spec=clip_spec(config).to_dict(), urls=data["train_urls"],
                   grouped_dir=grouped["grouped_dir"] if grouped else None, stage_dir=out_dir,
-                  global_batch_size=t.global_batch_size, epochs=t.epochs, lr=t.lr, weight_decay=t.weight_decay,
-                  warmup_fraction=t.warmup_fraction, schedule=t.scheduler, precision=t.precision,
+                  global_batch_size=t.global_batch_size, optim=asdict(t.optim_spec()), loop=asdict(t.loop_spec()),
                   grad_checkpointing=t.grad_checkpointing, device=config.device, seed=seed,
                   remainder_policy=m.remainder_policy, active_streams=m.active_streams,
                   group_shuffle_buffer=m.group_shuffle_buffer, shuffle_buffer=config.data.shuffle_buffer,
                   decode_workers=config.data.decode_workers, max_skip_fraction=config.data.max_skip_fraction,
-                  num_samples=config.data.num_samples, local_loss=config.distributed.local_loss,
-                  grad_clip_norm=t.grad_clip_norm, max_steps_per_epoch=t.max_steps_per_epoch,
-                  checkpoint_every_steps=t.checkpoint_every_steps, log_every_steps=t.log_every_steps,
-                  threads=t.threads)
+                  num_samples=config.data.num_samples, local_loss=config.distributed.local_loss, threads=t.threads)
     tracker.set_tags(mlflow_run_id, {"train_key": key, "cluster_pure_batches": grouped is not None})
     tracker.log_params(mlflow_run_id, {"stage_seed": seed, "grouped_dir": kwargs["grouped_dir"]})
-    nproc = config.distributed.nproc_per_node
-    logger.info("training CLIP stage %d (%s batches, %d process%s) into %s", stage,
-                "cluster-pure" if grouped else "random", nproc, "es" if nproc > 1 else "", out_dir)
-    if nproc > 1:
-        summary = run_under_torchrun(kwargs={**kwargs, "backend": config.distributed.backend},
-                                     nproc_per_node=nproc, log_path=Path(out_dir) / "torchrun.log")
-        history = [json.loads(line) for line in (Path(out_dir) / "train_metrics.jsonl").read_text().splitlines()]
-        tracker.log_metric_history(mlflow_run_id, [(int(h.pop("step")), h) for h in history])
-    else:
-        steps = t.epochs * (t.max_steps_per_epoch or max(1, data["num_train"] // t.global_batch_size))
-        buffer = MetricBuffer(tracker=tracker, run_id=mlflow_run_id)
-        terminal = TerminalProgress(total_steps=steps, description=f"clip stage {stage}")
-        progress = PrefectProgress(total_steps=steps, description=f"CLIP stage {stage} training ({out_dir})")
-        try:
-            summary = stages.train_stage(**kwargs, callbacks=[buffer, progress, terminal])
-        finally:
-            terminal.close()
-        buffer.flush()
+    logger.info("training CLIP stage %d (%s batches) into %s", stage, "cluster-pure" if grouped else "random",
+                out_dir)
+    summary = run_stage_training(
+        tracker=tracker, mlflow_run_id=mlflow_run_id, out_dir=out_dir, distributed=config.distributed,
+        entry="contrastive.clip.stages:train_stage", torchrun_kwargs=kwargs,
+        train_here=lambda callbacks: stages.train_stage(**kwargs, callbacks=callbacks),
+        total_steps=t.epochs * (t.max_steps_per_epoch or max(1, data["num_train"] // t.global_batch_size)),
+        description=f"clip stage {stage}")
     return finish_train_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, stage=stage,
                                summary=summary,
                                extra_metrics={"train/samples_per_second": summary["samples_per_second"],

@@ -18,7 +18,8 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.context import TaskRunContext
 
 from contrastive import stages
-from contrastive.data.dataset import ImageArrayDataset
+from contrastive.engine.launch import run_under_torchrun
+from contrastive.data.image_files import load_dataset
 from contrastive.data.image_folder import prepare_image_folder
 from contrastive.data.trifeature import prepare_trifeature
 from contrastive.evaluate import plot_attribute_accuracy, plot_cluster_sizes
@@ -194,6 +195,35 @@ class TerminalProgress:
         self.bar.close()
 
 
+def run_stage_training(*, tracker: Tracker, mlflow_run_id: str, out_dir: str, distributed, entry: str,
+                       torchrun_kwargs: dict, train_here, total_steps: int, description: str) -> dict:
+    """Train one stage of either pipeline: in this process (metrics streamed to MLflow, progress to Prefect and the
+    terminal), or under torchrun when distributed.nproc_per_node > 1 (the ranks write metrics to
+    ``train_metrics.jsonl``, logged to MLflow when the launch ends). Returns the stage's train summary."""
+    nproc = distributed.nproc_per_node
+    if nproc > 1 or distributed.nnodes > 1:
+        get_run_logger().info("%s: %d process(es) per node on %d node(s) under torchrun", description, nproc,
+                              distributed.nnodes)
+        summary = run_under_torchrun(entry=entry, kwargs=torchrun_kwargs, stage_dir=Path(out_dir),
+                                     nproc_per_node=nproc, backend=distributed.backend,
+                                     log_path=Path(out_dir) / "torchrun.log", nnodes=distributed.nnodes,
+                                     rdzv_endpoint=distributed.rdzv_endpoint)
+        metrics_file = Path(out_dir) / "train_metrics.jsonl"
+        history = [json.loads(line) for line in metrics_file.read_text().splitlines()] if metrics_file.exists() \
+            else []
+        tracker.log_metric_history(mlflow_run_id, [(int(h.pop("step")), h) for h in history])
+        return summary
+    buffer = MetricBuffer(tracker=tracker, run_id=mlflow_run_id)
+    terminal = TerminalProgress(total_steps=total_steps, description=description)
+    progress = PrefectProgress(total_steps=total_steps, description=f"{description} training ({out_dir})")
+    try:
+        summary = train_here([buffer, progress, terminal])
+    finally:
+        terminal.close()
+    buffer.flush(final=True)
+    return summary
+
+
 # ---------------------------------------------------------------------------------------------------- tasks
 @task(name="prepare-data")
 def prepare_data(*, config: PipelineConfig) -> dict:
@@ -207,12 +237,16 @@ def prepare_data(*, config: PipelineConfig) -> dict:
     else:
         f = data.image_folder
         path = prepare_image_folder(source=f.source, root=data.cache_dir, image_size=f.image_size,
-                                    labels_csv=f.labels_csv, test_fraction=f.test_fraction, seed=f.seed)
-    dataset = ImageArrayDataset.load(path)
+                                    labels_csv=f.labels_csv, test_fraction=f.test_fraction, seed=f.seed,
+                                    storage=f.storage, split_from_folders=f.split_from_folders,
+                                    max_skip_fraction=f.max_skip_fraction)
+    dataset = load_dataset(path)
     num_train = len(dataset.indices("train"))
     check_feasible(config, num_train=num_train)
+    skip = data.image_folder.max_skip_fraction if data.kind == "image_folder" else 0.0
     return {"dir": str(path), "digest": dataset.digest, "num_train": num_train,
-            "num_test": len(dataset.indices("test")), "attributes": list(dataset.labels)}
+            "num_test": len(dataset.indices("test")), "attributes": list(dataset.labels),
+            "storage": dataset.manifest.get("storage", "memory"), "max_skip_fraction": skip}
 
 
 @task(name="open-pipeline-run")
@@ -263,26 +297,25 @@ def train_stage(*, config: PipelineConfig, key: str, out_dir: str, stage: int, d
     seed = stage_seed(config, stage)
     tracker.set_tags(mlflow_run_id, {"train_key": key, "cluster_pure_batches": pseudo_labels is not None})
     tracker.log_params(mlflow_run_id, {"stage_seed": seed, "pseudo_labels": (pseudo_labels or {}).get("path")})
-    buffer = MetricBuffer(tracker=tracker, run_id=mlflow_run_id)
-    steps_estimate = t.epochs * max(1, data["num_train"] // t.batch_size)
-    progress = PrefectProgress(total_steps=steps_estimate, description=f"stage {stage} training ({out_dir})")
-    terminal = TerminalProgress(total_steps=steps_estimate, description=f"stage {stage}")
-    logger.info("training stage %d (%s batches) into %s", stage,
-                "cluster-pure" if pseudo_labels else "random", out_dir)
-    summary = stages.train_stage(
-        dataset_dir=data["dir"], stage_dir=Path(out_dir),
-        pseudo_labels_path=pseudo_labels["path"] if pseudo_labels else None,
-        model_kwargs=config.model.model_dump(mode="json"),
-        method_kwargs=config.method.model_dump(mode="json"), augment_kwargs=config.augment.model_dump(),
-        epochs=t.epochs, batch_size=t.batch_size, optimizer=t.optimizer, lr=t.lr, weight_decay=t.weight_decay,
-        schedule=t.scheduler, warmup_fraction=t.warmup_fraction, seed=seed, device=config.device,
-        remainder_policy=config.mcl.remainder_policy, checkpoint_every_steps=t.checkpoint_every_steps,
-        log_every_steps=t.log_every_steps, threads=t.threads, callbacks=[buffer, progress, terminal])
-    terminal.close()
-    buffer.flush(final=True)
+    spec = stages.ImageStageSpec(
+        dataset_dir=data["dir"], stage_dir=out_dir, pseudo_labels_path=pseudo_labels["path"] if pseudo_labels else None,
+        model=config.model.model_dump(mode="json"), method=config.method.model_dump(mode="json"),
+        augment=config.augment.model_dump(), batch_size=t.batch_size, seed=seed, device=config.device,
+        remainder_policy=config.mcl.remainder_policy, optim=t.optim_spec(),
+        loop=t.loop_spec(), threads=t.threads, workers=t.workers)
+    logger.info("training stage %d (%s batches) into %s", stage, "cluster-pure" if pseudo_labels else "random",
+                out_dir)
+    summary = run_stage_training(
+        tracker=tracker, mlflow_run_id=mlflow_run_id, out_dir=out_dir, distributed=config.distributed,
+        entry="contrastive.stages:train_stage_from_json", torchrun_kwargs={"spec": spec.to_json()},
+        train_here=lambda callbacks: stages.train_stage(spec, callbacks=callbacks),
+        total_steps=t.epochs * (t.max_steps_per_epoch or max(1, data["num_train"] // t.batch_size)),
+        description=f"stage {stage}")
     return finish_train_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, stage=stage,
                                summary=summary,
-                               extra_metrics={"train/views_per_second": summary["views_per_second"]})
+                               extra_metrics={"train/views_per_second": summary["views_per_second"],
+                                              "train/samples_per_second": summary["samples_per_second"],
+                                              "train/trimmed_samples": summary["trimmed_samples"]})
 
 
 @cached_task("export-embeddings")

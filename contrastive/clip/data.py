@@ -9,7 +9,8 @@ through ``pipe:aws s3 cp s3://bucket/key -``.
 
 Web-crawled data has broken samples: a truncated JPEG, a sample without caption. They are skipped, counted by
 reason, logged (the first few, then every 1000th), and the run fails with DataError only when their fraction
-exceeds ``max_skip_fraction``: a few bad samples should not stop a 12M-sample run, a broken download should.
+exceeds ``max_skip_fraction``: a few bad samples should not stop a 12M-sample run, a broken download should. The
+counting is :class:`contrastive.data.skips.SkipCounter`, shared with the image-folder reader.
 """
 from __future__ import annotations
 
@@ -19,9 +20,8 @@ import logging
 import os
 import shutil
 import tarfile
-import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +33,7 @@ import torch
 import webdataset as wds
 from PIL import Image
 
+from contrastive.data.skips import SkipCounter
 from contrastive.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -42,9 +43,6 @@ CAPTION_EXTENSION = "txt"
 SIZES_FILE = "sizes.json"
 STATS_SUFFIX = "_stats.json"
 REMOTE_PREFIXES = ("pipe:", "http://", "https://", "s3://", "gs://", "sftp://", "ais://", "hf://")
-_LOG_FIRST = 10
-_LOG_EVERY = 1000
-_CHECK_AFTER = 1000  # samples seen before the skip fraction is checked mid-stream (not at the end)
 
 
 # ---------------------------------------------------------------------------------------------------- URLs
@@ -152,68 +150,6 @@ class BadSample(Exception):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
-
-
-class SkipCounter:
-    """Counts good and skipped samples by reason (thread-safe) and enforces ``max_skip_fraction``.
-
-    ``tar_error`` (an unreadable shard tail, e.g. an interrupted download) counts once per error although the
-    number of samples lost there is unknown; the export compares what it read with the shards' stats files.
-    """
-
-    def __init__(self, *, max_skip_fraction: float, where: str = "data"):
-        if not 0.0 <= max_skip_fraction <= 1.0:
-            raise ConfigError(f"max_skip_fraction must be in [0, 1], got {max_skip_fraction}")
-        self.max_skip_fraction = max_skip_fraction
-        self.where = where
-        self.good = 0
-        self.skipped: Counter[str] = Counter()
-        self.examples: list[str] = []
-        self._lock = threading.Lock()
-
-    @property
-    def seen(self) -> int:
-        return self.good + sum(self.skipped.values())
-
-    @property
-    def fraction(self) -> float:
-        return sum(self.skipped.values()) / max(1, self.seen)
-
-    def ok(self) -> None:
-        with self._lock:
-            self.good += 1
-            if self.seen >= _CHECK_AFTER and self.seen % _CHECK_AFTER == 0:
-                self._check_locked()
-
-    def skip(self, *, reason: str, key: str, url: str = "", detail: str = "") -> None:
-        with self._lock:
-            self.skipped[reason] += 1
-            total = sum(self.skipped.values())
-            message = f"{key} in {url or '?'}: {reason}{' (' + detail + ')' if detail else ''}"
-            if len(self.examples) < _LOG_FIRST:
-                self.examples.append(message)
-            if total <= _LOG_FIRST or total % _LOG_EVERY == 0:
-                log.warning("%s: skipped sample %s [%d skipped so far]", self.where, message, total)
-            if self.seen >= _CHECK_AFTER:
-                self._check_locked()
-
-    def check(self) -> None:
-        """Raise DataError if more than max_skip_fraction of the samples seen were skipped."""
-        with self._lock:
-            self._check_locked()
-
-    def _check_locked(self) -> None:
-        if self.seen and self.fraction > self.max_skip_fraction:
-            raise DataError(
-                f"{self.where}: {sum(self.skipped.values())} of {self.seen} samples are broken "
-                f"({dict(self.skipped)}; e.g. {self.examples[:3]}), more than max_skip_fraction="
-                f"{self.max_skip_fraction}: re-download the broken shards (img2dataset --incremental) or raise "
-                "data.max_skip_fraction")
-
-    def stats(self) -> dict[str, Any]:
-        with self._lock:
-            return {"good": self.good, "skipped": sum(self.skipped.values()), "seen": self.seen,
-                    "skip_fraction": self.fraction, **{f"skipped_{k}": v for k, v in self.skipped.items()}}
 
 
 def decode_image_text(sample: dict) -> tuple[Image.Image, str]:

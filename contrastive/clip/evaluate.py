@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from contrastive.clip.model import autocast_context
+from contrastive.engine.precision import autocast_context
 from contrastive.plotting import grouped_bars, locked_pyplot, save_figure
 
 RECALL_KS = (1, 5, 10)

@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 # Shipped as package data (pyproject: contrastive.clip = ["model_configs/*.json"]).
 CONFIG_DIR = Path(__file__).resolve().parent / "model_configs"
 TINY_MODEL = "mclpipe-tiny-vit"
-PRECISIONS = ("amp", "bf16", "fp32")
 # CLIP clamps its learnable temperature so logits never exceed 100 (Radford et al., 2021, Sec. 2.5).
 MAX_LOGIT_SCALE = 100.0
 
@@ -292,31 +291,6 @@ def load_trainable_state(model: nn.Module, state: dict[str, torch.Tensor]) -> No
 
 
 # ---------------------------------------------------------------------------------------------------- precision
-def check_precision(precision: str) -> None:
-    if precision not in PRECISIONS:
-        raise ConfigError(f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}")
-
-
-def autocast_context(*, precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """The autocast region for a forward pass.
-
-    amp: float16 autocast on CUDA (with a GradScaler, see :func:`grad_scaler`); on CPU it runs in fp32 because CPU
-    float16 autocast is slow and unsupported for many ops. bf16: bfloat16 autocast on CUDA and on CPU (supported
-    there). fp32: no autocast.
-    """
-    check_precision(precision)
-    if precision == "amp" and device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.float16)
-    if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def grad_scaler(*, precision: str, device: torch.device) -> torch.amp.GradScaler:
-    """A loss scaler that is active only for float16 autocast (amp on CUDA); a disabled no-op otherwise."""
-    return torch.amp.GradScaler("cuda", enabled=precision == "amp" and device.type == "cuda")
-
-
 # ---------------------------------------------------------------------------------------------------- stage models
 def save_stage_model(*, model: nn.Module, spec: ClipSpec, path: Path, weights_file: str | None) -> Path:
     """Write ``{spec, trainable_state, weights_fingerprint}``: the init is rebuilt from the spec and only the

@@ -7,7 +7,7 @@ Evaluation encodes the MMVP pairs and a held-out retrieval set once per model an
 concatenation of stages and the soup from those saved features.
 
 Each step reads what earlier steps wrote (paths), writes its own directory and returns a small JSON-able record.
-Nothing here knows about Prefect or MLflow; under torchrun, :mod:`contrastive.clip.launch` calls
+Nothing here knows about Prefect or MLflow; under torchrun, :mod:`contrastive.engine.launch` calls
 :func:`train_stage` in every process.
 """
 from __future__ import annotations
@@ -21,17 +21,22 @@ from typing import Callable
 import numpy as np
 import torch
 
-from contrastive.checkpoint import atomic_write_bytes
-from contrastive.clip.data import (SkipCounter, count_samples, iter_decoded, stream_batches, write_tiny_shards)
-from contrastive.clip.distributed import DistInfo, device_for
+from contrastive.engine.checkpoint import atomic_write_bytes
+from contrastive.clip.data import (count_samples, iter_decoded, stream_batches, write_tiny_shards)
+from contrastive.data.skips import SkipCounter
+from contrastive.engine.distributed import DistInfo, device_for, per_rank_batch
 from contrastive.clip.evaluate import (average_state_dicts, concat_stage_features, encode_images, encode_texts,
                                        retrieval_recall)
 from contrastive.clip.grouped import GroupedBatchReader, reshard_by_group
-from contrastive.clip.model import (ClipSpec, check_precision, create_clip, load_stage_model, load_stage_states,
+from contrastive.engine.precision import check_precision
+from contrastive.clip.model import (ClipSpec, create_clip, load_stage_model, load_stage_states,
                                     save_stage_model)
 from contrastive.clip.mmvp import mmvp_scores, pair_images, pair_similarities, pair_statements, read_mmvp
 from contrastive.clip.mmvp import write_tiny_mmvp
-from contrastive.clip.train import ClipCallback, train_clip
+from contrastive.clip.task import ClipTask
+from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
+from contrastive.engine.loop import TrainCallback, release_device_memory, train
+from contrastive.engine.task import LoopSpec, OptimSpec
 from contrastive.embeddings import load_embeddings, save_embeddings
 from contrastive.errors import ConfigError, DataError
 from contrastive.sampling import align_labels_to_ids, combine_pseudo_labels
@@ -45,25 +50,18 @@ def write_json(path: Path, value: dict) -> None:
     atomic_write_bytes(Path(path), json.dumps(value, indent=2, default=str).encode())
 
 
-class JsonlMetrics:
-    """Training callback appending metrics to a JSON-lines file (readable after a torchrun subprocess ends)."""
+class ClipBatchSource:
+    """The engine's view of a CLIP stage's batches: ``batches(epoch, start)`` and the planned length."""
 
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    def __init__(self, batches: Callable, steps_per_epoch: int):
+        self._batches = batches
+        self.steps_per_epoch = steps_per_epoch
 
-    def _write(self, record: dict) -> None:
-        with open(self.path, "a") as handle:
-            handle.write(json.dumps(record) + "\n")
+    def __len__(self) -> int:
+        return self.steps_per_epoch
 
-    def on_step(self, *, step: int, epoch: int, metrics: dict[str, float]) -> None:
-        self._write({"step": step, **metrics})
-
-    def on_epoch_end(self, *, epoch: int, metrics: dict[str, float]) -> None:
-        self._write({"step": epoch, **metrics})
-
-    def on_checkpoint(self, *, path: Path, step: int) -> None:
-        pass
+    def batches(self, *, epoch: int, start: int):
+        return self._batches(epoch, start)
 
 
 # ---------------------------------------------------------------------------------------------------- data
@@ -85,22 +83,12 @@ def prepare_synthetic_data(*, root: Path, num_train: int, num_heldout: int, samp
 
 
 # ---------------------------------------------------------------------------------------------------- training
-def per_rank_batch(*, global_batch_size: int, world_size: int) -> int:
-    if global_batch_size % world_size or global_batch_size // world_size < 2:
-        raise ConfigError(f"train.global_batch_size={global_batch_size} must be a multiple of the "
-                          f"{world_size} processes with at least 2 samples each: change it or "
-                          "distributed.nproc_per_node")
-    return global_batch_size // world_size
-
-
 def train_stage(*, spec: dict, urls: list[str], grouped_dir: str | None, stage_dir: str, global_batch_size: int,
-                epochs: int, lr: float, weight_decay: float, warmup_fraction: float, schedule: str, precision: str,
-                grad_checkpointing: bool, device: str, seed: int, remainder_policy: str = "partial",
+                optim: OptimSpec | dict, loop: LoopSpec | dict, grad_checkpointing: bool, device: str, seed: int, remainder_policy: str = "partial",
                 active_streams: int = 16, group_shuffle_buffer: int = 0, shuffle_buffer: int = 1000,
                 decode_workers: int = 0, max_skip_fraction: float = 0.01, num_samples: int | None = None,
-                local_loss: bool = False, grad_clip_norm: float | None = None, max_steps_per_epoch: int | None = None,
-                checkpoint_every_steps: int = 500, log_every_steps: int = 10, threads: int = 0,
-                info: DistInfo | None = None, callbacks: list[ClipCallback] = (),
+                local_loss: bool = False, threads: int = 0,
+                info: DistInfo | None = None, callbacks: list[TrainCallback] = (),
                 stop_after_steps: int | None = None, record_keys: bool = False) -> dict:
     """Fine-tune one stage from the shared init; writes checkpoints/last.pt, model/model.pt, train_summary.json.
 
@@ -109,7 +97,9 @@ def train_stage(*, spec: dict, urls: list[str], grouped_dir: str | None, stage_d
     calls this with its ``info``; rank 0 writes the files.
     """
     info = info or DistInfo()
-    check_precision(precision)
+    optim = optim if isinstance(optim, OptimSpec) else OptimSpec(**optim)
+    loop = loop if isinstance(loop, LoopSpec) else LoopSpec(**loop)
+    check_precision(loop.precision)
     if threads:
         torch.set_num_threads(threads)
     stage = Path(stage_dir)
@@ -140,17 +130,17 @@ def train_stage(*, spec: dict, urls: list[str], grouped_dir: str | None, stage_d
                                   workers=decode_workers)
         plan_stats = {"cluster_pure": 1, **reader.schedule(0)[1]}
     metrics_file = JsonlMetrics(stage / "train_metrics.jsonl")
+    recorder = KeyRecorder()
     torch.manual_seed(seed)
-    result = train_clip(
-        bundle=bundle, batches=batches, steps_per_epoch=steps_per_epoch, epochs=epochs, lr=lr,
-        weight_decay=weight_decay, warmup_fraction=warmup_fraction, schedule=schedule, precision=precision,
-        device=torch_device, checkpoint_path=stage / "checkpoints" / "last.pt",
-        checkpoint_every_steps=checkpoint_every_steps, log_every_steps=log_every_steps, info=info,
-        local_loss=local_loss, grad_clip_norm=grad_clip_norm, max_steps_per_epoch=max_steps_per_epoch,
-        callbacks=[metrics_file, *callbacks], stop_after_steps=stop_after_steps, record_keys=record_keys)
+    result = train(task=ClipTask(bundle=bundle, local_loss=local_loss),
+                   source=ClipBatchSource(batches, steps_per_epoch), optim=optim, loop=loop, device=torch_device, checkpoint_path=stage / "checkpoints" / "last.pt",
+                   callbacks=[metrics_file, *callbacks, *([recorder] if record_keys else [])], info=info,
+                   stop_after_steps=stop_after_steps)
+    if loop.max_steps_per_epoch:
+        steps_per_epoch = min(steps_per_epoch, loop.max_steps_per_epoch)
     counter.check()
     if record_keys:
-        write_json(stage / f"keys_rank{info.rank}.json", {"batches": result.keys_seen,
+        write_json(stage / f"keys_rank{info.rank}.json", {"batches": recorder.batches,
                                                           "losses": [h["train/loss"] for h in result.history]})
     model_path = stage / "model" / "model.pt"
     summary = {"steps": result.steps, "epochs": result.epochs, "final_loss": result.final_loss,
@@ -162,6 +152,8 @@ def train_stage(*, spec: dict, urls: list[str], grouped_dir: str | None, stage_d
     if info.is_main:
         save_stage_model(model=bundle.model, spec=bundle.spec, path=model_path, weights_file=bundle.weights_file)
         write_json(stage / "train_summary.json", summary)
+    del bundle
+    release_device_memory(torch_device)
     return summary
 
 

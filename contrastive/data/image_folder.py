@@ -11,11 +11,27 @@ Labels come from, in order of preference:
    class names (empty = unknown), and optionally a ``split`` column of train/test;
 2. class subfolders (``source/<class>/.../img.png``): attribute ``class`` from the first path component;
 3. nothing: the dataset has no attributes (self-supervised training still works; probes are skipped).
+
+With ``split_from_folders`` the folder follows ImageNet's layout, ``train/<class>/*.JPEG`` + ``val/<class>/*.JPEG``:
+the split comes from the top folder (train -> "train"; val, valid, validation, test -> "test") and the class
+from the folder below it (a CSV, when given, still supplies the labels instead).
+
+Two storages (``storage``):
+
+- ``memory``: every image is decoded once into ``images.npy`` (see :mod:`contrastive.data.dataset`), read back
+  as a memmap by :class:`~contrastive.data.dataset.ImageArrayDataset`. Fastest to train from, but the array
+  holds N x S x S x 3 bytes: fine for a few hundred thousand small images, not for ImageNet. Unreadable files
+  are found here, dropped and warned about (an error above ``max_skip_fraction``).
+- ``files``: only ``index.npz`` (ids, split, labels: O(N) bytes, no pixels) and ``manifest.json`` (with the
+  source folder) are written; :class:`~contrastive.data.image_files.ImageFileDataset` decodes each file when it
+  is read, with the same decoder (:func:`load_square_rgb`), so both storages give identical pixels. Nothing is
+  decoded while preparing, so unreadable files stay in the index and are skipped (and counted) when read.
 """
 from __future__ import annotations
 
 import csv
 import hashlib
+import json
 import os
 import warnings
 from collections.abc import Sequence
@@ -26,14 +42,18 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps
 
-from contrastive.data.dataset import (IMAGES_FILE, atomic_dataset_dir, is_prepared, params_hash,
-                                      write_dataset_files)
-from contrastive.errors import DataError
+from contrastive.data.dataset import (IMAGES_FILE, INDEX_FILE, LABEL_PREFIX, MANIFEST_FILE,
+                                      _array_bytes_for_digest, _build_index, _write_json_atomic, atomic_dataset_dir,
+                                      is_prepared, params_hash, read_manifest, write_dataset_files)
+from contrastive.errors import ConfigError, DataError
 
 KIND = "image_folder"
 FORMAT_VERSION = 1
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 MAX_CORRUPT_FRACTION = 0.01  # skip (and warn about) at most this share of unreadable files, else stop
+STORAGES = ("memory", "files")
+# Top-level folder name (lower case) -> split, for split_from_folders (ImageNet: train/ and val/).
+SPLIT_FOLDERS = {"train": "train", "val": "test", "valid": "test", "validation": "test", "test": "test"}
 ID_COLUMNS = ("id", "path")
 SPLIT_COLUMN = "split"
 _COPY_ROWS = 4096
@@ -144,13 +164,16 @@ def _labels_from_csv(csv_labels: CsvLabels, ids: Sequence[str]) -> tuple[dict[st
     return attributes, labels
 
 
-def _labels_from_folders(ids: Sequence[str]) -> tuple[dict[str, list[str]], dict[str, np.ndarray]]:
-    classes = [i.split("/", 1)[0] if "/" in i else None for i in ids]
+def _labels_from_folders(ids: Sequence[str], *, depth: int = 0) -> tuple[dict[str, list[str]], dict[str, np.ndarray]]:
+    """Attribute ``class`` = path component ``depth`` (0: ``<class>/img``; 1: ``train/<class>/img``)."""
+    parts = [i.split("/") for i in ids]
+    classes = [p[depth] if len(p) > depth + 1 else None for p in parts]
     if all(c is None for c in classes):
         return {}, {}
     loose = sum(c is None for c in classes)
     if loose:
-        warnings.warn(f"{loose} image(s) sit directly in the source folder, not in a class subfolder: their "
+        where = "the source folder" if depth == 0 else "a split folder (train/, val/)"
+        warnings.warn(f"{loose} image(s) sit directly in {where}, not in a class subfolder: their "
                       "'class' label is unknown (-1); move them into a subfolder or give a labels CSV",
                       stacklevel=3)
     names = sorted({c for c in classes if c is not None})
@@ -169,6 +192,39 @@ def _assign_split(ids: Sequence[str], *, given: dict[str, str], test_fraction: f
     split[free] = "train"
     split[free[order[:num_test]]] = "test"
     return split
+
+
+def _split_from_folders(ids: Sequence[str], *, source: Path) -> np.ndarray:
+    """(N,) str split from each id's top folder (ImageNet: train/..., val/...); DataError for any other."""
+    tops = [i.split("/", 1)[0].lower() if "/" in i else "" for i in ids]
+    bad = [i for i, top in zip(ids, tops) if top not in SPLIT_FOLDERS]
+    if bad:
+        shown = ", ".join(repr(b) for b in bad[:3])
+        raise DataError(f"data.image_folder.split_from_folders is set but {len(bad)} image(s) under {source} are "
+                        f"not in a split folder ({', '.join(sorted(SPLIT_FOLDERS))}), e.g. {shown}: lay the "
+                        "folder out as train/<class>/... and val/<class>/... (ImageNet), or unset "
+                        "split_from_folders to draw a random split")
+    return np.asarray([SPLIT_FOLDERS[t] for t in tops], dtype="<U5")
+
+
+def _labels_and_split(ids: Sequence[str], *, csv_labels: CsvLabels | None, params: dict, source: Path,
+                      ) -> tuple[dict[str, list[str]], dict[str, np.ndarray], np.ndarray]:
+    """(attributes, labels, split) of the kept ``ids``: the same rule for both storages."""
+    from_folders = bool(params.get("split_from_folders", False))
+    folder_split = _split_from_folders(ids, source=source) if from_folders else None  # fails before any warning
+    if csv_labels is not None:
+        attributes, labels = _labels_from_csv(csv_labels, ids)
+        given_split = csv_labels.split
+    else:
+        attributes, labels = _labels_from_folders(ids, depth=1 if from_folders else 0)
+        given_split = {}
+    if folder_split is None:
+        split = _assign_split(ids, given=given_split, test_fraction=params["test_fraction"], seed=params["seed"])
+        return attributes, labels, split
+    if given_split:
+        warnings.warn("data.image_folder.split_from_folders is set: the labels CSV's 'split' column is ignored "
+                      "(the split comes from the train/ and val/ folders)", stacklevel=3)
+    return attributes, labels, folder_split
 
 
 # --------------------------------------------------------------------------------------------- decoding
@@ -205,13 +261,15 @@ def _decode_all(source: Path, rel_paths: Sequence[str], *, out: np.ndarray, size
     return failures
 
 
-def _check_failures(failures: dict[str, str], *, total: int, source: Path) -> None:
+def _check_failures(failures: dict[str, str], *, total: int, source: Path,
+                    max_fraction: float = MAX_CORRUPT_FRACTION) -> None:
     if not failures:
         return
     shown = "; ".join(f"{rel} ({err})" for rel, err in list(failures.items())[:3])
-    if len(failures) > MAX_CORRUPT_FRACTION * total:
+    if len(failures) > max_fraction * total:
         raise DataError(f"{len(failures)} of {total} images under {source} are unreadable (more than "
-                        f"{MAX_CORRUPT_FRACTION:.0%}), e.g. {shown}: re-export or delete these files")
+                        f"{max_fraction:.0%}), e.g. {shown}: re-export or delete these files, or raise "
+                        "data.image_folder.max_skip_fraction")
     warnings.warn(f"skipped {len(failures)} unreadable image(s) of {total} under {source}: {shown}", stacklevel=3)
 
 
@@ -243,7 +301,8 @@ def _check_source(source: Path) -> list[str]:
 
 
 def prepare_image_folder(*, source: Path, root: Path, image_size: int, labels_csv: Path | None = None,
-                         test_fraction: float = 0.25, seed: int = 0) -> Path:
+                         test_fraction: float = 0.25, seed: int = 0, storage: str = "memory",
+                         split_from_folders: bool = False, max_skip_fraction: float = MAX_CORRUPT_FRACTION) -> Path:
     """Convert a folder of images into a prepared dataset under ``root``, or reuse one made from the same files.
 
     The cache key covers the source path, every file's path, size and mtime, the CSV's bytes and the params,
@@ -255,13 +314,24 @@ def prepare_image_folder(*, source: Path, root: Path, image_size: int, labels_cs
         image_size: output side in pixels (centre square crop, then resize).
         labels_csv: optional CSV of labels (see the module docstring).
         test_fraction: share of images (without a split in the CSV) put in "test", seeded by ``seed``.
+        storage: "memory" (decode everything into ``images.npy``) or "files" (write only the index; images are
+            decoded when read). See the module docstring.
+        split_from_folders: take the split from top folders train/ and val/ (ImageNet layout) and the class
+            from the folder below; ``test_fraction`` and ``seed`` are then unused.
+        max_skip_fraction: "memory": largest share of unreadable images dropped with a warning (above it:
+            DataError). "files" decodes nothing here; the readers apply their own threshold.
 
     Returns:
-        The dataset directory, ready for :meth:`ImageArrayDataset.load`.
+        The dataset directory, ready for :func:`contrastive.data.image_files.load_dataset` (an
+        ``ImageArrayDataset`` for "memory", an ``ImageFileDataset`` for "files").
 
     Raises:
-        DataError: missing source, no images, bad CSV, or more than 1 % unreadable images.
+        DataError: missing source, no images, bad CSV, images outside train/ and val/ with
+            ``split_from_folders``, or ("memory") more than ``max_skip_fraction`` unreadable images.
     """
+    if storage not in STORAGES:
+        raise ConfigError(f"unknown storage {storage!r}: set data.image_folder.storage to 'memory' (decode once "
+                          "into images.npy) or 'files' (index only, for ImageNet-size folders)")
     source = Path(source).expanduser()
     rel_paths = _check_source(source)
     csv_labels = None
@@ -274,33 +344,95 @@ def prepare_image_folder(*, source: Path, root: Path, image_size: int, labels_cs
         "labels_csv": None if labels_csv is None else str(Path(labels_csv).resolve()),
         "labels_csv_sha256": None if labels_csv is None else hashlib.sha256(Path(labels_csv).read_bytes()).hexdigest(),
     }
+    # Added only when not the default, so folders prepared before these options existed keep their directory.
+    if storage != "memory":
+        params["storage"] = storage
+    if split_from_folders:
+        params["split_from_folders"] = True
     target = Path(root) / f"{KIND}-{params_hash(params)}"
-    if is_prepared(target, kind=KIND, params=params):
+    if storage == "files":
+        def prepared(t: Path) -> bool:
+            return _is_prepared_index(t, params=params)
+    else:
+        def prepared(t: Path) -> bool:
+            return is_prepared(t, kind=KIND, params=params)
+    if prepared(target):
         return target
-    with atomic_dataset_dir(target, keep_existing=lambda t: is_prepared(t, kind=KIND, params=params)) as tmp:
-        _write_image_folder(tmp, source=source, rel_paths=rel_paths, csv_labels=csv_labels, params=params)
+    with atomic_dataset_dir(target, keep_existing=prepared) as tmp:
+        if storage == "files":
+            _write_file_index(tmp, source=source, rel_paths=rel_paths, csv_labels=csv_labels, params=params)
+        else:
+            _write_image_folder(tmp, source=source, rel_paths=rel_paths, csv_labels=csv_labels, params=params,
+                                max_skip_fraction=max_skip_fraction)
     return target
 
 
 def _write_image_folder(tmp: Path, *, source: Path, rel_paths: list[str], csv_labels: CsvLabels | None,
-                        params: dict) -> None:
+                        params: dict, max_skip_fraction: float = MAX_CORRUPT_FRACTION) -> None:
     size = params["image_size"]
     images = np.lib.format.open_memmap(tmp / IMAGES_FILE, mode="w+", dtype=np.uint8,
                                        shape=(len(rel_paths), size, size, 3))
     failures = _decode_all(source, rel_paths, out=images, size=size)
     images.flush()
     del images
-    _check_failures(failures, total=len(rel_paths), source=source)
+    _check_failures(failures, total=len(rel_paths), source=source, max_fraction=max_skip_fraction)
     keep = np.asarray([i for i, rel in enumerate(rel_paths) if rel not in failures], dtype=np.int64)
     if failures:
         _compact_rows(tmp, keep=keep)
     ids = [rel_paths[i] for i in keep]
-    if csv_labels is not None:
-        attributes, labels = _labels_from_csv(csv_labels, ids)
-        given_split = csv_labels.split
-    else:
-        attributes, labels = _labels_from_folders(ids)
-        given_split = {}
-    split = _assign_split(ids, given=given_split, test_fraction=params["test_fraction"], seed=params["seed"])
+    attributes, labels, split = _labels_and_split(ids, csv_labels=csv_labels, params=params, source=source)
     write_dataset_files(tmp, kind=KIND, ids=ids, split=split, labels=labels, attributes=attributes,
                         params=params)
+
+
+# --------------------------------------------------------------------------------------------- storage "files"
+def file_index_digest(*, index: dict[str, np.ndarray], params: dict) -> str:
+    """sha256 hex identifying a file-backed dataset without reading a pixel.
+
+    Covers the index arrays (ids, split, labels), the output size and the source's fingerprint (every file's
+    path, size and mtime, ``params["files_sha256"]``): an edited image, a new label or a new split all change it.
+    """
+    digest = hashlib.sha256()
+    digest.update(f"files|{params['image_size']}|{params['source']}|{params['files_sha256']}".encode())
+    for name in sorted(index):
+        digest.update(f"|{name}|".encode())
+        digest.update(_array_bytes_for_digest(np.asarray(index[name])))
+    return digest.hexdigest()
+
+
+def _write_file_index(tmp: Path, *, source: Path, rel_paths: list[str], csv_labels: CsvLabels | None,
+                      params: dict) -> None:
+    """``index.npz`` + ``manifest.json`` (storage "files", source folder), no pixels: every file found is indexed."""
+    ids = list(rel_paths)
+    attributes, labels, split = _labels_and_split(ids, csv_labels=csv_labels, params=params, source=source)
+    index = _build_index(ids=ids, split=split, labels=labels, attributes=attributes, num_samples=len(ids))
+    np.savez(tmp / INDEX_FILE, **index)
+    manifest = {
+        "kind": KIND,
+        "storage": "files",
+        "source": str(Path(source).resolve()),
+        "num_samples": len(ids),
+        "num_train": int(np.count_nonzero(index["split"] == "train")),
+        "num_test": int(np.count_nonzero(index["split"] == "test")),
+        "image_size": int(params["image_size"]),
+        "attributes": {attr: [str(n) for n in names] for attr, names in attributes.items()},
+        "params": json.loads(json.dumps(params, default=str)),
+        "digest": file_index_digest(index=index, params=params),
+    }
+    _write_json_atomic(tmp / MANIFEST_FILE, manifest)
+
+
+def _is_prepared_index(directory: Path, *, params: dict) -> bool:
+    """Cheap check that ``directory`` is a complete file index made from ``params`` (reads no image)."""
+    manifest = read_manifest(directory)
+    if (manifest is None or manifest.get("kind") != KIND or manifest.get("storage") != "files"
+            or manifest.get("params") != json.loads(json.dumps(params, default=str))):
+        return False
+    try:
+        with np.load(Path(directory) / INDEX_FILE, allow_pickle=False) as index:
+            names = set(index.files)
+            num = index["ids"].shape[0] if "ids" in names else -1
+    except Exception:  # noqa: BLE001 - BadZipFile, OSError, ValueError: a damaged index is not prepared
+        return False
+    expected = {"ids", "split"} | {LABEL_PREFIX + a for a in manifest.get("attributes", {})}
+    return expected <= names and num == manifest.get("num_samples")

@@ -5,7 +5,7 @@ from torch import nn
 
 
 class ContrastiveMethod(nn.Module):
-    """Interface between a method and ``contrastive.train.train_contrastive``.
+    """A two-view method, trained by the engine through ``contrastive.modalities.image.ImageContrastiveTask``.
 
     Everything a method must keep across a resume (momentum encoders, queues as registered buffers) lives in its
     ``state_dict``, which the checkpoint stores.

@@ -21,36 +21,39 @@ def dataset_dir(tmp_path_factory):
                               num_colors=4, num_shapes=4, num_textures=4, seed=0)
 
 
-def start(dataset_dir: Path, stage_dir: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, str(SCRIPT), str(dataset_dir), str(stage_dir)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def start(dataset_dir: Path, stage_dir: Path, *, nproc: int = 1) -> subprocess.Popen:
+    """The tiny stage in a new process group (one process, or torchrun with ``nproc`` gloo ranks)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    launcher = [] if nproc == 1 else ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    return subprocess.Popen([sys.executable, *launcher, str(SCRIPT), str(dataset_dir), str(stage_dir)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
 
 
 def final_weights(stage_dir: Path) -> dict:
     return torch.load(stage_dir / "model" / "model.pt", weights_only=False)["state_dict"]
 
 
-def test_sigkill_mid_stage_then_resume_equals_uninterrupted(dataset_dir, tmp_path):
-    reference = start(dataset_dir, tmp_path / "reference")
-    assert reference.wait(timeout=180) == 0, reference.stderr.read().decode()[-2000:]
+@pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_sigkill_mid_stage_then_resume_equals_uninterrupted(dataset_dir, tmp_path, nproc):
+    reference = start(dataset_dir, tmp_path / "reference", nproc=nproc)
+    assert reference.wait(timeout=300) == 0, reference.stderr.read().decode()[-2000:]
 
     victim_dir = tmp_path / "victim"
-    victim = start(dataset_dir, victim_dir)
+    victim = start(dataset_dir, victim_dir, nproc=nproc)
     checkpoint = victim_dir / "checkpoints" / "last.pt"
     deadline = time.time() + 120
     while time.time() < deadline:
         if checkpoint.exists() and torch.load(checkpoint, weights_only=False)["step"] >= 5:
             break
         time.sleep(0.05)
-    victim.send_signal(signal.SIGKILL)
+    os.killpg(victim.pid, signal.SIGKILL)  # every rank and the torchrun agent at once, as a lost node
     victim.wait(timeout=30)
     killed_at = torch.load(checkpoint, weights_only=False)["step"]
     assert 5 <= killed_at < 24  # 3 epochs x 8 batches: it really died mid-stage
     assert not (victim_dir / "model" / "model.pt").exists()
 
-    resumed = start(dataset_dir, victim_dir)
-    assert resumed.wait(timeout=180) == 0, resumed.stderr.read().decode()[-2000:]
+    resumed = start(dataset_dir, victim_dir, nproc=nproc)
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read().decode()[-2000:]
     import json
     summary = json.loads((victim_dir / "train_summary.json").read_text())
     assert summary["resumed_from_step"] >= killed_at and summary["steps"] == 24

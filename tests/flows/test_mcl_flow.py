@@ -16,12 +16,12 @@ def count_training(monkeypatch):
     fail_for: set[str] = set()
     real = stages.train_stage
 
-    def wrapped(**kwargs):
-        name = Path(kwargs["stage_dir"]).name.split("-")[0]
+    def wrapped(spec, **kwargs):
+        name = Path(spec.stage_dir).name.split("-")[0]
         calls.append(name)
         if name in fail_for:
             raise RuntimeError(f"injected failure in {name}")
-        return real(**kwargs)
+        return real(spec, **kwargs)
 
     monkeypatch.setattr(stages, "train_stage", wrapped)
     return calls, fail_for

@@ -11,11 +11,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from contrastive.clip.data import ClipBatch, iter_raw_samples, write_tiny_shards
-from contrastive.clip.distributed import DistInfo
+from contrastive.engine.distributed import DistInfo
 from contrastive.clip.grouped import reshard_by_group
 from contrastive.clip.model import TINY_MODEL, ClipSpec, create_clip
 from contrastive.clip.stages import train_stage
-from contrastive.clip.train import ClipTrainModule, compute_loss
+from contrastive.engine.task import LoopSpec, OptimSpec
+from contrastive.clip.task import ClipTrainModule
 
 SPEC = ClipSpec(model_name=TINY_MODEL, init_seed=0, trainable_image_blocks=1)
 WORLD = 2
@@ -36,7 +37,6 @@ def _worker(rank: int, tmp: str, port: int, grouped_dir: str, urls: list) -> Non
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     try:
-        cpu = torch.device("cpu")
         full = _fixed_batch()
         half = full.images.shape[0] // WORLD
         mine = ClipBatch(images=full.images[rank * half:(rank + 1) * half],
@@ -44,17 +44,17 @@ def _worker(rank: int, tmp: str, port: int, grouped_dir: str, urls: list) -> Non
         out = {}
         for local_loss in (False, True):
             bundle = create_clip(spec=SPEC)
-            module = torch.nn.parallel.DistributedDataParallel(ClipTrainModule(bundle.model, text_frozen=True))
-            loss = compute_loss(module=module, batch=mine, tokenizer=bundle.tokenizer, precision="fp32", device=cpu,
-                                local_loss=local_loss)
+            module = torch.nn.parallel.DistributedDataParallel(
+                ClipTrainModule(bundle.model, text_frozen=True, local_loss=local_loss))
+            loss, _ = module(mine.images, bundle.tokenizer(mine.texts))
             loss.backward()  # DDP averages the gradients over ranks here
             out[local_loss] = {"loss": loss.item(), "grads": _grads(bundle.model)}
         torch.save(out, os.path.join(tmp, f"grads{rank}.pt"))
         train_stage(spec=SPEC.to_dict(), urls=urls, grouped_dir=grouped_dir, stage_dir=os.path.join(tmp, "stage"),
-                    global_batch_size=8, epochs=1, lr=1e-4, weight_decay=0.0, warmup_fraction=0.0,
-                    schedule="constant", precision="fp32", grad_checkpointing=False, device="cpu", seed=0,
-                    max_steps_per_epoch=3, info=DistInfo(rank=rank, world_size=WORLD), record_keys=True,
-                    log_every_steps=1, threads=1)
+                    global_batch_size=8, optim=OptimSpec(name="adamw", lr=1e-4, weight_decay=0.0,
+                                                         schedule="constant"),
+                    loop=LoopSpec(epochs=1, max_steps_per_epoch=3, log_every_steps=1), grad_checkpointing=False,
+                    device="cpu", seed=0, info=DistInfo(rank=rank, world_size=WORLD), record_keys=True, threads=1)
     finally:
         dist.destroy_process_group()
 
@@ -81,9 +81,8 @@ def test_gathered_loss_gradients_equal_the_single_process_gradient(ddp_run):
     tmp, _ = ddp_run
     ranks = [torch.load(tmp / f"grads{r}.pt", weights_only=False) for r in range(WORLD)]
     bundle = create_clip(spec=SPEC)
-    reference_loss = compute_loss(module=ClipTrainModule(bundle.model, text_frozen=True), batch=_fixed_batch(),
-                                  tokenizer=bundle.tokenizer, precision="fp32", device=torch.device("cpu"),
-                                  local_loss=False)
+    batch = _fixed_batch()
+    reference_loss, _ = ClipTrainModule(bundle.model, text_frozen=True)(batch.images, bundle.tokenizer(batch.texts))
     reference_loss.backward()
     reference = _grads(bundle.model)
     for local_loss in (False, True):

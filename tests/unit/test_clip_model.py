@@ -8,9 +8,12 @@ import torch.nn.functional as F
 
 from contrastive.clip.data import ClipBatch
 from contrastive.clip.loss import clip_loss
-from contrastive.clip.model import (TINY_MODEL, ClipSpec, autocast_context, create_clip, freeze_for_finetuning,
-                                    load_stage_model, save_stage_model, trainable_names)
-from contrastive.clip.train import ClipTrainModule, compute_loss, train_clip
+from contrastive.clip.model import (TINY_MODEL, ClipSpec, create_clip, freeze_for_finetuning, load_stage_model,
+                                    save_stage_model, trainable_names)
+from contrastive.clip.task import ClipTask, ClipTrainModule
+from contrastive.engine.loop import train
+from contrastive.engine.precision import autocast_context
+from contrastive.engine.task import LoopSpec, OptimSpec
 from contrastive.errors import ConfigError, DataError
 
 TINY = ClipSpec(model_name=TINY_MODEL, init_seed=0, trainable_image_blocks=1)
@@ -101,8 +104,7 @@ def test_grad_checkpointing_keeps_gradients_of_blocks_above_frozen_ones():
         bundle = create_clip(spec=TINY)
         bundle.model.set_grad_checkpointing(checkpointing)
         module = ClipTrainModule(bundle.model, text_frozen=True)
-        loss = compute_loss(module=module, batch=_batch(6), tokenizer=bundle.tokenizer, precision="fp32",
-                            device=torch.device("cpu"), local_loss=False)
+        loss = clip_step_loss(module, bundle, _batch(6))
         loss.backward()
         grads[checkpointing] = {n: p.grad for n, p in bundle.model.named_parameters() if p.requires_grad}
     assert all(g is not None and g.abs().sum() > 0 for n, g in grads[True].items() if n != "logit_scale")
@@ -115,11 +117,13 @@ def test_precision_contexts_on_cpu():
         assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.bfloat16
     with autocast_context(precision="amp", device=cpu):  # float16 autocast is CUDA-only here
         assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.float32
-    with pytest.raises(ConfigError, match="amp, bf16, fp32"):
-        autocast_context(precision="fp16", device=cpu)
+    with autocast_context(precision="fp16", device=cpu):  # fp16 is amp's other name
+        assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.float32
+    with pytest.raises(ConfigError, match="fp32, bf16, fp16, amp"):
+        autocast_context(precision="fp8", device=cpu)
     bundle = create_clip(spec=TINY)
-    loss = compute_loss(module=ClipTrainModule(bundle.model, text_frozen=True), batch=_batch(4),
-                        tokenizer=bundle.tokenizer, precision="bf16", device=cpu, local_loss=False)
+    with autocast_context(precision="bf16", device=cpu):
+        loss = clip_step_loss(ClipTrainModule(bundle.model, text_frozen=True), bundle, _batch(4))
     assert torch.isfinite(loss) and loss.dtype == torch.float32
 
 
@@ -136,13 +140,31 @@ def test_stage_model_file_stores_only_trained_parameters(tmp_path, tiny):
         load_stage_model(path=tmp_path / "nope.pt")
 
 
+class ListSource:
+    def __init__(self, batches):
+        self.items = batches
+
+    def __len__(self):
+        return len(self.items)
+
+    def batches(self, *, epoch, start):
+        return iter(self.items[start:])
+
+
+def clip_step_loss(module, bundle, batch):
+    """The CLIP loss of one batch through the training module (what the engine's forward computes)."""
+    loss, _ = module(batch.images, bundle.tokenizer(batch.texts))
+    return loss
+
+
 def _train(tmp_path, *, stop_after=None, name="ckpt"):
     bundle = create_clip(spec=TINY)
     batches = [_batch(8, seed) for seed in range(3)]
-    result = train_clip(bundle=bundle, batches=lambda epoch, start: iter(batches[start:]), steps_per_epoch=3,
-                        epochs=2, lr=1e-3, weight_decay=0.1, warmup_fraction=0.2, schedule="cosine",
-                        precision="fp32", device=torch.device("cpu"), checkpoint_path=tmp_path / name / "last.pt",
-                        checkpoint_every_steps=2, log_every_steps=1, stop_after_steps=stop_after)
+    result = train(task=ClipTask(bundle=bundle), source=ListSource(batches),
+                   optim=OptimSpec(name="adamw", lr=1e-3, weight_decay=0.1, warmup_fraction=0.2, schedule="cosine",
+                                   betas=(0.9, 0.98), eps=1e-6),
+                   loop=LoopSpec(epochs=2, checkpoint_every_steps=2, log_every_steps=1), device=torch.device("cpu"),
+                   checkpoint_path=tmp_path / name / "last.pt", stop_after_steps=stop_after)
     return bundle, result
 
 

@@ -7,12 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from contrastive.augment import TwoViewAugment
 from contrastive.hex import HexRule, QRule
 from contrastive.methods import MoCoV2, NNCLR, SimCLR, build_method
 from contrastive.models import ProjectionHead, SmallCNN
-from contrastive.sampling import ClusterBatchSampler
-from contrastive.train import seed_everything, train_contrastive
+from contrastive.engine.rng import seed_everything
+from tests.unit.modalities.image_training import train_on_images
 
 MODEL = dict(encoder="small_cnn", widths=[4, 8], projection_hidden=8, projection_dim=4)
 HEX = {"enabled": True, "epsilon": {"mode": "cosine", "start": 0.9, "end": 0.1}, "q": {"mode": "similarity"}}
@@ -143,17 +142,8 @@ def test_hex_changes_the_moco_loss_and_logs_its_numbers():
 def _train(tmp_path, method_kwargs, *, stop_after_steps=None, with_groups=False):
     images = torch.randint(0, 255, (48, 3, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     groups = np.repeat(np.arange(3), 16)
-    seed_everything(0)
-    model = build_method(model_kwargs=MODEL, method_kwargs=method_kwargs)
-    result = train_contrastive(
-        model=model, batch_sampler=ClusterBatchSampler(groups=None, num_samples=48, batch_size=8, seed=0),
-        get_batch=lambda rows: images[torch.from_numpy(rows)],
-        augment=TwoViewAugment(crop_scale=(0.3, 1.0), crop_ratio=(0.75, 1.33), hflip=False, color_jitter=0.0),
-        epochs=2, optimizer="adam", lr=1e-2, weight_decay=0.0, schedule="cosine", warmup_fraction=0.0, seed=0,
-        device=torch.device("cpu"), checkpoint_path=tmp_path / "ckpt" / "last.pt", checkpoint_every_steps=4,
-        log_every_steps=1, stop_after_steps=stop_after_steps,
-        get_groups=(lambda rows: torch.from_numpy(groups[rows])) if with_groups else None)
-    return model, result
+    return train_on_images(checkpoint_dir=tmp_path / "ckpt", method_kwargs=method_kwargs, images=images,
+                           hex_groups=groups if with_groups else None, stop_after_steps=stop_after_steps)
 
 
 CASES = {

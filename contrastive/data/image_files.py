@@ -1,0 +1,248 @@
+"""Image-folder datasets too large to decode in advance (ImageNet): an index on disk, pixels decoded when read.
+
+``prepare_image_folder(..., storage="files")`` writes a dataset directory that holds no pixels::
+
+    index.npz      ids (N,) str = paths relative to the source folder; split (N,) str; label_<attr> (N,) int64
+    manifest.json  {"kind": "image_folder", "storage": "files", "source": "/abs/path/to/images",
+                    "num_samples", "num_train", "num_test", "image_size", "attributes", "params", "digest"}
+
+Its size grows with the number of ids (O(N) bytes), not with the pixels. :class:`ImageFileDataset` opens it and
+decodes each file with the same function the "memory" storage uses when it fills ``images.npy``
+(:func:`contrastive.data.image_folder.load_square_rgb`: EXIF rotation, RGB, the centre square of side
+min(width, height) resampled to ``image_size`` x ``image_size``, i.e. the shorter side resized to ``image_size``
+and centre-cropped, in one bicubic resampling), so both storages give the same pixels for the same folder.
+
+:func:`load_dataset` opens either kind of dataset directory. For reading many batches quickly (DataLoader
+workers, skipping of unreadable files) see :func:`contrastive.data.loading.iter_batches`.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from contrastive.data.dataset import (INDEX_FILE, LABEL_PREFIX, MANIFEST_FILE, ImageArrayDataset, _as_index_array,
+                                      _load_index, _manifest_fields_ok, read_manifest)
+from contrastive.data.image_folder import file_index_digest, load_square_rgb
+from contrastive.data.skips import SkipCounter
+from contrastive.errors import DataError
+
+log = logging.getLogger(__name__)
+
+STORAGE_FILES = "files"
+DEFAULT_MAX_SKIP_FRACTION = 0.01
+UNREADABLE = "unreadable_image"  # the SkipCounter reason of a file PIL cannot decode
+IMAGE_SKIP_FIX = ("delete or re-export the unreadable files (or prepare the folder with "
+                  "data.image_folder.storage=memory, which drops them once), or raise "
+                  "data.image_folder.max_skip_fraction")
+_MAX_THREADS = 8  # threads decoding one get_batch call (PIL decodes and resizes outside the GIL)
+
+
+class ImageFileDataset:
+    """A file-backed image folder (storage "files") opened for reading: an index in memory, pixels on demand.
+
+    The same interface as :class:`~contrastive.data.dataset.ImageArrayDataset` where the pipeline uses one
+    (``ids``, ``split``, ``labels``, ``attributes``, ``class_names``, ``manifest``, ``digest``, ``image_size``,
+    ``len()``, :meth:`indices`, :meth:`verify_ids`, :meth:`verify_digest`, :meth:`get_batch`), plus
+    :meth:`read` for one file. Picklable (DataLoader workers under any start method).
+
+    Attributes:
+        path: the dataset directory (the index).
+        source: the image folder the ids are relative to.
+        skips: the :class:`~contrastive.data.skips.SkipCounter` of :meth:`get_batch` calls.
+    """
+
+    def __init__(self, *, path: Path, source: Path, index: Mapping[str, np.ndarray], manifest: Mapping[str, Any],
+                 max_skip_fraction: float = DEFAULT_MAX_SKIP_FRACTION) -> None:
+        self.path = Path(path)
+        self.source = Path(source)
+        self.ids: np.ndarray = index["ids"]
+        self.split: np.ndarray = index["split"]
+        self.manifest: dict[str, Any] = dict(manifest)
+        self.class_names: dict[str, list[str]] = {a: list(n) for a, n in manifest["attributes"].items()}
+        self.attributes: list[str] = list(self.class_names)
+        self.labels: dict[str, np.ndarray] = {a: index[LABEL_PREFIX + a] for a in self.attributes}
+        self.digest: str = str(manifest["digest"])
+        self.max_skip_fraction = float(max_skip_fraction)
+        self._init_runtime()
+
+    def _init_runtime(self) -> None:
+        self.skips = SkipCounter(max_skip_fraction=self.max_skip_fraction, where=f"dataset {self.path.name}",
+                                 fix=IMAGE_SKIP_FIX)
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for name in ("skips", "_pool", "_pool_lock"):  # a lock and threads cannot cross a process boundary
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_runtime()
+
+    # ----------------------------------------------------------------------------------------- loading
+    @classmethod
+    def load(cls, path: Path, *, verify_digest: bool = False,
+             max_skip_fraction: float = DEFAULT_MAX_SKIP_FRACTION) -> "ImageFileDataset":
+        """Open a directory written by ``prepare_image_folder(..., storage="files")``.
+
+        Args:
+            path: the dataset directory.
+            verify_digest: re-hash the index and compare with the manifest (reads no image).
+            max_skip_fraction: threshold of :attr:`skips` (unreadable files met by :meth:`get_batch`).
+
+        Raises:
+            DataError: a file is missing or damaged, the index disagrees with the manifest, or the source folder
+                is gone.
+        """
+        path = Path(path)
+        fix = f"run `mclpipe run` again to regenerate it, or delete the directory {path} if it keeps failing"
+        if not path.is_dir():
+            raise DataError(f"prepared dataset {path} does not exist: {fix}")
+        missing = [n for n in (INDEX_FILE, MANIFEST_FILE) if not (path / n).is_file()]
+        if missing:
+            raise DataError(f"prepared dataset {path} is incomplete (missing {', '.join(missing)}): {fix}")
+        manifest = read_manifest(path)
+        if (manifest is None or not _manifest_fields_ok(manifest) or manifest.get("storage") != STORAGE_FILES
+                or "source" not in manifest):
+            raise DataError(f"{path / MANIFEST_FILE} is corrupt, from an incompatible version or not a file index "
+                            f"(storage 'files'): {fix}")
+        index = _load_index(path / INDEX_FILE, attributes=list(manifest["attributes"]), fix=fix)
+        n = int(manifest["num_samples"])
+        for name, arr in index.items():
+            if arr.shape != (n,):
+                raise DataError(f"{path / INDEX_FILE}: {name} has shape {arr.shape}, expected ({n},): {fix}")
+        if len(np.unique(index["ids"])) != n:
+            raise DataError(f"{path / INDEX_FILE}: sample ids are not unique: {fix}")
+        source = Path(manifest["source"])
+        if not source.is_dir():
+            raise DataError(f"the image folder {source} that dataset {path} indexes no longer exists: restore it, "
+                            "or point data.image_folder.source at its new place and run again")
+        dataset = cls(path=path, source=source, index=index, manifest=manifest, max_skip_fraction=max_skip_fraction)
+        if verify_digest:
+            dataset.verify_digest()
+        return dataset
+
+    def verify_digest(self) -> None:
+        """Re-hash the index (not the images: the digest covers their paths, sizes and mtimes); DataError if changed."""
+        index = {"ids": self.ids, "split": self.split}
+        index.update({LABEL_PREFIX + a: v for a, v in self.labels.items()})
+        actual = file_index_digest(index=index, params=self.manifest["params"])
+        if actual != self.digest:
+            raise DataError(f"dataset {self.path} changed after it was written (digest {actual[:12]} != manifest "
+                            f"{self.digest[:12]}): delete the directory and run `mclpipe run` again to regenerate it")
+
+    # ----------------------------------------------------------------------------------------- access
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+    def __repr__(self) -> str:
+        return (f"ImageFileDataset({str(self.path)!r}, source={str(self.source)!r}, n={len(self)}, "
+                f"image_size={self.image_size}, attributes={self.attributes})")
+
+    @property
+    def image_size(self) -> int:
+        return int(self.manifest["image_size"])
+
+    # The same rules as the array dataset: they only use ids, split, len() and path.
+    indices = ImageArrayDataset.indices
+    verify_ids = ImageArrayDataset.verify_ids
+
+    def file(self, row: int) -> Path:
+        """The image file of ``row``."""
+        return self.source / str(self.ids[int(row)])
+
+    def decode(self, row: int) -> np.ndarray | str:
+        """uint8 (S, S, 3) of ``row``, or the error text ("OSError: ...") when the file cannot be decoded."""
+        try:
+            return load_square_rgb(self.file(row), size=self.image_size)
+        except Exception as err:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError, DecompressionBombError
+            return f"{type(err).__name__}: {err}"
+
+    def read(self, row: int) -> torch.Tensor | None:
+        """uint8 (3, S, S) of ``row``: shorter side resized to S and centre-cropped; None if unreadable
+        (missing, zero bytes, truncated or not an image)."""
+        image = self.decode(row)
+        if isinstance(image, str):
+            return None
+        return torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1)))  # a writable copy
+
+    def decode_rows(self, rows: Sequence[int] | np.ndarray, *, threads: int = 1,
+                    ) -> tuple[np.ndarray, torch.Tensor, list[tuple[int, str]]]:
+        """Decode ``rows`` in order: (rows kept int64 (b,), uint8 (b, 3, S, S), [(unreadable row, error)]).
+
+        ``threads`` > 1 decodes with this dataset's thread pool (not in a DataLoader worker: one per process).
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        if threads > 1 and rows.size > 1:
+            results = list(self._thread_pool().map(self.decode, rows.tolist()))
+        else:
+            results = [self.decode(int(r)) for r in rows]
+        keep = [i for i, result in enumerate(results) if not isinstance(result, str)]
+        failures = [(int(rows[i]), result) for i, result in enumerate(results) if isinstance(result, str)]
+        size = self.image_size
+        batch = np.empty((len(keep), size, size, 3), dtype=np.uint8)
+        for out, i in enumerate(keep):
+            batch[out] = results[i]
+        images = torch.from_numpy(batch).permute(0, 3, 1, 2).contiguous()
+        return rows[keep], images, failures
+
+    def get_batch(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> torch.Tensor:
+        """uint8 (B, 3, S, S) of rows ``indices``, in the order given, decoded by a thread pool in this process.
+
+        Callers of ``get_batch`` key results by position, so nothing is dropped here: an unreadable file gives an
+        all-zero image, is counted in :attr:`skips` and logged, and DataError is raised once more than
+        ``max_skip_fraction`` of (at least 1000) images read were unreadable. :func:`~contrastive.data.loading.
+        iter_batches` is the faster reader (DataLoader workers) that skips such files instead.
+        """
+        idx = _as_index_array(indices, size=len(self))
+        kept, images, failures = self.decode_rows(idx, threads=min(_MAX_THREADS, os.cpu_count() or 1))
+        if not failures:
+            self.skips.ok(len(kept))
+            return images
+        out = torch.zeros((len(idx), 3, self.image_size, self.image_size), dtype=torch.uint8)
+        good = np.ones(len(idx), dtype=bool)
+        bad_rows = {row for row, _ in failures}
+        good[[i for i, row in enumerate(idx.tolist()) if row in bad_rows]] = False
+        out[torch.from_numpy(np.flatnonzero(good))] = images
+        for row, error in failures:
+            self.skips.skip(reason=UNREADABLE, key=str(self.ids[row]), url=str(self.source),
+                            detail=f"{error}; replaced by a black image")
+        self.skips.ok(len(kept))
+        return out
+
+    def _thread_pool(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=min(_MAX_THREADS, os.cpu_count() or 1),
+                                                thread_name_prefix="image-decode")
+            return self._pool
+
+
+Dataset = ImageArrayDataset | ImageFileDataset
+
+
+def load_dataset(directory: Path, *, verify_digest: bool = False,
+                 max_skip_fraction: float = DEFAULT_MAX_SKIP_FRACTION) -> Dataset:
+    """Open a prepared dataset directory as the class its files call for.
+
+    A manifest with ``"storage": "files"`` (an index without ``images.npy``) gives an :class:`ImageFileDataset`;
+    anything else (Trifeature, an image folder with storage "memory") an
+    :class:`~contrastive.data.dataset.ImageArrayDataset`, whose loader reports what is missing or damaged.
+
+    Raises:
+        DataError: as the chosen class's ``load``.
+    """
+    manifest = read_manifest(Path(directory))
+    if manifest is not None and manifest.get("storage") == STORAGE_FILES:
+        return ImageFileDataset.load(directory, verify_digest=verify_digest, max_skip_fraction=max_skip_fraction)
+    return ImageArrayDataset.load(directory, verify_digest=verify_digest)

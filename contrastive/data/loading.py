@@ -1,0 +1,114 @@
+"""Read a dataset batch by batch: a slice for ``images.npy``, DataLoader workers decoding files for an image index.
+
+:func:`iter_batches` is the one reader for both storages. For an
+:class:`~contrastive.data.dataset.ImageArrayDataset` a batch is a memmap slice, read in this process (there is
+nothing to decode). For an :class:`~contrastive.data.image_files.ImageFileDataset` every batch is one item of a
+map-style dataset that ``torch.utils.data.DataLoader`` workers decode whole (``batch_size=None``): the plan of
+batches (the sampler's order, MCL's group-pure batches) stays the caller's, the workers only decode, and the
+batches come back in the order given. Unreadable files are dropped from their batch, counted in a
+:class:`~contrastive.data.skips.SkipCounter` and logged; more than ``max_skip_fraction`` of them ends the run
+with a :class:`~contrastive.errors.DataError` naming the first bad files and the fix.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+from torch.utils.data import Dataset as TorchDataset
+
+from contrastive.data.dataset import _as_index_array
+from contrastive.data.image_files import (DEFAULT_MAX_SKIP_FRACTION, IMAGE_SKIP_FIX, UNREADABLE, Dataset,
+                                          ImageFileDataset)
+from contrastive.data.skips import SkipCounter
+from contrastive.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+_IN_PROCESS_THREADS = 8  # decode threads when workers=0 (PIL decodes outside the GIL)
+
+
+class _BatchDecoder(TorchDataset):
+    """Map-style dataset whose item ``i`` is batch ``i`` decoded: (rows kept, uint8 (b, 3, S, S), failures)."""
+
+    def __init__(self, dataset: ImageFileDataset, batches: list[np.ndarray], *, threads: int = 1) -> None:
+        self.dataset = dataset
+        self.batches = batches
+        self.threads = threads
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, torch.Tensor, list[tuple[int, str]]]:
+        return self.dataset.decode_rows(self.batches[i], threads=self.threads)
+
+
+def _as_is(item):
+    """collate_fn for ``batch_size=None``: keep the item (the default would turn the numpy rows into a tensor)."""
+    return item
+
+
+def iter_batches(dataset: Dataset, batches: Iterable[np.ndarray], *, workers: int, prefetch: int = 2,
+                 max_skip_fraction: float = DEFAULT_MAX_SKIP_FRACTION, counter: SkipCounter | None = None,
+                 pin_memory: bool | None = None) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
+    """Yield ``(rows_kept, uint8 (b, 3, S, S))`` for every batch of dataset rows, in the order of ``batches``.
+
+    Args:
+        dataset: an ImageArrayDataset (read in this process: a slice, nothing to decode, no workers) or an
+            ImageFileDataset (decoded by DataLoader workers, one whole batch per worker task).
+        batches: int arrays of dataset rows, one per batch. For files they are collected into a list first (the
+            DataLoader indexes them): an ImageNet epoch of 256-image batches is ~10 MB of row numbers.
+        workers: DataLoader worker processes for files (0 = decode in this process, with threads).
+        prefetch: batches each worker decodes ahead (DataLoader ``prefetch_factor``; unused when workers=0).
+        max_skip_fraction: unreadable share of the images seen above which DataError is raised (checked every
+            1000 images and after the last batch). Ignored when ``counter`` is given.
+        counter: a SkipCounter to count into (e.g. one per training run across epochs); default: a new one.
+        pin_memory: pin the image tensors (faster copies to the GPU); default: when CUDA is available.
+
+    Yields:
+        One pair per batch, also for a batch whose every image was unreadable (then b = 0): the rows that
+        were decoded, int64 (b,), in the batch's order, and their images. An ImageArrayDataset keeps every row.
+
+    Raises:
+        DataError: more than ``max_skip_fraction`` of the images seen so far are unreadable (names up to 3).
+        ConfigError: ``workers`` < 0 or ``prefetch`` < 1.
+        IndexError: a batch holds a row outside the dataset.
+    """
+    if workers < 0 or prefetch < 1:
+        raise ConfigError(f"iter_batches needs workers >= 0 and prefetch >= 1, got workers={workers}, "
+                          f"prefetch={prefetch}")
+    if not isinstance(dataset, ImageFileDataset):
+        for batch in batches:  # images.npy: the memmap slice is the fast path
+            rows = _as_index_array(batch, size=len(dataset))
+            yield rows, dataset.get_batch(rows)
+        return
+    yield from _iter_file_batches(dataset, batches, workers=workers, prefetch=prefetch,
+                                  max_skip_fraction=max_skip_fraction, counter=counter, pin_memory=pin_memory)
+
+
+def _iter_file_batches(dataset: ImageFileDataset, batches: Iterable[np.ndarray], *, workers: int, prefetch: int,
+                       max_skip_fraction: float, counter: SkipCounter | None,
+                       pin_memory: bool | None) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
+    plan = [_as_index_array(batch, size=len(dataset)) for batch in batches]
+    if counter is None:
+        counter = SkipCounter(max_skip_fraction=max_skip_fraction, where=f"reading images of {dataset.source}",
+                              fix=IMAGE_SKIP_FIX)
+    threads = 1 if workers else min(_IN_PROCESS_THREADS, os.cpu_count() or 1)
+    loader = DataLoader(_BatchDecoder(dataset, plan, threads=threads), batch_size=None, shuffle=False,
+                        num_workers=workers, collate_fn=_as_is,
+                        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
+                        prefetch_factor=prefetch if workers else None, persistent_workers=False)
+    skipped_before = sum(counter.skipped.values())
+    for kept, images, failures in loader:  # in the order of ``plan``: the default sampler is sequential
+        for row, error in failures:
+            counter.skip(reason=UNREADABLE, key=str(dataset.ids[row]), url=str(dataset.source), detail=error)
+        counter.ok(len(kept))
+        yield kept, images
+    counter.check()
+    skipped = sum(counter.skipped.values()) - skipped_before
+    if skipped:
+        log.warning("%s: skipped %d unreadable image(s) in %d batches (%d skipped of %d seen in all)",
+                    counter.where, skipped, len(plan), sum(counter.skipped.values()), counter.seen)

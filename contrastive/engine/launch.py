@@ -1,0 +1,76 @@
+"""Run one training stage under torchrun: ``python -m contrastive.engine.launch <stage_args.json>``.
+
+The Prefect task writes ``{"entry": "package.module:function", "kwargs": {...}, "backend": ...}`` beside the
+stage and starts ``torchrun --nproc_per_node N -m contrastive.engine.launch <file>`` (see :func:`torchrun_command`);
+every process joins the process group (nccl on GPUs, gloo on CPU) and calls ``function(**kwargs, info=info)``:
+it trains its share, rank 0 writes the stage's files. The unimodal and the CLIP stage use this one launcher.
+
+One node: ``--standalone``. Several nodes: ``--nnodes N --rdzv-backend c10d --rdzv-endpoint host:port`` on every
+node (the config's ``distributed.nnodes`` / ``distributed.rdzv_endpoint``, or the environment of a cluster job).
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch.distributed as dist
+
+from contrastive.engine.distributed import device_for, dist_from_env, init_process_group
+from contrastive.errors import MclpipeError
+
+SUMMARY = "train_summary.json"
+
+
+def torchrun_command(*, args_path: Path, nproc_per_node: int, nnodes: int = 1,
+                     rdzv_endpoint: str | None = None) -> list[str]:
+    if nnodes > 1 and not rdzv_endpoint:
+        raise MclpipeError("distributed.nnodes > 1 needs distributed.rdzv_endpoint=host:port of the first node")
+    rendezvous = ["--standalone"] if nnodes == 1 and not rdzv_endpoint else \
+        [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}"]
+    return [sys.executable, "-m", "torch.distributed.run", *rendezvous, f"--nproc_per_node={nproc_per_node}",
+            "-m", "contrastive.engine.launch", str(args_path)]
+
+
+def run_under_torchrun(*, entry: str, kwargs: dict, stage_dir: Path, nproc_per_node: int, backend: str,
+                       log_path: Path, nnodes: int = 1, rdzv_endpoint: str | None = None) -> dict:
+    """Write the stage arguments beside the stage, run torchrun, return rank 0's train summary."""
+    stage_dir = Path(stage_dir)
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    args_path = stage_dir / "stage_args.json"
+    args_path.write_text(json.dumps({"entry": entry, "kwargs": kwargs, "backend": backend}, indent=2, default=str))
+    command = torchrun_command(args_path=args_path, nproc_per_node=nproc_per_node, nnodes=nnodes,
+                               rdzv_endpoint=rdzv_endpoint)
+    with open(log_path, "ab") as log:
+        completed = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False)
+    if completed.returncode != 0:
+        tail = Path(log_path).read_text(errors="replace").splitlines()[-15:]
+        raise MclpipeError(f"torchrun training of {stage_dir.name} failed (exit {completed.returncode}); its last "
+                           "lines:\n  " + "\n  ".join(tail) + f"\nFull log: {log_path}. Rerunning resumes from "
+                           f"{stage_dir / 'checkpoints' / 'last.pt'}")
+    return json.loads((stage_dir / SUMMARY).read_text())
+
+
+def resolve_entry(entry: str):
+    module, _, function = entry.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    payload = json.loads(Path(argv[0]).read_text())
+    info = dist_from_env()
+    kwargs = payload["kwargs"]
+    device = device_for(name=kwargs.get("device") or kwargs.get("spec", {}).get("device", "auto"), info=info)
+    init_process_group(info=info, backend=payload.get("backend", "auto"), device=device)
+    try:
+        resolve_entry(payload["entry"])(**kwargs, info=info)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,226 @@
+"""The one training loop of every stage, method and modality; it reads top to bottom.
+
+For every epoch: ask the batch source for this rank's batches from the saved position; agree with the other ranks
+on the batch size (lockstep); turn the batch into forward inputs (the task; augmentation happens there); forward
+under the configured precision; accumulate gradients over ``grad_accumulation`` micro-batches; clip; step the
+optimizer, the scaler and the schedule; let the task update what follows a step; log every ``log_every_steps``;
+checkpoint every ``checkpoint_every_steps`` and at the end of every epoch.
+
+A checkpoint holds the task's state (model, queues), optimizer, scheduler, scaler, every RNG (python, numpy,
+torch, CUDA and the task's own generators), the epoch and the number of batches consumed in it, so a stage killed
+mid-way resumes on exactly the batches and augmentations an uninterrupted run would have seen. Rank 0 writes it,
+every rank reads it.
+
+Lockstep: before every micro-batch the ranks agree (one all-reduce of an int) on the smallest local batch; a rank
+whose source ran dry reports 0 and every rank ends the epoch there, so DDP never hangs on uneven data; a shorter
+batch on one rank (an unreadable image skipped) trims the others to match. Both are counted in the result.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from contrastive.engine.checkpoint import load_checkpoint, save_checkpoint
+from contrastive.engine.distributed import (DistInfo, all_reduce_max, all_reduce_min, barrier, current_info,
+                                            sync_batch_norms)
+from contrastive.engine.optim import build_optimizer, lr_multiplier
+from contrastive.engine.precision import autocast_context, check_precision, grad_scaler
+from contrastive.engine.rng import capture_rng, restore_rng
+from contrastive.engine.task import BatchSource, LoopSpec, OptimSpec, StageTask
+from contrastive.errors import ConfigError, MclpipeError
+
+
+class TrainCallback(Protocol):
+    def on_step(self, *, step: int, epoch: int, metrics: dict[str, float]) -> None: ...
+
+    def on_epoch_end(self, *, epoch: int, metrics: dict[str, float]) -> None: ...
+
+    def on_checkpoint(self, *, path: Path, step: int) -> None: ...
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    epochs: int
+    final_loss: float
+    resumed_from_step: int | None
+    seconds: float
+    samples_per_second: float
+    trimmed_samples: int = 0
+    epochs_ended_early: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def _wrap(*, task: StageTask, spec: LoopSpec, device: torch.device, info: DistInfo) -> nn.Module:
+    """The forward module on the device: global batch norm and DDP across ranks, channels_last, compile."""
+    module = task.forward_module()
+    module = sync_batch_norms(module, device=device) if info.is_distributed else module
+    module.to(device, memory_format=torch.channels_last) if spec.channels_last else module.to(device)
+    if spec.compile:
+        module = torch.compile(module)
+    if info.is_distributed:
+        module = nn.parallel.DistributedDataParallel(
+            module, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
+    return module
+
+
+def _plan_steps(*, source: BatchSource, spec: LoopSpec) -> int:
+    steps = max(1, len(source) // spec.grad_accumulation)
+    return min(steps, spec.max_steps_per_epoch) if spec.max_steps_per_epoch else steps
+
+
+def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopSpec, device: torch.device,
+          checkpoint_path: Path, callbacks: list[TrainCallback] = (), info: DistInfo | None = None,
+          stop_after_steps: int | None = None) -> TrainResult:
+    """Train ``task`` on ``source`` for ``loop.epochs``; resumes from ``checkpoint_path`` when it holds a
+    checkpoint. ``stop_after_steps`` stops after that many optimizer steps, as a crash would (tests of resumption).
+    Callbacks run on rank 0; one with an ``on_batch(step=, batch=)`` method sees every micro-batch on every rank.
+    """
+    info = info or current_info()
+    check_precision(loop.precision)
+    if loop.grad_accumulation < 1:
+        raise ConfigError(f"train.grad_accumulation must be >= 1, got {loop.grad_accumulation}")
+    checkpoint_path = Path(checkpoint_path)
+    module = _wrap(task=task, spec=loop, device=device, info=info)
+    opt = build_optimizer(params=task.param_groups(weight_decay=optim.weight_decay), name=optim.name, lr=optim.lr,
+                          weight_decay=optim.weight_decay, momentum=optim.momentum, betas=optim.betas, eps=optim.eps)
+    steps_per_epoch = _plan_steps(source=source, spec=loop)
+    total_steps = steps_per_epoch * loop.epochs
+    warmup_steps = int(optim.warmup_fraction * total_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_multiplier(
+        step=s, total_steps=total_steps, warmup_steps=warmup_steps, schedule=optim.schedule))
+    scaler = grad_scaler(precision=loop.precision, device=device)
+    task.on_train_start(total_steps=total_steps)
+
+    start_epoch, consumed, step, resumed_from = 0, 0, 0, None
+    checkpoint = load_checkpoint(checkpoint_path, map_location="cpu")
+    if checkpoint is not None:
+        task.load_state_dict(checkpoint["model"])
+        opt.load_state_dict(checkpoint["optimizer"])
+        scheduler.load_state_dict(checkpoint["scheduler"])
+        scaler.load_state_dict(checkpoint["scaler"])
+        restore_rng(checkpoint["rng"], task.generators)
+        start_epoch, consumed = checkpoint["epoch"], checkpoint["batches_consumed"]
+        step = resumed_from = checkpoint["step"]
+
+    last_saved: dict = {"at": None}
+
+    def save(epoch: int, position: int) -> None:
+        # Saving the same place twice would make the ".prev" fallback a copy of the newest checkpoint.
+        if last_saved["at"] == (step, epoch, position):
+            return
+        last_saved["at"] = (step, epoch, position)
+        if info.is_main:
+            save_checkpoint({"model": task.state_dict(), "optimizer": opt.state_dict(),
+                             "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
+                             "rng": capture_rng(task.generators), "epoch": epoch, "batches_consumed": position,
+                             "step": step}, checkpoint_path)
+            for callback in callbacks:
+                callback.on_checkpoint(path=checkpoint_path, step=step)
+        barrier()
+
+    trained = [p for group in opt.param_groups for p in group["params"]]
+    batch_hooks = [c for c in callbacks if hasattr(c, "on_batch")]
+    result = TrainResult(steps=step, epochs=start_epoch, final_loss=float("nan"), resumed_from_step=resumed_from,
+                         seconds=0.0, samples_per_second=0.0)
+    started, samples = time.perf_counter(), 0
+    module.train()
+    for epoch in range(start_epoch, loop.epochs):
+        position = consumed if epoch == start_epoch else 0
+        iterator = iter(source.batches(epoch=epoch, start=position))
+        epoch_losses, window_start, window_samples = [], time.perf_counter(), 0
+        metrics: dict[str, float] = {}
+        while loop.max_steps_per_epoch is None or position < loop.max_steps_per_epoch * loop.grad_accumulation:
+            step_loss, step_samples, dry = 0.0, 0, False
+            for micro in range(loop.grad_accumulation):
+                batch = next(iterator, None)
+                local = len(batch) if batch is not None else 0
+                size = all_reduce_min(local, device=device)
+                if size < 2:  # some rank ran dry (or a batch of 1 has no negatives): the epoch ends for all ranks
+                    if local > 0:  # this rank still had data: count what the early end left unread in this batch
+                        result.epochs_ended_early += 1
+                        result.trimmed_samples += local
+                    dry = True
+                    break
+                if size < local:
+                    result.trimmed_samples += local - size
+                    batch = batch.take(size)
+                for hook in batch_hooks:
+                    hook.on_batch(step=step, batch=batch)
+                inputs = task.inputs(batch, device=device, step=step)
+                last_micro = micro == loop.grad_accumulation - 1
+                sync = contextlib.nullcontext() if last_micro or not info.is_distributed else module.no_sync()
+                with sync:
+                    with autocast_context(precision=loop.precision, device=device):
+                        loss, metrics = module(**inputs)
+                    diverged = all_reduce_max(int(not bool(torch.isfinite(loss))), device=device)
+                    if diverged:
+                        raise MclpipeError(
+                            f"training diverged at step {step} (loss {loss.item()}): lower train.lr, or use "
+                            f"precision fp32/bf16; the last good checkpoint is kept at {checkpoint_path}")
+                    scaler.scale(loss / loop.grad_accumulation).backward()
+                step_loss += loss.item() / loop.grad_accumulation
+                step_samples += size * info.world_size
+                position += 1
+            if dry:
+                # A partial accumulation ran its backward without the gradient all-reduce: drop it, and count it.
+                opt.zero_grad(set_to_none=True)
+                break
+            if loop.grad_clip_norm:
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(trained, loop.grad_clip_norm)
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+            scheduler.step()
+            task.after_step(step=step)
+            step += 1
+            result.final_loss = step_loss
+            epoch_losses.append(step_loss)
+            samples += step_samples
+            window_samples += step_samples
+            if step % loop.log_every_steps == 0:
+                elapsed = max(time.perf_counter() - window_start, 1e-9)
+                logged = {"train/loss": step_loss, "train/lr": scheduler.get_last_lr()[0],
+                          "train/samples_per_s": window_samples / elapsed,
+                          "train/views_per_s": task.views_per_sample * window_samples / elapsed,
+                          "train/epoch": float(epoch), **metrics, **task.log_metrics()}
+                result.history.append({"step": float(step), **logged})
+                if info.is_main:
+                    for callback in callbacks:
+                        callback.on_step(step=step, epoch=epoch, metrics=logged)
+                window_start, window_samples = time.perf_counter(), 0
+            if step % loop.checkpoint_every_steps == 0:
+                save(epoch, position)
+            if stop_after_steps is not None and step >= stop_after_steps:
+                save(epoch, position)
+                return _finish(result, step=step, epoch=epoch, started=started, samples=samples)
+        save(epoch + 1, 0)
+        if info.is_main:
+            for callback in callbacks:
+                callback.on_epoch_end(epoch=epoch, metrics={
+                    "train/epoch_loss": float(np.mean(epoch_losses)) if epoch_losses else float("nan")})
+    return _finish(result, step=step, epoch=loop.epochs, started=started, samples=samples)
+
+
+def _finish(result: TrainResult, *, step: int, epoch: int, started: float, samples: int) -> TrainResult:
+    result.steps, result.epochs = step, epoch
+    result.seconds = time.perf_counter() - started
+    result.samples_per_second = samples / max(result.seconds, 1e-9)
+    return result
+
+
+def release_device_memory(device: torch.device) -> None:
+    """Return a finished stage's cached CUDA memory to the driver before the next stage starts in this process."""
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()

@@ -1,0 +1,32 @@
+"""Every random number generator a resumed stage must restore to draw exactly what an uninterrupted one draws."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def capture_rng(generators: dict[str, torch.Generator] | None = None) -> dict:
+    """python, numpy and torch's global states plus the named explicit generators (e.g. the augmentation's)."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+             "generators": {name: g.get_state() for name, g in (generators or {}).items()}}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict, generators: dict[str, torch.Generator] | None = None) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    for name, generator in (generators or {}).items():
+        generator.set_state(state["generators"][name])
