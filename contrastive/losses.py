@@ -100,7 +100,7 @@ def hex_info_nce(*, z1: torch.Tensor, z2: torch.Tensor, temperature: float, epsi
     H(i) = the negatives whose cosine to the anchor exceeds ``epsilon``, chosen without gradient, unless
     ``hierarchy_mask`` (2B, 2B) bool gives it (e.g. same k-means cluster of an earlier MCL stage; entries outside
     the negatives are ignored). q: float or (2B, 2B) per-pair weights. With several ranks, gather z1 and z2 with
-    :func:`gather_across_ranks` first so H(i) is chosen among every rank's negatives.
+    :func:`contrastive.engine.distributed.gather_with_grad` first so H(i) is chosen among every rank's negatives.
     Returns (scalar loss, {"hex/epsilon", "hex/mean_hierarchy_size", "hex/q_mean"}).
     """
     if z1.shape != z2.shape or z1.ndim != 2:
@@ -154,29 +154,3 @@ def queue_info_nce(*, query: torch.Tensor, key: torch.Tensor, queue: torch.Tenso
         hierarchy = torch.zeros_like(negative_logits, dtype=torch.bool)
     return hex_cross_entropy(positive_logits=(query * key).sum(dim=1) / temperature,
                              negative_logits=negative_logits, hierarchy=hierarchy, q=q).mean()
-
-
-# ---------------------------------------------------------------------------------------------------- ranks
-def gather_across_ranks(x: torch.Tensor) -> torch.Tensor:
-    """Concatenate ``x`` (B_r, ...) from every rank along dim 0 (rank order); identity without torch.distributed.
-
-    The local slice keeps its gradient (the other ranks' slices are constants here; each rank back-propagates
-    through its own), so calling this BEFORE choosing H(i) makes every rank's samples candidate negatives.
-    Ranks may hold different batch sizes (partial last batches): rows are padded for all_gather and stripped.
-    """
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return x
-    world, rank = dist.get_world_size(), dist.get_rank()
-    size = torch.tensor([x.shape[0]], device=x.device)
-    sizes = [torch.zeros_like(size) for _ in range(world)]
-    dist.all_gather(sizes, size)
-    longest = int(max(s.item() for s in sizes))
-    padded = torch.zeros((longest, *x.shape[1:]), dtype=x.dtype, device=x.device)
-    padded[: x.shape[0]] = x.detach()
-    parts = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(parts, padded)
-    parts = [part[: int(n.item())] for part, n in zip(parts, sizes)]
-    parts[rank] = x
-    return torch.cat(parts, dim=0)

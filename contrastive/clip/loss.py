@@ -13,24 +13,10 @@ whose backward sends every rank the gradient of its own slot), so the loss sees 
 """
 from __future__ import annotations
 
-import warnings
-
 import torch
 import torch.nn.functional as F
 
-
-def gather_with_grad(features: torch.Tensor) -> torch.Tensor:
-    """(B, D) per rank -> (W*B, D) in rank order, differentiable w.r.t. the local slot (identity if W == 1)."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return features
-    if torch.distributed.get_world_size() == 1:
-        return features
-    from torch.distributed.nn.functional import all_gather
-    with warnings.catch_warnings():
-        # torch 2.14 marks it deprecated in favour of the private _functional_collectives; it is still the public,
-        # autograd-aware all_gather (its backward hands every rank the gradient of its own slot).
-        warnings.simplefilter("ignore", FutureWarning)
-        return torch.cat(all_gather(features), dim=0)
+from contrastive.engine.distributed import gather_with_grad
 
 
 def clip_loss(*, image_features: torch.Tensor, text_features: torch.Tensor, logit_scale: torch.Tensor,

@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from contrastive.engine.distributed import gather_with_grad
 from contrastive.hex import HexRule
-from contrastive.losses import cosine_matrix, gather_across_ranks, queue_info_nce
+from contrastive.losses import cosine_matrix, queue_info_nce
 from contrastive.methods.base import ContrastiveMethod
 
 
@@ -62,8 +63,8 @@ class MoCoV2(ContrastiveMethod):
             k1, k2 = F.normalize(self.key_head(self.key_backbone(torch.cat([view1, view2]))), dim=1).chunk(2)
         loss12, stats12 = self._direction_loss(query=q1, key=k2, step=step, groups=groups)
         loss21, stats21 = self._direction_loss(query=q2, key=k1, step=step, groups=groups)
-        keys = gather_across_ranks(torch.cat([k1, k2]))
-        key_groups = None if groups is None else gather_across_ranks(groups).repeat(2)
+        keys = gather_with_grad(torch.cat([k1, k2]))
+        key_groups = None if groups is None else gather_with_grad(groups).repeat(2)
         self.enqueue(keys=keys, groups=key_groups)
         stats = {name: 0.5 * (stats12[name] + stats21[name]) for name in stats12}
         return 0.5 * (loss12 + loss21), stats

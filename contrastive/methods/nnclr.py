@@ -4,8 +4,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from contrastive.engine.distributed import gather_with_grad
 from contrastive.hex import HexRule
-from contrastive.losses import cosine_matrix, cross_view_info_nce, gather_across_ranks
+from contrastive.losses import cosine_matrix, cross_view_info_nce
 from contrastive.methods.base import ContrastiveMethod
 
 
@@ -47,11 +48,11 @@ class NNCLR(ContrastiveMethod):
         nn1, nn2 = self.nearest_neighbours(z1), self.nearest_neighbours(z2)
         # Gather after the neighbour search (each rank searches its own copy of the shared support set), before
         # choosing H(i), so every rank's predictions are negatives.
-        nn1, nn2, p1, p2 = (gather_across_ranks(x) for x in (nn1, nn2, p1, p2))
-        groups = None if groups is None else gather_across_ranks(groups)
+        nn1, nn2, p1, p2 = (gather_with_grad(x) for x in (nn1, nn2, p1, p2))
+        groups = None if groups is None else gather_with_grad(groups)
         loss12, stats12 = self._direction_loss(anchors=nn1, candidates=p2, step=step, groups=groups)
         loss21, stats21 = self._direction_loss(anchors=nn2, candidates=p1, step=step, groups=groups)
-        self.enqueue(gather_across_ranks(z1.detach()))
+        self.enqueue(gather_with_grad(z1.detach()))
         stats = {name: 0.5 * (stats12[name] + stats21[name]) for name in stats12}
         return 0.5 * (loss12 + loss21), stats
 

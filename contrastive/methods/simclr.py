@@ -3,8 +3,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from contrastive.engine.distributed import gather_with_grad
 from contrastive.hex import HexRule
-from contrastive.losses import cosine_matrix, gather_across_ranks, hex_info_nce, nt_xent, two_view_negatives
+from contrastive.losses import cosine_matrix, hex_info_nce, nt_xent, two_view_negatives
 from contrastive.methods.base import ContrastiveMethod
 
 
@@ -35,11 +36,11 @@ class SimCLR(ContrastiveMethod):
         z1, z2 = self(torch.cat([view1, view2])).chunk(2)
         # Every rank's samples are negatives (identity on one process), with and without HEX alike, so the
         # no-HEX control sees the same negatives as the HEX run.
-        z1, z2 = gather_across_ranks(z1), gather_across_ranks(z2)
+        z1, z2 = gather_with_grad(z1), gather_with_grad(z2)
         if self.hex_rule is None:
             return nt_xent(z1=z1, z2=z2, temperature=self.temperature), {}
         both = torch.cat([z1, z2])
-        groups = None if groups is None else gather_across_ranks(groups).repeat(2)
+        groups = None if groups is None else gather_with_grad(groups).repeat(2)
         selection = self.hex_rule.select(cosines=cosine_matrix(both, both),
                                          negatives=two_view_negatives(len(z1), device=both.device), step=step,
                                          total_steps=self.total_steps, anchor_groups=groups,

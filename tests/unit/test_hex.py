@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from contrastive.errors import ConfigError
 from contrastive.hex import EpsilonRule, HexRule, QRule, cosine_schedule, percentile, step_schedule
-from contrastive.losses import (cross_view_info_nce, gather_across_ranks, hex_cross_entropy, hex_info_nce,
+from contrastive.losses import (cross_view_info_nce, hex_cross_entropy, hex_info_nce,
                                 nt_xent, queue_info_nce, two_view_negatives)
 
 
@@ -230,35 +230,3 @@ def test_schema_rejects_bad_hex_values_with_the_fix():
                               ({"epsilon": {"percentile": 0}}, r"\(0, 100\)")]:
         with pytest.raises(ConfigError, match=message):
             config_from_dict({"method": {"hex": {"enabled": True, **override}}})
-
-
-def test_gather_is_identity_on_one_process():
-    x = torch.randn(3, 2, requires_grad=True)
-    assert gather_across_ranks(x) is x
-
-
-
-def test_gather_across_two_ranks_keeps_order_sizes_and_local_grad(monkeypatch):
-    """Rank 1 of 2, with torch.distributed faked in-process (forking or spawning real ranks costs ~10 s here and
-    is fragile inside a test process that also runs a Prefect server): rank 0 holds 1 row, rank 1 holds 2."""
-    import torch.distributed as dist
-    other = torch.full((1, 2), 0.0)
-
-    def fake_all_gather(outputs, tensor):
-        if tensor.ndim == 1:  # the sizes
-            outputs[0].copy_(torch.tensor([1]))
-            outputs[1].copy_(tensor)
-        else:  # the rows, padded to the longest rank
-            outputs[0].zero_()
-            outputs[0][:1] = other
-            outputs[1].copy_(tensor)
-
-    monkeypatch.setattr(dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
-    monkeypatch.setattr(dist, "get_rank", lambda: 1)
-    monkeypatch.setattr(dist, "all_gather", fake_all_gather)
-    x = torch.full((2, 2), 1.0, requires_grad=True)
-    gathered = gather_across_ranks(x)
-    assert gathered.tolist() == [[0.0, 0.0], [1.0, 1.0], [1.0, 1.0]]  # rank order, padding stripped
-    (gathered * torch.arange(3.0)[:, None]).sum().backward()
-    assert torch.equal(x.grad, torch.tensor([[1.0, 1.0], [2.0, 2.0]]))  # the local slice keeps its gradient
