@@ -1,5 +1,4 @@
 """Against a real `mlflow server` on loopback: a pipeline over HTTP, two pipelines at once, an unreachable server."""
-import socket
 import subprocess
 import sys
 import time
@@ -12,12 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from flows.mcl_flow import mcl_pipeline
 from tasks.tracking import Tracker, TrackingError
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.distributed import free_port
 
 
 @pytest.fixture(scope="module")

@@ -2,13 +2,10 @@
 training over a 2-rank group re-shard gives ranks disjoint, group-pure batches in lockstep."""
 import json
 import os
-import socket
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from contrastive.clip.data import ClipBatch, iter_raw_samples, write_tiny_shards
 from contrastive.engine.distributed import DistInfo
@@ -16,6 +13,7 @@ from contrastive.clip.grouped import reshard_by_group
 from contrastive.clip.model import TINY_MODEL, ClipSpec, create_clip
 from contrastive.clip.stages import train_stage
 from contrastive.engine.task import LoopSpec, OptimSpec
+from tests.distributed import run_gloo_ranks
 from contrastive.clip.task import ClipTrainModule
 
 SPEC = ClipSpec(model_name=TINY_MODEL, init_seed=0, trainable_image_blocks=1)
@@ -32,37 +30,25 @@ def _grads(model) -> dict:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
-def _worker(rank: int, tmp: str, port: int, grouped_dir: str, urls: list) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    try:
-        full = _fixed_batch()
-        half = full.images.shape[0] // WORLD
-        mine = ClipBatch(images=full.images[rank * half:(rank + 1) * half],
-                         texts=full.texts[rank * half:(rank + 1) * half], keys=full.keys[rank * half:(rank + 1) * half])
-        out = {}
-        for local_loss in (False, True):
-            bundle = create_clip(spec=SPEC)
-            module = torch.nn.parallel.DistributedDataParallel(
-                ClipTrainModule(bundle.model, text_frozen=True, local_loss=local_loss))
-            loss, _ = module(mine.images, bundle.tokenizer(mine.texts))
-            loss.backward()  # DDP averages the gradients over ranks here
-            out[local_loss] = {"loss": loss.item(), "grads": _grads(bundle.model)}
-        torch.save(out, os.path.join(tmp, f"grads{rank}.pt"))
-        train_stage(spec=SPEC.to_dict(), urls=urls, grouped_dir=grouped_dir, stage_dir=os.path.join(tmp, "stage"),
-                    global_batch_size=8, optim=OptimSpec(name="adamw", lr=1e-4, weight_decay=0.0,
-                                                         schedule="constant"),
-                    loop=LoopSpec(epochs=1, max_steps_per_epoch=3, log_every_steps=1), grad_checkpointing=False,
-                    device="cpu", seed=0, info=DistInfo(rank=rank, world_size=WORLD), record_keys=True, threads=1)
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _worker(rank: int, tmp: str, grouped_dir: str, urls: list) -> None:
+    full = _fixed_batch()
+    half = full.images.shape[0] // WORLD
+    mine = ClipBatch(images=full.images[rank * half:(rank + 1) * half],
+                     texts=full.texts[rank * half:(rank + 1) * half], keys=full.keys[rank * half:(rank + 1) * half])
+    out = {}
+    for local_loss in (False, True):
+        bundle = create_clip(spec=SPEC)
+        module = torch.nn.parallel.DistributedDataParallel(
+            ClipTrainModule(bundle.model, text_frozen=True, local_loss=local_loss))
+        loss, _ = module(mine.images, bundle.tokenizer(mine.texts))
+        loss.backward()  # DDP averages the gradients over ranks here
+        out[local_loss] = {"loss": loss.item(), "grads": _grads(bundle.model)}
+    torch.save(out, os.path.join(tmp, f"grads{rank}.pt"))
+    train_stage(spec=SPEC.to_dict(), urls=urls, grouped_dir=grouped_dir, stage_dir=os.path.join(tmp, "stage"),
+                global_batch_size=8, optim=OptimSpec(name="adamw", lr=1e-4, weight_decay=0.0,
+                                                     schedule="constant"),
+                loop=LoopSpec(epochs=1, max_steps_per_epoch=3, log_every_steps=1), grad_checkpointing=False,
+                device="cpu", seed=0, info=DistInfo(rank=rank, world_size=WORLD), record_keys=True, threads=1)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +59,7 @@ def ddp_run(tmp_path_factory):
     keys = keys[~np.isin(keys, shards["corrupt_keys"])]
     groups = np.arange(keys.size) % 3
     reshard_by_group(urls=shards["urls"], keys=keys, groups=groups, out_dir=tmp / "grouped", world_size=WORLD, seed=0)
-    mp.spawn(_worker, args=(str(tmp), _free_port(), str(tmp / "grouped"), shards["urls"]), nprocs=WORLD, join=True)
+    run_gloo_ranks(_worker, str(tmp), str(tmp / "grouped"), shards["urls"], world=WORLD)
     return tmp, dict(zip(keys.tolist(), groups.tolist()))
 
 

@@ -2,38 +2,22 @@
 the same loss curve and final weights within float tolerance, cluster-pure global batches split across the ranks,
 and every planned sample trained on once per epoch by exactly one rank."""
 import json
-import os
-import socket
-
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from contrastive import stages
 from contrastive.data.trifeature import prepare_trifeature
 from contrastive.engine.distributed import DistInfo
+from tests.distributed import run_gloo_ranks
 from tests.faults.train_tiny_stage import tiny_spec
 
 WORLD = 2
 EPOCHS = 2
 
 
-def _worker(rank: int, port: int, spec_json: dict) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    try:
-        stages.train_stage(stages.ImageStageSpec.from_json(spec_json), info=DistInfo(rank=rank, world_size=WORLD))
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _worker(rank: int, spec_json: dict) -> None:
+    stages.train_stage(stages.ImageStageSpec.from_json(spec_json), info=DistInfo(rank=rank, world_size=WORLD))
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +34,7 @@ def runs(tmp_path_factory):
     stages.train_stage(single)
     double = tiny_spec(dataset_dir, tmp / "double", pseudo_labels_path=tmp / "pseudo.npz", epochs=EPOCHS,
                        record_keys=True)
-    mp.spawn(_worker, args=(_free_port(), double.to_json()), nprocs=WORLD, join=True)
+    run_gloo_ranks(_worker, double.to_json(), world=WORLD)
     return tmp, dict(zip(train_ids.tolist(), groups.tolist()))
 
 

@@ -1,16 +1,15 @@
 """The engine's collectives on 2 real gloo ranks: gathering with gradient and batch norm over the global batch give
 the single-process loss and gradients once DDP-style averaging is applied; on one process they are the identity."""
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from contrastive.engine.distributed import GlobalBatchNorm, gather_with_grad, per_rank_batch, sync_batch_norms
 from contrastive.errors import ConfigError
+from tests.distributed import run_gloo_ranks
 
 WORLD = 2
 ROWS = [3, 5]  # ranks hold different numbers of rows: padding must be stripped
@@ -27,37 +26,25 @@ def _loss(x: torch.Tensor, norm: nn.Module, weights: torch.Tensor) -> torch.Tens
     return (z @ z.T).logsumexp(dim=1).mean()
 
 
-def _worker(rank: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    try:
-        x, weights = _data()
-        start = sum(ROWS[:rank])
-        mine = x[start:start + ROWS[rank]].clone().requires_grad_(True)
-        norm = sync_batch_norms(nn.Sequential(nn.BatchNorm2d(4)), device=torch.device("cpu"))
-        assert isinstance(norm[0], GlobalBatchNorm)
-        z = norm(mine).mean(dim=(2, 3))
-        gathered = gather_with_grad(z * weights)
-        loss = (gathered @ gathered.T).logsumexp(dim=1).mean()
-        loss.backward()
-        grads = {"x": mine.grad, "bn_weight": norm[0].weight.grad.clone()}
-        dist.all_reduce(grads["bn_weight"])  # what DDP does with parameter gradients: average over ranks
-        grads["bn_weight"] /= WORLD
-        torch.save({"loss": loss.item(), "grads": grads, "running_mean": norm[0].running_mean.clone(),
-                    "running_var": norm[0].running_var.clone()}, os.path.join(out, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _worker(rank: int, out: str) -> None:
+    x, weights = _data()
+    start = sum(ROWS[:rank])
+    mine = x[start:start + ROWS[rank]].clone().requires_grad_(True)
+    norm = sync_batch_norms(nn.Sequential(nn.BatchNorm2d(4)), device=torch.device("cpu"))
+    assert isinstance(norm[0], GlobalBatchNorm)
+    z = norm(mine).mean(dim=(2, 3))
+    gathered = gather_with_grad(z * weights)
+    loss = (gathered @ gathered.T).logsumexp(dim=1).mean()
+    loss.backward()
+    grads = {"x": mine.grad, "bn_weight": norm[0].weight.grad.clone()}
+    dist.all_reduce(grads["bn_weight"])  # what DDP does with parameter gradients: average over ranks
+    grads["bn_weight"] /= WORLD
+    torch.save({"loss": loss.item(), "grads": grads, "running_mean": norm[0].running_mean.clone(),
+                "running_var": norm[0].running_var.clone()}, os.path.join(out, f"rank{rank}.pt"))
 
 
 def test_two_ranks_reproduce_the_single_process_loss_and_gradients(tmp_path):
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    run_gloo_ranks(_worker, str(tmp_path), world=WORLD)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
     x, weights = _data()
     x = x.clone().requires_grad_(True)
