@@ -25,7 +25,7 @@ def test_presets_load_with_the_papers_settings():
     ("distributed.nproc_per_node=3", "must split into"),
     ("mcl.clusters=[4]", "one K per stage"),
     ("mcl.remainder_policy=pool", "mcl.remainder_policy"),
-    ("train.precision=fp16", "train.precision"),
+    ("train.precision=fp8", "train.precision"),
 ])
 def test_bad_clip_configs_name_the_fix(override, fix):
     with pytest.raises(ConfigError, match=fix):
