@@ -22,10 +22,9 @@ from tasks import mcl_tasks as t
 
 def clip_train_key(config: ClipPipelineConfig, *, stage: int, data: dict, grouped_key: str | None) -> str:
     """What a stage's weights depend on: init, training settings, world size, data, and its batches' groups."""
-    train = config.train.model_dump(mode="json", exclude={"log_every_steps", "checkpoint_every_steps", "threads"})
     reader = config.mcl.model_dump(include={"remainder_policy", "active_streams", "group_shuffle_buffer"}) \
         if grouped_key else None
-    return digest_of({"step": "clip-train", "model": config.model.model_dump(mode="json"), "train": train,
+    return digest_of({"step": "clip-train", "model": config.model.content(), "train": config.train.content(),
                       "world_size": config.distributed.nproc_per_node, "local_loss": config.distributed.local_loss,
                       "seed": t.stage_seed(config, stage), "data": data["digest"], "grouped": grouped_key,
                       "reader": reader, "shuffle_buffer": config.data.shuffle_buffer,

@@ -373,10 +373,10 @@ class _PipelineBase(_Section):
     ``tracking`` and ``schedule`` last themselves, after their own sections."""
 
     pipeline: str
-    name: str
+    name: str = Field(**NOT_IN_KEY)
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    output_dir: Path = Path("runs")
+    output_dir: Path = Field(Path("runs"), **NOT_IN_KEY)
 
     def for_stage(self, stage: int) -> "_PipelineBase":
         """The config stage ``stage`` runs with: this one (PipelineConfig applies its stage_overrides)."""
@@ -385,10 +385,10 @@ class _PipelineBase(_Section):
     def config_hash(self) -> str:
         """Digest of everything that changes results: ``name``, ``output_dir``, ``tracking`` and ``schedule`` do not,
         so renaming a run, moving its outputs or its tracking server, or scheduling it reuses the same results."""
-        excluded = {"name", "tracking", "output_dir", "schedule"}
-        if not getattr(self, "stage_overrides", None):
-            excluded.add("stage_overrides")  # so configs without any keep the hash they had before the field existed
-        return digest_of(self.model_dump(mode="json", exclude=excluded))
+        content = self.content()
+        if not content.get("stage_overrides", True):
+            del content["stage_overrides"]  # so configs without any keep the hash they had before the field existed
+        return digest_of(content)
 
 
 class PipelineConfig(_PipelineBase):
@@ -396,7 +396,7 @@ class PipelineConfig(_PipelineBase):
     results and are left out of the config hash; everything else is in it."""
 
     pipeline: Literal["mcl"] = "mcl"
-    name: str = "mcl"
+    name: str = Field("mcl", **NOT_IN_KEY)
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     method: MethodConfig = MethodConfig()
@@ -410,8 +410,8 @@ class PipelineConfig(_PipelineBase):
         description="per-stage changes to the model, method, augment and train sections, e.g. "
                     "{2: {train: {epochs: 20}}}: stage 2 (MCL and control) trains 20 epochs. Stages without an "
                     "entry keep their content keys, so with --rerun-from N a change here recomputes only stage N on")
-    tracking: TrackingConfig = TrackingConfig()
-    schedule: ScheduleConfig = ScheduleConfig()
+    tracking: TrackingConfig = Field(TrackingConfig(), **NOT_IN_KEY)
+    schedule: ScheduleConfig = Field(ScheduleConfig(), **NOT_IN_KEY)
 
     @model_validator(mode="after")
     def _check_stage_overrides(self) -> "PipelineConfig":
@@ -615,15 +615,15 @@ class ClipPipelineConfig(_PipelineBase):
     """One CLIP MCL pipeline. ``name``, ``output_dir``, ``tracking`` and ``schedule`` are left out of the hash."""
 
     pipeline: Literal["clip"] = "clip"
-    name: str = "clip"
+    name: str = Field("clip", **NOT_IN_KEY)
     data: ClipDataConfig = ClipDataConfig()
     model: ClipModelConfig = ClipModelConfig()
     train: ClipTrainConfig = ClipTrainConfig()
     distributed: ClipDistributedConfig = ClipDistributedConfig()
     mcl: ClipMclConfig = ClipMclConfig()
     eval: ClipEvalConfig = ClipEvalConfig()
-    tracking: TrackingConfig = TrackingConfig()
-    schedule: ScheduleConfig = ScheduleConfig()
+    tracking: TrackingConfig = Field(TrackingConfig(), **NOT_IN_KEY)
+    schedule: ScheduleConfig = Field(ScheduleConfig(), **NOT_IN_KEY)
 
     @model_validator(mode="after")
     def _batch_splits(self) -> "ClipPipelineConfig":
