@@ -73,11 +73,23 @@ def test_stage_overrides_change_one_stage_and_are_validated():
     assert config.for_stage(2).train.lr == config.train.lr  # only the given keys change
     assert config.for_stage(1) is config and config.for_stage(2).stage_overrides == {}
     assert config.config_hash() != load_config("trifeature_tiny").config_hash()
-    # Configs without overrides keep the hash they had before the field existed.
+    # An empty stage_overrides is not part of the hash: configs without overrides hash as if the field did not exist.
     plain = PipelineConfig()
     from pipeline_config.schema import digest_of
-    assert plain.config_hash() == digest_of(plain.model_dump(
-        mode="json", exclude={"name", "tracking", "output_dir", "schedule", "stage_overrides"}))
+    content = plain.content()
+    assert content.pop("stage_overrides") == {} and plain.config_hash() == digest_of(content)
+
+
+def test_fields_that_cannot_change_a_result_stay_out_of_keys_and_hash():
+    base = load_config("trifeature_tiny")
+    cosmetic = load_config("trifeature_tiny", ["name=renamed", "output_dir=/elsewhere", "train.threads=2",
+                                               "train.log_every_steps=3", "train.checkpoint_every_steps=7",
+                                               "train.workers=4", "train.channels_last=false",
+                                               "tracking.experiment=other"])
+    assert cosmetic.config_hash() == base.config_hash() and cosmetic.train.content() == base.train.content()
+    for change in ["train.precision=bf16", "train.grad_accumulation=2", "train.lr=0.01", "seed=3"]:
+        assert load_config("trifeature_tiny", [change]).config_hash() != base.config_hash(), change
+    assert load_config("trifeature_tiny", ["train.grad_accumulation=2"]).train.content() != base.train.content()
 
 
 @pytest.mark.parametrize("override, fix", [
