@@ -7,7 +7,7 @@ MLflow.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -31,7 +31,7 @@ from contrastive.engine.distributed import DistInfo, current_info, device_for, p
 from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
 from contrastive.engine.loop import TrainCallback, release_device_memory, train
 from contrastive.engine.rng import seed_everything
-from contrastive.engine.task import LoopSpec, OptimSpec
+from contrastive.engine.task import StageSpec
 from contrastive.modalities.image import ImageBatchSource, ImageContrastiveTask
 
 
@@ -54,35 +54,21 @@ def load_pseudo_labels(*, path: Path, dataset: ImageArrayDataset) -> np.ndarray:
     return align_labels_to_ids(label_ids=stored["ids"], labels=stored["groups"], dataset_ids=train_ids)
 
 
-@dataclass(frozen=True)
-class ImageStageSpec:
-    """Everything one unimodal training stage reads, built by the config schema (JSON-able for torchrun).
+@dataclass(frozen=True, kw_only=True)
+class ImageStageSpec(StageSpec):
+    """One unimodal training stage, built by the config schema (JSON-able for torchrun).
 
     batch_size is the GLOBAL batch (all ranks); each of the W processes holds batch_size / W samples of it.
     model / method / augment: the config's sections as JSON (they are saved with the model, so it rebuilds).
     """
     dataset_dir: str
-    stage_dir: str
     pseudo_labels_path: str | None
     model: dict
     method: dict
     augment: dict
     batch_size: int
-    seed: int
-    device: str
     remainder_policy: str
-    optim: OptimSpec
-    loop: LoopSpec
-    threads: int = 0
     workers: int = 0
-    record_keys: bool = False
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, value: dict) -> "ImageStageSpec":
-        return cls(**{**value, "optim": OptimSpec(**value["optim"]), "loop": LoopSpec(**value["loop"])})
 
 
 def train_stage(spec: ImageStageSpec, *, info: DistInfo | None = None, callbacks: list[TrainCallback] = (),

@@ -10,7 +10,6 @@ so both pipelines leave the same run tree with the same metric names.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -91,22 +90,22 @@ def train_clip_stage(*, config: ClipPipelineConfig, key: str, out_dir: str, stag
     tracker = tracker_for(config)
     t, m = config.train, config.mcl
     seed = stage_seed(config, stage)
-    kwargs = dict(spec=clip_spec(config).to_dict(), urls=data["train_urls"],
-                  grouped_dir=grouped["grouped_dir"] if grouped else None, stage_dir=out_dir,
-                  global_batch_size=t.global_batch_size, optim=asdict(t.optim_spec()), loop=asdict(t.loop_spec()),
-                  grad_checkpointing=t.grad_checkpointing, device=config.device, seed=seed,
-                  remainder_policy=m.remainder_policy, active_streams=m.active_streams,
-                  group_shuffle_buffer=m.group_shuffle_buffer, shuffle_buffer=config.data.shuffle_buffer,
-                  decode_workers=config.data.decode_workers, max_skip_fraction=config.data.max_skip_fraction,
-                  num_samples=config.data.num_samples, local_loss=config.distributed.local_loss, threads=t.threads)
+    spec = stages.ClipStageSpec(
+        clip=clip_spec(config).to_dict(), urls=data["train_urls"], grouped_dir=grouped["grouped_dir"] if grouped else None,
+        stage_dir=out_dir, global_batch_size=t.global_batch_size, optim=t.optim_spec(), loop=t.loop_spec(),
+        grad_checkpointing=t.grad_checkpointing, device=config.device, seed=seed, remainder_policy=m.remainder_policy,
+        active_streams=m.active_streams, group_shuffle_buffer=m.group_shuffle_buffer,
+        shuffle_buffer=config.data.shuffle_buffer, decode_workers=config.data.decode_workers,
+        max_skip_fraction=config.data.max_skip_fraction, num_samples=config.data.num_samples,
+        local_loss=config.distributed.local_loss, threads=t.threads)
     tracker.set_tags(mlflow_run_id, {"train_key": key, "cluster_pure_batches": grouped is not None})
-    tracker.log_params(mlflow_run_id, {"stage_seed": seed, "grouped_dir": kwargs["grouped_dir"]})
+    tracker.log_params(mlflow_run_id, {"stage_seed": seed, "grouped_dir": spec.grouped_dir})
     logger.info("training CLIP stage %d (%s batches) into %s", stage, "cluster-pure" if grouped else "random",
                 out_dir)
     summary = run_stage_training(
         tracker=tracker, mlflow_run_id=mlflow_run_id, out_dir=out_dir, distributed=config.distributed,
-        entry="contrastive.clip.stages:train_stage", torchrun_kwargs=kwargs,
-        train_here=lambda callbacks: stages.train_stage(**kwargs, callbacks=callbacks),
+        entry="contrastive.clip.stages:train_stage_from_json", torchrun_kwargs={"spec": spec.to_json()},
+        train_here=lambda callbacks: stages.train_stage(spec, callbacks=callbacks),
         total_steps=t.epochs * (t.max_steps_per_epoch or max(1, data["num_train"] // t.global_batch_size)),
         description=f"clip stage {stage}")
     return finish_train_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, stage=stage,

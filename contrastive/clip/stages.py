@@ -13,6 +13,7 @@ Nothing here knows about Prefect or MLflow; under torchrun, :mod:`contrastive.en
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 import json
 import logging
 from pathlib import Path
@@ -36,7 +37,7 @@ from contrastive.clip.mmvp import write_tiny_mmvp
 from contrastive.clip.task import ClipTask
 from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
 from contrastive.engine.loop import TrainCallback, release_device_memory, train
-from contrastive.engine.task import LoopSpec, OptimSpec
+from contrastive.engine.task import StageSpec
 from contrastive.embeddings import load_embeddings, save_embeddings
 from contrastive.errors import ConfigError, DataError
 from contrastive.sampling import align_labels_to_ids, combine_pseudo_labels
@@ -83,63 +84,87 @@ def prepare_synthetic_data(*, root: Path, num_train: int, num_heldout: int, samp
 
 
 # ---------------------------------------------------------------------------------------------------- training
-def train_stage(*, spec: dict, urls: list[str], grouped_dir: str | None, stage_dir: str, global_batch_size: int,
-                optim: OptimSpec | dict, loop: LoopSpec | dict, grad_checkpointing: bool, device: str, seed: int, remainder_policy: str = "partial",
-                active_streams: int = 16, group_shuffle_buffer: int = 0, shuffle_buffer: int = 1000,
-                decode_workers: int = 0, max_skip_fraction: float = 0.01, num_samples: int | None = None,
-                local_loss: bool = False, threads: int = 0,
-                info: DistInfo | None = None, callbacks: list[TrainCallback] = (),
-                stop_after_steps: int | None = None, record_keys: bool = False) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class ClipStageSpec(StageSpec):
+    """One CLIP fine-tuning stage, built by the config schema (JSON-able for torchrun).
+
+    clip: the model spec (``ClipSpec.to_dict``); urls: the training shards; grouped_dir: the group-sorted re-shard of
+    a cluster-pure stage (None: random batches, stage 0); global_batch_size: over all ranks. The reader settings
+    are ``contrastive.clip.grouped.GroupedBatchReader``'s and ``stream_batches``'.
+    """
+    clip: dict
+    urls: list[str]
+    grouped_dir: str | None
+    global_batch_size: int
+    grad_checkpointing: bool = False
+    remainder_policy: str = "partial"
+    active_streams: int = 16
+    group_shuffle_buffer: int = 0
+    shuffle_buffer: int = 1000
+    decode_workers: int = 0
+    max_skip_fraction: float = 0.01
+    num_samples: int | None = None
+    local_loss: bool = False
+
+
+def train_stage_from_json(*, spec: dict, info: DistInfo | None = None) -> dict:
+    """Entry point of a torchrun launch (``contrastive.engine.launch``): the spec arrives as JSON."""
+    return train_stage(ClipStageSpec.from_json(spec), info=info)
+
+
+def train_stage(spec: ClipStageSpec, *, info: DistInfo | None = None, callbacks: list[TrainCallback] = (),
+                stop_after_steps: int | None = None) -> dict:
     """Fine-tune one stage from the shared init; writes checkpoints/last.pt, model/model.pt, train_summary.json.
 
-    grouped_dir None: random batches streamed from ``urls`` (stage 0). Otherwise every batch comes from one
-    pseudo-label group of the re-shard in ``grouped_dir`` (MCL stages >= 1). Every process of a torchrun launch
-    calls this with its ``info``; rank 0 writes the files.
+    spec.grouped_dir None: random batches streamed from ``spec.urls`` (stage 0). Otherwise every batch comes from
+    one pseudo-label group of the re-shard in ``spec.grouped_dir`` (MCL stages >= 1). Every process of a torchrun
+    launch calls this with its ``info``; rank 0 writes the files.
     """
     info = info or DistInfo()
-    optim = optim if isinstance(optim, OptimSpec) else OptimSpec(**optim)
-    loop = loop if isinstance(loop, LoopSpec) else LoopSpec(**loop)
-    check_precision(loop.precision)
-    if threads:
-        torch.set_num_threads(threads)
-    stage = Path(stage_dir)
-    torch_device = device_for(name=device, info=info)
-    batch = per_rank_batch(global_batch_size=global_batch_size, world_size=info.world_size)
-    bundle = create_clip(spec=ClipSpec.from_dict(spec), device="cpu")
-    if grad_checkpointing:
+    check_precision(spec.loop.precision)
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    stage = Path(spec.stage_dir)
+    torch_device = device_for(name=spec.device, info=info)
+    batch = per_rank_batch(global_batch_size=spec.global_batch_size, world_size=info.world_size)
+    bundle = create_clip(spec=ClipSpec.from_dict(spec.clip), device="cpu")
+    if spec.grad_checkpointing:
         bundle.model.set_grad_checkpointing(True)
-    counter = SkipCounter(max_skip_fraction=max_skip_fraction, where=f"stage training ({stage.name})")
-    if grouped_dir is None:
-        total = count_samples(urls, num_samples=num_samples).total
-        steps_per_epoch = max(1, total // global_batch_size)
+    counter = SkipCounter(max_skip_fraction=spec.max_skip_fraction, where=f"stage training ({stage.name})")
+    if spec.grouped_dir is None:
+        total = count_samples(spec.urls, num_samples=spec.num_samples).total
+        steps_per_epoch = max(1, total // spec.global_batch_size)
 
         def batches(epoch: int, start: int):
-            stream = stream_batches(urls=urls, batch_size=batch, transform=bundle.train_transform, counter=counter,
-                                    seed=seed, epoch=epoch, rank=info.rank, world_size=info.world_size,
-                                    shuffle_buffer=shuffle_buffer, workers=decode_workers)
+            stream = stream_batches(urls=spec.urls, batch_size=batch, transform=bundle.train_transform,
+                                    counter=counter, seed=spec.seed, epoch=epoch, rank=info.rank,
+                                    world_size=info.world_size, shuffle_buffer=spec.shuffle_buffer,
+                                    workers=spec.decode_workers)
             return itertools.islice(stream, start, None)
         plan_stats: dict = {"cluster_pure": 0}
     else:
-        reader = GroupedBatchReader(directory=Path(grouped_dir), batch_size=batch, rank=info.rank,
-                                    world_size=info.world_size, seed=seed, remainder_policy=remainder_policy,
-                                    active_streams=active_streams, shuffle_buffer=group_shuffle_buffer)
+        reader = GroupedBatchReader(directory=Path(spec.grouped_dir), batch_size=batch, rank=info.rank,
+                                    world_size=info.world_size, seed=spec.seed,
+                                    remainder_policy=spec.remainder_policy, active_streams=spec.active_streams,
+                                    shuffle_buffer=spec.group_shuffle_buffer)
         steps_per_epoch = len(reader)
 
         def batches(epoch: int, start: int):
             return reader.batches(epoch=epoch, start=start, transform=bundle.train_transform, counter=counter,
-                                  workers=decode_workers)
+                                  workers=spec.decode_workers)
         plan_stats = {"cluster_pure": 1, **reader.schedule(0)[1]}
     metrics_file = JsonlMetrics(stage / "train_metrics.jsonl")
     recorder = KeyRecorder()
-    torch.manual_seed(seed)
-    result = train(task=ClipTask(bundle=bundle, local_loss=local_loss),
-                   source=ClipBatchSource(batches, steps_per_epoch), optim=optim, loop=loop, device=torch_device, checkpoint_path=stage / "checkpoints" / "last.pt",
-                   callbacks=[metrics_file, *callbacks, *([recorder] if record_keys else [])], info=info,
+    torch.manual_seed(spec.seed)
+    result = train(task=ClipTask(bundle=bundle, local_loss=spec.local_loss),
+                   source=ClipBatchSource(batches, steps_per_epoch), optim=spec.optim, loop=spec.loop,
+                   device=torch_device, checkpoint_path=stage / "checkpoints" / "last.pt",
+                   callbacks=[metrics_file, *callbacks, *([recorder] if spec.record_keys else [])], info=info,
                    stop_after_steps=stop_after_steps)
-    if loop.max_steps_per_epoch:
-        steps_per_epoch = min(steps_per_epoch, loop.max_steps_per_epoch)
+    if spec.loop.max_steps_per_epoch:
+        steps_per_epoch = min(steps_per_epoch, spec.loop.max_steps_per_epoch)
     counter.check()
-    if record_keys:
+    if spec.record_keys:
         write_json(stage / f"keys_rank{info.rank}.json", {"batches": recorder.batches,
                                                           "losses": [h["train/loss"] for h in result.history]})
     model_path = stage / "model" / "model.pt"

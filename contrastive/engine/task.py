@@ -14,7 +14,7 @@ would have seen.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Iterator, Protocol
 
 import torch
@@ -53,6 +53,26 @@ class LoopSpec:
     compile: bool = False
     channels_last: bool = False
     max_steps_per_epoch: int | None = None
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """What every training stage reads besides its modality's own fields (subclasses add those). JSON-able, so a
+    torchrun launch receives it as a file: ``to_json`` / ``from_json`` round-trip the nested specs."""
+    stage_dir: str
+    seed: int
+    device: str
+    optim: OptimSpec
+    loop: LoopSpec
+    threads: int = 0
+    record_keys: bool = False  # write every batch's sample keys per rank (tests of the distributed split)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, value: dict) -> "StageSpec":
+        return cls(**{**value, "optim": OptimSpec(**value["optim"]), "loop": LoopSpec(**value["loop"])})
 
 
 class Batch(Protocol):

@@ -25,9 +25,9 @@ def count_training(monkeypatch):
     calls: list[str] = []
     real = stages.train_stage
 
-    def wrapped(**kwargs):
-        calls.append(Path(kwargs["stage_dir"]).name.split("-")[1])
-        return real(**kwargs)
+    def wrapped(spec, **kwargs):
+        calls.append(Path(spec.stage_dir).name.split("-")[1])
+        return real(spec, **kwargs)
 
     monkeypatch.setattr(stages, "train_stage", wrapped)
     return calls

@@ -11,7 +11,7 @@ from contrastive.clip.data import ClipBatch, iter_raw_samples, write_tiny_shards
 from contrastive.engine.distributed import DistInfo
 from contrastive.clip.grouped import reshard_by_group
 from contrastive.clip.model import TINY_MODEL, ClipSpec, create_clip
-from contrastive.clip.stages import train_stage
+from contrastive.clip.stages import ClipStageSpec, train_stage
 from contrastive.engine.task import LoopSpec, OptimSpec
 from tests.distributed import run_gloo_ranks
 from contrastive.clip.task import ClipTrainModule
@@ -44,11 +44,12 @@ def _worker(rank: int, tmp: str, grouped_dir: str, urls: list) -> None:
         loss.backward()  # DDP averages the gradients over ranks here
         out[local_loss] = {"loss": loss.item(), "grads": _grads(bundle.model)}
     torch.save(out, os.path.join(tmp, f"grads{rank}.pt"))
-    train_stage(spec=SPEC.to_dict(), urls=urls, grouped_dir=grouped_dir, stage_dir=os.path.join(tmp, "stage"),
-                global_batch_size=8, optim=OptimSpec(name="adamw", lr=1e-4, weight_decay=0.0,
-                                                     schedule="constant"),
-                loop=LoopSpec(epochs=1, max_steps_per_epoch=3, log_every_steps=1), grad_checkpointing=False,
-                device="cpu", seed=0, info=DistInfo(rank=rank, world_size=WORLD), record_keys=True, threads=1)
+    spec = ClipStageSpec(clip=SPEC.to_dict(), urls=urls, grouped_dir=grouped_dir, stage_dir=os.path.join(tmp, "stage"),
+                         global_batch_size=8, optim=OptimSpec(name="adamw", lr=1e-4, weight_decay=0.0,
+                                                              schedule="constant"),
+                         loop=LoopSpec(epochs=1, max_steps_per_epoch=3, log_every_steps=1), device="cpu", seed=0,
+                         record_keys=True, threads=1)
+    train_stage(spec, info=DistInfo(rank=rank, world_size=WORLD))
 
 
 @pytest.fixture(scope="module")
