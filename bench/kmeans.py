@@ -22,6 +22,8 @@ A GPU row (1M x 256, K = 20,000, niter 25; the faiss wiki reports 55 s on a P100
 """
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import numpy as np
 
 from bench.common import (Result, fmt_bytes, fmt_count, fmt_seconds, interleaved, log, loglog_slope, median,
@@ -67,7 +69,9 @@ def pipeline_settings(*, every_point: bool) -> dict:
 
     config = MclConfig(clusters=K, kmeans_train_points_per_cluster=0 if every_point else
                        MclConfig.model_fields["kmeans_train_points_per_cluster"].default)
-    return {**config.kmeans_settings(0), "spherical": False}
+    settings = asdict(config.kmeans_spec(0, seed=0))
+    del settings["seed"]  # each call passes its own
+    return {**settings, "spherical": False}
 
 
 def ours(x: np.ndarray, *, seed: int, every_point: bool):

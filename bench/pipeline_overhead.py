@@ -45,7 +45,7 @@ from prefect.runtime import flow_run  # noqa: E402
 from bench import fixtures  # noqa: E402
 from bench.common import (Result, fmt_bytes, fmt_seconds, interleaved, log, median, module_main)  # noqa: E402
 from contrastive import stages  # noqa: E402
-from flows.mcl_flow import RESULT_STORE, run_step  # noqa: E402
+from flows.runner import RESULT_STORE, run_step  # noqa: E402
 from pipeline_config.schema import PipelineConfig  # noqa: E402
 from tasks import mcl_tasks as t  # noqa: E402
 
@@ -70,7 +70,7 @@ def warmup_flow() -> int:
 @flow(name="bench-stage")
 def stage_flow(config: PipelineConfig, parent_run_id: str, number: int, data: dict) -> dict:
     """The per-stage part of mcl_pipeline for stage 0: open the stage's MLflow run, train through the cached
-    task (run_step, as StageRunner.step calls it), close the run. Records the seconds spent inside the flow."""
+    task (run_step, as StepRunner.step calls it), close the run. Records the seconds spent inside the flow."""
     started = time.perf_counter()
     run_id = t.open_stage_run(config=config, parent_run_id=parent_run_id, stage=0, kind="bench",
                               pipeline_id="bench", flow_run_id=str(flow_run.id))

@@ -15,45 +15,25 @@ import numpy as np
 import torch
 
 from contrastive.augment import TwoViewAugment
-from contrastive.engine.checkpoint import atomic_write_bytes
-from contrastive.clustering import adjusted_mutual_information, kmeans, load_assignments, save_clusters
-from contrastive.data.dataset import ImageArrayDataset
+from contrastive.engine.checkpoint import write_json
 from contrastive.data.image_files import load_dataset
 from contrastive.data.loading import iter_batches
-from contrastive.embeddings import compute_embeddings, load_embeddings, save_embeddings
-from contrastive.errors import ConfigError, DataError
+from contrastive.embeddings import EmbeddingWriter, compute_embeddings, load_embeddings, write_manifest
+from contrastive.errors import DataError
 from contrastive.evaluate import evaluate_representation
 from contrastive.integrate import concat_normalized
 from contrastive.methods import build_method
-from contrastive.sampling import (ClusterBatchSampler, align_labels_to_ids, combine_pseudo_labels,
-                                  merge_small_groups)
-from contrastive.engine.distributed import DistInfo, current_info, device_for, per_rank_batch
+from contrastive.sampling import ClusterBatchSampler
+from contrastive.engine.distributed import DistInfo, barrier, current_info, device_for, per_rank_batch
 from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
 from contrastive.engine.loop import TrainCallback, release_device_memory, train
 from contrastive.engine.rng import seed_everything
 from contrastive.engine.task import StageSpec
+from contrastive.mcl.steps import load_pseudo_labels
 from contrastive.modalities.image import ImageBatchSource, ImageContrastiveTask
 
 
-def write_json(path: Path, value: dict) -> None:
-    atomic_write_bytes(Path(path), json.dumps(value, indent=2, default=str).encode())
-
-
-def read_json(path: Path) -> dict:
-    return json.loads(Path(path).read_text())
-
-
 # ---------------------------------------------------------------------------------------------------- training
-def load_pseudo_labels(*, path: Path, dataset: ImageArrayDataset) -> np.ndarray:
-    """Pseudo-label groups (M_train,) aligned to the dataset's train split, verified by sample id."""
-    path = Path(path)
-    if not path.exists():
-        raise DataError(f"pseudo-labels {path} are missing: rerun the pipeline so the clustering step writes them")
-    stored = np.load(path, allow_pickle=False)
-    train_ids = dataset.ids[dataset.indices("train")]
-    return align_labels_to_ids(label_ids=stored["ids"], labels=stored["groups"], dataset_ids=train_ids)
-
-
 @dataclass(frozen=True, kw_only=True)
 class ImageStageSpec(StageSpec):
     """One unimodal training stage, built by the config schema (JSON-able for torchrun).
@@ -87,7 +67,7 @@ def train_stage(spec: ImageStageSpec, *, info: DistInfo | None = None, callbacks
     dataset = load_dataset(spec.dataset_dir)
     train_indices = dataset.indices("train")
     groups = None if spec.pseudo_labels_path is None else load_pseudo_labels(path=spec.pseudo_labels_path,
-                                                                             dataset=dataset)
+                                                                             ids=dataset.ids[train_indices])
     batch = per_rank_batch(global_batch_size=spec.batch_size, world_size=info.world_size)
     sampler = ClusterBatchSampler(groups=groups, num_samples=len(train_indices), batch_size=batch, seed=spec.seed,
                                   world_size=info.world_size, rank=info.rank,
@@ -158,92 +138,55 @@ def load_trained_model(*, model_path: Path, device: torch.device) -> torch.nn.Mo
 
 
 # ---------------------------------------------------------------------------------------------------- export
+EXPORT_SUMMARY = "export_summary.json"
+
+
 def export_stage_embeddings(*, dataset_dir: Path, model_path: Path, out_dir: Path, batch_size: int, device: str,
+                            workers: int = 0, info: DistInfo | None = None,
                             progress: Callable[[int], None] | None = None) -> dict:
-    """Embed every sample (train and test) with the stage's backbone; float16 shards + ids in ``out_dir``."""
+    """Embed every sample (train and test) with the stage's backbone; float16 shards + ids in ``out_dir``.
+
+    Streams: images are read batch by batch (decoded in ``workers`` DataLoader workers for a dataset stored as
+    files) and written shard by shard. Under torchrun each rank embeds a contiguous share of the samples into its
+    own shards and rank 0 writes the manifest that lists them in rank order (same ids order as one process).
+    An unreadable image gets a zero embedding (counted in ``unreadable``), so every sample keeps its id.
+    """
+    info = info or current_info()
     dataset = load_dataset(dataset_dir)
-    torch_device = device_for(name=device)
+    torch_device = device_for(name=device, info=info)
     model = load_trained_model(model_path=model_path, device=torch_device)
-    embeddings = compute_embeddings(encode=model.embed, get_batch=dataset.get_batch, num_samples=len(dataset),
-                                    batch_size=batch_size, device=torch_device, progress=progress)
-    manifest = save_embeddings(embeddings=embeddings, ids=dataset.ids, directory=out_dir)
-    return {"dir": str(out_dir), "num_samples": manifest["num_samples"], "dim": manifest["dim"]}
-
-
-def _train_split_embeddings(*, embeddings_dir: Path, dataset: ImageArrayDataset) -> tuple[np.ndarray, np.ndarray]:
-    ids, embeddings = load_embeddings(directory=embeddings_dir)
-    dataset.verify_ids(ids)
-    train = dataset.indices("train")
-    return ids[train], embeddings[train]
-
-
-# ---------------------------------------------------------------------------------------------------- clustering
-def cluster_stage(*, dataset_dir: Path, embeddings_dir: Path, out_dir: Path, k: int, seed: int, niter: int,
-                  spherical: bool, init: str, max_train_points: int | None,
-                  earlier_cluster_dirs: list[Path]) -> dict:
-    """k-means on the train split's embeddings of one stage; AMI against every earlier stage's clustering."""
-    dataset = load_dataset(dataset_dir)
-    ids, features = _train_split_embeddings(embeddings_dir=embeddings_dir, dataset=dataset)
-    result = kmeans(features=features, k=k, seed=seed, niter=niter, spherical=spherical, init=init,
-                    max_train_points=max_train_points)
-    summary = save_clusters(result=result, ids=ids, directory=Path(out_dir))
-    ami = {}
-    for number, earlier in enumerate(earlier_cluster_dirs):
-        earlier_ids, earlier_assignments = load_assignments(directory=earlier)
-        aligned = align_labels_to_ids(label_ids=earlier_ids, labels=earlier_assignments, dataset_ids=ids)
-        ami[f"stage_{number}"] = adjusted_mutual_information(a=aligned, b=result.assignments)
-    # AMI against the ground-truth attributes says which features the clusters absorbed.
-    train = dataset.indices("train")
-    for attribute, labels in dataset.labels.items():
-        if (labels[train] >= 0).any():
-            ami[f"attr_{attribute}"] = adjusted_mutual_information(a=labels[train], b=result.assignments)
-    summary = {**summary, "ami": ami, "dir": str(out_dir)}
-    write_json(Path(out_dir) / "summary.json", summary)
+    mine = np.array_split(np.arange(len(dataset), dtype=np.int64), info.world_size)[info.rank]
+    planned = [mine[i:i + batch_size] for i in range(0, len(mine), batch_size)]
+    prefix = f"rank{info.rank:03d}-part" if info.is_distributed else "part"
+    writer = EmbeddingWriter(Path(out_dir), prefix=prefix)
+    unreadable = compute_embeddings(encode=model.embed, batches=iter_batches(dataset, planned, workers=workers),
+                                    device=torch_device, writer=writer, ids=dataset.ids, expected_rows=planned,
+                                    progress=progress)
+    part = writer.finish()
+    if info.is_distributed:
+        np.save(Path(out_dir) / f"rank{info.rank:03d}-ids.npy", part["ids"])
+        write_json(Path(out_dir) / f"rank{info.rank:03d}.json", {"shards": part["shards"], "dim": part["dim"],
+                                                               "unreadable": unreadable})
+        barrier()
+        if not info.is_main:
+            return {}
+        parts = []
+        for rank in range(info.world_size):
+            saved = json.loads((Path(out_dir) / f"rank{rank:03d}.json").read_text())
+            unreadable = unreadable if rank == 0 else unreadable + saved["unreadable"]
+            parts.append({**saved, "ids": np.load(Path(out_dir) / f"rank{rank:03d}-ids.npy")})
+    else:
+        parts = [part]
+    manifest = write_manifest(directory=Path(out_dir), parts=parts)
+    summary = {"dir": str(out_dir), "num_samples": manifest["num_samples"], "dim": manifest["dim"],
+               "unreadable": unreadable, "world_size": info.world_size}
+    write_json(Path(out_dir) / EXPORT_SUMMARY, summary)
     return summary
 
 
-def build_pseudo_labels(*, dataset_dir: Path, cluster_dirs: list[Path], embeddings_dirs: list[Path], out_path: Path,
-                        min_group_size: int, small_group_policy: str) -> dict:
-    """Pseudo-label for the next stage = combine(y_0, ..., y_j): the tuple of ALL earlier stages' cluster ids.
-
-    Groups smaller than a batch are handled by ``small_group_policy`` (merge into the nearest group by centroid
-    in the concatenated earlier-stage embedding space, pool, or none); counts go in the returned stats.
-    """
-    dataset = load_dataset(dataset_dir)
-    train_ids = dataset.ids[dataset.indices("train")]
-    stage_assignments = []
-    for cluster_dir in cluster_dirs:
-        ids, assignments = load_assignments(directory=cluster_dir)
-        stage_assignments.append(align_labels_to_ids(label_ids=ids, labels=assignments, dataset_ids=train_ids))
-    combined = combine_pseudo_labels(stage_assignments=stage_assignments)
-    features = None
-    if small_group_policy == "merge_nearest":
-        features = concat_normalized(stage_embeddings=[
-            _train_split_embeddings(embeddings_dir=d, dataset=dataset)[1] for d in embeddings_dirs])
-    return save_merged_pseudo_labels(ids=train_ids, combined=combined, features=features,
-                                     min_group_size=min_group_size, small_group_policy=small_group_policy,
-                                     stages_combined=len(cluster_dirs), out_path=out_path)
-
-
-def save_merged_pseudo_labels(*, ids: np.ndarray, combined: np.ndarray, features: np.ndarray | None,
-                              min_group_size: int, small_group_policy: str, stages_combined: int, out_path: Path,
-                              extra_stats: dict | None = None) -> dict:
-    """Apply ``small_group_policy`` to the combined pseudo-labels (aligned to ``ids``), write ``{ids, groups}`` to
-    ``out_path`` and the stats beside it as JSON; returns the stats. Shared by the MCL and CLIP pipelines so both
-    write one file format. The npz is written to a temporary name and renamed, so a killed run never leaves a
-    half-written file that the next run would trust. ``extra_stats`` go before ``path`` in the stats."""
-    groups, stats = merge_small_groups(groups=combined, features=features, min_size=min_group_size,
-                                       policy=small_group_policy)
-    sizes = np.bincount(groups)
-    out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.stem + ".tmp.npz")
-    np.savez(tmp, ids=ids, groups=groups)
-    tmp.replace(out)
-    stats = {**stats, "stages_combined": stages_combined, "num_groups": int(sizes.size),
-             "min_group": int(sizes.min()), "max_group": int(sizes.max()), **(extra_stats or {}), "path": str(out)}
-    write_json(out.with_suffix(".json"), stats)
-    return stats
+def export_stage_from_json(*, export: dict, info: DistInfo | None = None) -> dict:
+    """Entry point of a torchrun export (``contrastive.engine.launch``)."""
+    return export_stage_embeddings(**export, info=info)
 
 
 # ---------------------------------------------------------------------------------------------------- evaluation

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prefect import flow, get_run_logger
+from prefect import flow
 from prefect.runtime import flow_run
 
-from flows.mcl_flow import StepRunner, close_runs
+from flows.runner import StepRunner
 from pipeline_config.schema import ClipPipelineConfig, digest_of
 from tasks import clip_tasks as c
 from tasks import mcl_tasks as t
@@ -32,13 +32,14 @@ def clip_train_key(config: ClipPipelineConfig, *, stage: int, data: dict, groupe
 
 
 class ClipStageRunner(StepRunner):
-    """The steps of the CLIP MCL pipeline (same runner as ``flows.mcl_flow.StageRunner``)."""
+    """The steps of the CLIP MCL pipeline: CLIP stages from the same init, cluster-pure batches read from a
+    group-sorted re-shard, MMVP and retrieval scores, the model soup."""
 
-    def train_and_export(self, *, stage: int, grouped: dict | None) -> tuple[dict, dict]:
-        run_id = self.stage_run(kind="mcl", stage=stage)
-        key = clip_train_key(self.config, stage=stage, data=self.data, grouped_key=grouped["key"] if grouped else None)
+    def train_and_export(self, *, kind: str, stage: int, batches: dict | None) -> tuple[dict, dict]:
+        run_id = self.stage_run(kind=kind, stage=stage)
+        key = clip_train_key(self.config, stage=stage, data=self.data, grouped_key=batches["key"] if batches else None)
         trained = self.step(c.train_clip_stage, prefix=f"clip-train{stage}", key=key, run_id=run_id, what="train",
-                            stage=stage, data=self.data, grouped=grouped)
+                            stage=stage, data=self.data, grouped=batches)
         exported = self.step(c.export_clip_embeddings, prefix=f"clip-export{stage}",
                              key=digest_of(["clip-export", key, self.config.data.max_skip_fraction]), run_id=run_id,
                              what="export", trained=trained, data=self.data)
@@ -55,61 +56,46 @@ class ClipStageRunner(StepRunner):
         return self.step(c.score_clip_eval, prefix="clip-eval", key=key, run_id=run_id, what=f"eval.{name}",
                          name=name, features=features)
 
-    def next_stage_groups(self, *, stage: int, exports: list[dict], clusters: list[dict], run_id: str) -> dict:
-        """Cluster stage ``stage``, combine ALL stages' clusters into pseudo-labels, re-shard for stage + 1."""
-        m = self.config.mcl
-        cluster_key = digest_of(["clip-cluster", exports[-1]["key"], m.kmeans_settings(stage),
-                                 t.stage_seed(self.config, stage), [x["key"] for x in clusters]])
-        clusters.append(self.step(c.cluster_clip_embeddings, prefix=f"clip-cluster{stage}", key=cluster_key,
-                                  run_id=run_id, what="cluster", stage=stage, exported=exports[-1],
-                                  earlier=list(clusters)))
-        pseudo_key = digest_of(["clip-pseudo", [x["key"] for x in clusters], m.small_group_policy,
-                                self.config.train.global_batch_size])
-        pseudo = self.step(c.make_clip_pseudo_labels, prefix=f"clip-pseudo{stage + 1}", key=pseudo_key,
-                           run_id=run_id, what="pseudo_labels", for_stage=stage + 1, clusters=list(clusters),
-                           exports=list(exports))
-        reshard_key = digest_of(["clip-reshard", pseudo_key, self.data["digest"],
-                                 self.config.distributed.nproc_per_node, t.stage_seed(self.config, stage + 1)])
-        return self.step(c.reshard_clip_shards, prefix=f"clip-grouped{stage + 1}", key=reshard_key, run_id=run_id,
-                         what="reshard", stage=stage + 1, pseudo=pseudo, data=self.data)
+    def evaluate_stage(self, *, stage: int, trained: dict, exported: dict, run_id: str) -> tuple[dict, dict]:
+        features = self.encode(name=f"stage{stage}", model=trained, run_id=run_id)
+        return self.score(name=f"stage{stage}", features=[features], run_id=run_id)["metrics"], features
+
+    def evaluate_concat(self, *, name: str, evaluated: list[dict], run_id: str) -> dict:
+        return self.score(name=name, features=evaluated, run_id=run_id)["metrics"]
+
+    def batches_for(self, *, stage: int, pseudo: dict, run_id: str) -> dict:
+        """Cluster-pure CLIP batches stream from a copy of the training shards sorted by group."""
+        key = digest_of(["clip-reshard", pseudo["key"], self.data["digest"], self.config.distributed.nproc_per_node,
+                         t.stage_seed(self.config, stage)])
+        return self.step(c.reshard_clip_shards, prefix=f"clip-grouped{stage}", key=key, run_id=run_id,
+                         what="reshard", stage=stage, pseudo=pseudo, data=self.data)
+
+    def soup(self, *, trained: list[dict]) -> dict:
+        """The model soup (weight average of the stage models), scored like a stage."""
+        soup = self.step(c.make_clip_soup, prefix="clip-soup", key=digest_of(["clip-soup", [x["key"] for x in trained]]),
+                         run_id=self.parent_run_id, what="soup", trained=trained)
+        features = self.encode(name="soup", model=soup, run_id=self.parent_run_id)
+        return self.score(name="soup", features=[features], run_id=self.parent_run_id)["metrics"]
 
 
 @flow(name="clip-mcl-pipeline", log_prints=True)
 def clip_pipeline(config: ClipPipelineConfig) -> dict:
     """CLIP multistage contrastive learning end to end; returns {"results", "dir", "tracking_hint", ...}."""
-    logger = get_run_logger()
     pipeline_id = config.config_hash()
     data = c.prepare_clip_data(config=config)
     pipeline_dir = Path(config.output_dir).resolve() / "pipelines" / pipeline_id
     parent = t.open_pipeline_run(config=config, pipeline_id=pipeline_id, flow_run_id=flow_run.id,
                                  pipeline_dir=str(pipeline_dir))
     runner = ClipStageRunner(config=config, data=data, parent_run_id=parent, pipeline_id=pipeline_id)
-    results: dict[str, dict] = {}
     status = "FAILED"
     try:
-        trained_all, exports, clusters, features, grouped = [], [], [], [], None
-        for stage in range(config.mcl.num_stages):
-            run_id = runner.stage_run(kind="mcl", stage=stage)
-            trained, exported = runner.train_and_export(stage=stage, grouped=grouped)
-            trained_all.append(trained)
-            exports.append(exported)
-            features.append(runner.encode(name=f"stage{stage}", model=trained, run_id=run_id))
-            results[f"stage {stage}"] = runner.score(name=f"stage{stage}", features=[features[-1]],
-                                                     run_id=run_id)["metrics"]
-            if stage + 1 < config.mcl.num_stages:
-                grouped = runner.next_stage_groups(stage=stage, exports=exports, clusters=clusters, run_id=run_id)
-            logger.info("CLIP stage %d done: %s", stage, results[f"stage {stage}"])
-        if config.mcl.num_stages > 1:
-            results["MCL concat"] = runner.score(name="mcl_concat", features=features, run_id=parent)["metrics"]
-            if config.eval.soup:
-                soup = runner.step(c.make_clip_soup, prefix="clip-soup",
-                                   key=digest_of(["clip-soup", [x["key"] for x in trained_all]]), run_id=parent,
-                                   what="soup", trained=trained_all)
-                soup_features = runner.encode(name="soup", model=soup, run_id=parent)
-                results["soup"] = runner.score(name="soup", features=[soup_features], run_id=parent)["metrics"]
+        outputs = runner.run_stages()
+        results = dict(outputs.results)
+        if config.mcl.num_stages > 1 and config.eval.soup:
+            results["soup"] = runner.soup(trained=outputs.trained)
         summary = c.summarize_clip(config=config, parent_run_id=parent, pipeline_id=pipeline_id, results=results,
-                                   cluster_records=clusters, out_dir=str(pipeline_dir))
+                                   cluster_records=outputs.clusters, out_dir=str(pipeline_dir))
         status = "FINISHED"
         return summary
     finally:
-        close_runs(config=config, run_ids=[*runner.stage_runs.values(), parent], status=status)
+        runner.close(status=status)

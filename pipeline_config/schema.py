@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from contrastive.engine.task import LoopSpec, OptimSpec
+from contrastive.mcl.steps import KMeansSpec
 from contrastive.errors import ConfigError
 
 
@@ -310,12 +311,12 @@ class StageClusteringConfig(_Section):
             return self.clusters
         return self.clusters[stage]
 
-    def kmeans_settings(self, stage: int) -> dict:
-        """Keyword arguments of ``contrastive.clustering.kmeans`` (all but features and seed) after ``stage``."""
+    def kmeans_spec(self, stage: int, *, seed: int) -> KMeansSpec:
+        """The k-means after ``stage`` (``contrastive.mcl.steps.cluster_stage``)."""
         k = self.clusters_after(stage)
         per_cluster = self.kmeans_train_points_per_cluster
-        return {"k": k, "niter": self.kmeans_niter, "spherical": self.spherical_kmeans, "init": self.kmeans_init,
-                "max_train_points": k * per_cluster if per_cluster else None}
+        return KMeansSpec(k=k, seed=seed, niter=self.kmeans_niter, spherical=self.spherical_kmeans,
+                          init=self.kmeans_init, max_train_points=k * per_cluster if per_cluster else None)
 
     @model_validator(mode="after")
     def _cluster_list_length(self) -> "StageClusteringConfig":
@@ -382,6 +383,10 @@ class _PipelineBase(_Section):
         """The config stage ``stage`` runs with: this one (PipelineConfig applies its stage_overrides)."""
         return self
 
+    def global_batch_size(self, stage: int) -> int:
+        """Samples per optimizer step of ``stage`` over all processes (a pseudo-label group must hold one)."""
+        raise NotImplementedError
+
     def config_hash(self) -> str:
         """Digest of everything that changes results: ``name``, ``output_dir``, ``tracking`` and ``schedule`` do not,
         so renaming a run, moving its outputs or its tracking server, or scheduling it reuses the same results."""
@@ -424,6 +429,9 @@ class PipelineConfig(_PipelineBase):
                                  f"{', '.join(STAGE_SECTIONS)} can differ between stages")
             self.for_stage(stage)  # every stage's config must be valid on its own
         return self
+
+    def global_batch_size(self, stage: int) -> int:
+        return self.for_stage(stage).train.batch_size
 
     @model_validator(mode="after")
     def _batch_splits(self) -> "PipelineConfig":
@@ -624,6 +632,9 @@ class ClipPipelineConfig(_PipelineBase):
     eval: ClipEvalConfig = ClipEvalConfig()
     tracking: TrackingConfig = Field(TrackingConfig(), **NOT_IN_KEY)
     schedule: ScheduleConfig = Field(ScheduleConfig(), **NOT_IN_KEY)
+
+    def global_batch_size(self, stage: int) -> int:
+        return self.train.global_batch_size
 
     @model_validator(mode="after")
     def _batch_splits(self) -> "ClipPipelineConfig":

@@ -9,7 +9,6 @@ so both pipelines leave the same run tree with the same metric names.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -19,9 +18,8 @@ from contrastive.clip.data import count_samples, data_fingerprint, expand_urls
 from contrastive.clip.evaluate import plot_metric_groups
 from contrastive.clip.model import ClipSpec, file_fingerprint, resolve_pretrained
 from pipeline_config.schema import ClipPipelineConfig, check_clip_feasible, check_clip_pretrained, digest_of
-from tasks.mcl_tasks import (cached_task, run_stage_training, finish_cluster_record,
-                             finish_eval_record, finish_pseudo_label_record, finish_train_record, finished_record,
-                             numeric_metrics, publish_summary, save_record, stage_seed, tracker_for)
+from tasks.mcl_tasks import (cached_task, finish_eval_record, finish_train_record, finished_record, numeric_metrics,
+                             publish_summary, run_stage_training, save_record, stage_seed, tracker_for)
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
@@ -131,37 +129,6 @@ def export_clip_embeddings(*, config: ClipPipelineConfig, key: str, out_dir: str
     return save_record(Path(out_dir), {"key": key, "dir": out_dir, "embeddings_dir": result["dir"],
                                        "num_samples": result["num_samples"], "dim": result["dim"],
                                        "mlflow_run_id": mlflow_run_id})
-
-
-@cached_task("clip-cluster-embeddings")
-def cluster_clip_embeddings(*, config: ClipPipelineConfig, key: str, out_dir: str, stage: int, exported: dict,
-                            earlier: list[dict], mlflow_run_id: str) -> dict:
-    if (done := finished_record(out_dir)) is not None:
-        return done
-    tracker = tracker_for(config)
-    k = config.mcl.clusters_after(stage)
-    summary = stages.cluster_stage(embeddings_dir=exported["embeddings_dir"], out_dir=str(Path(out_dir) / "clusters"),
-                                   seed=stage_seed(config, stage), **config.mcl.kmeans_settings(stage),
-                                   earlier_cluster_dirs=[e["clusters_dir"] for e in earlier])
-    return finish_cluster_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, stage=stage,
-                                 k=k, summary=summary)
-
-
-@cached_task("clip-pseudo-labels")
-def make_clip_pseudo_labels(*, config: ClipPipelineConfig, key: str, out_dir: str, for_stage: int,
-                            clusters: list[dict], exports: list[dict], mlflow_run_id: str) -> dict:
-    """Pseudo-labels for ``for_stage`` = the combination of the cluster ids of ALL earlier stages, by sample key."""
-    if (done := finished_record(out_dir)) is not None:
-        return done
-    tracker = tracker_for(config)
-    stats = stages.build_pseudo_labels(cluster_dirs=[c["clusters_dir"] for c in clusters],
-                                       embeddings_dirs=[e["embeddings_dir"] for e in exports],
-                                       out_path=str(Path(out_dir) / "pseudo_labels.npz"),
-                                       min_group_size=config.train.global_batch_size,
-                                       small_group_policy=config.mcl.small_group_policy)
-    get_run_logger().info("pseudo-labels for CLIP stage %d: %s", for_stage, stats)
-    return finish_pseudo_label_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir,
-                                      stats=stats)
 
 
 @cached_task("clip-reshard-by-group")

@@ -12,12 +12,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from prefect import get_run_logger, task
 from tqdm.auto import tqdm
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.context import TaskRunContext
 
 from contrastive import stages
+from contrastive.mcl import steps
+from contrastive.engine.checkpoint import write_json
 from contrastive.engine.launch import run_under_torchrun
 from contrastive.data.image_files import load_dataset
 from contrastive.data.image_folder import prepare_image_folder
@@ -47,7 +50,7 @@ def is_valid_record(record: dict | None) -> bool:
 
 
 def save_record(out_dir: Path, record: dict) -> dict:
-    stages.write_json(Path(out_dir) / RECORD, record)
+    write_json(Path(out_dir) / RECORD, record)
     return record
 
 
@@ -124,7 +127,7 @@ def finish_eval_record(*, tracker: Tracker, mlflow_run_id: str, key: str, out_di
     """After representation ``name`` was scored: write ``out_dir/metrics.json`` (name, metrics, ``details``), log
     the metrics as ``eval/<name>/...``, upload the file and save the task record."""
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    stages.write_json(Path(out_dir) / "metrics.json", {"name": name, "metrics": metrics, **(details or {})})
+    write_json(Path(out_dir) / "metrics.json", {"name": name, "metrics": metrics, **(details or {})})
     tracker.log_metrics(mlflow_run_id, {f"eval/{name}/{k}": v for k, v in metrics.items()})
     tracker.log_artifact(mlflow_run_id, Path(out_dir) / "metrics.json", artifact_path=f"eval/{name}")
     return save_record(Path(out_dir), {"key": key, "dir": out_dir, "name": name, "metrics": metrics,
@@ -143,7 +146,7 @@ def publish_summary(*, config: PipelineConfig | ClipPipelineConfig, tracker: Tra
                                         path=out / "cluster_sizes.png"))
     summary = {"pipeline_id": pipeline_id, "config_hash": config.config_hash(), "results": results,
                "mlflow_run_id": parent_run_id, **(extra_summary or {})}
-    stages.write_json(out / "summary.json", summary)
+    write_json(out / "summary.json", summary)
     (out / "results.md").write_text(table)
     for path in paths:
         tracker.log_artifact(parent_run_id, path, artifact_path="eval")
@@ -253,7 +256,7 @@ def prepare_data(*, config: PipelineConfig) -> dict:
 def open_pipeline_run(*, config: PipelineConfig, pipeline_id: str, flow_run_id: str | None, pipeline_dir: str) -> str:
     """Open the parent MLflow run, and keep the config beside the results (``mclpipe resume`` reads it)."""
     Path(pipeline_dir).mkdir(parents=True, exist_ok=True)
-    stages.write_json(Path(pipeline_dir) / "config.json", config.model_dump(mode="json"))
+    write_json(Path(pipeline_dir) / "config.json", config.model_dump(mode="json"))
     (Path(pipeline_dir) / "config.yaml").write_text(dump_config(config))
     tracker = tracker_for(config)
     tags = {"pipeline_id": pipeline_id, "config_hash": config.config_hash(), "kind": "pipeline",
@@ -324,42 +327,67 @@ def export_embeddings(*, config: PipelineConfig, key: str, out_dir: str, trained
     if (done := finished_record(out_dir)) is not None:
         return done
     tracker = tracker_for(config)
-    result = stages.export_stage_embeddings(dataset_dir=data["dir"], model_path=trained["model_path"],
-                                            out_dir=Path(out_dir) / "embeddings", batch_size=512,
-                                            device=config.device)
+    export = {"dataset_dir": data["dir"], "model_path": trained["model_path"],
+              "out_dir": str(Path(out_dir) / "embeddings"), "batch_size": 512, "device": config.device,
+              "workers": config.train.workers}
+    d = config.distributed
+    if d.nproc_per_node > 1 or d.nnodes > 1:  # each rank embeds its share of the samples into its own shards
+        result = run_under_torchrun(entry="contrastive.stages:export_stage_from_json", kwargs={"export": export},
+                                    stage_dir=Path(export["out_dir"]), nproc_per_node=d.nproc_per_node,
+                                    backend=d.backend, log_path=Path(out_dir) / "torchrun.log", nnodes=d.nnodes,
+                                    rdzv_endpoint=d.rdzv_endpoint, result_file=stages.EXPORT_SUMMARY)
+    else:
+        result = stages.export_stage_embeddings(**export)
+    tracker.log_metrics(mlflow_run_id, {"export/unreadable": result["unreadable"]})
     tracker.log_artifact(mlflow_run_id, Path(out_dir) / "embeddings", artifact_path="embeddings")
     return save_record(Path(out_dir), {"key": key, "dir": out_dir, "embeddings_dir": result["dir"],
                                        "num_samples": result["num_samples"], "dim": result["dim"],
                                        "mlflow_run_id": mlflow_run_id})
 
 
+def sample_scope(dataset_dir: str | None) -> tuple[np.ndarray | None, dict[str, np.ndarray] | None]:
+    """Which samples MCL clusters and which attributes the clusters are compared with: the training split of an
+    image dataset (ids, labels aligned to them), or every exported sample without labels (``dataset_dir`` None:
+    the CLIP pipeline's shards)."""
+    if dataset_dir is None:
+        return None, None
+    dataset = load_dataset(dataset_dir)
+    train = dataset.indices("train")
+    return dataset.ids[train], {name: labels[train] for name, labels in dataset.labels.items()}
+
+
+# Both pipelines run these two steps between stages.
 @cached_task("cluster-embeddings")
-def cluster_embeddings(*, config: PipelineConfig, key: str, out_dir: str, stage: int, exported: dict, data: dict,
-                       earlier: list[dict], mlflow_run_id: str) -> dict:
+def cluster_embeddings(*, config: PipelineConfig | ClipPipelineConfig, key: str, out_dir: str, stage: int,
+                       exported: dict, earlier: list[dict], dataset_dir: str | None, mlflow_run_id: str) -> dict:
+    """k-means on stage ``stage``'s embeddings (see ``sample_scope`` for which samples), AMI against earlier stages."""
     if (done := finished_record(out_dir)) is not None:
         return done
     tracker = tracker_for(config)
-    k = config.mcl.clusters_after(stage)
-    summary = stages.cluster_stage(dataset_dir=data["dir"], embeddings_dir=exported["embeddings_dir"],
-                                   out_dir=Path(out_dir) / "clusters", seed=stage_seed(config, stage),
-                                   **config.mcl.kmeans_settings(stage),
-                                   earlier_cluster_dirs=[e["clusters_dir"] for e in earlier])
+    ids, attributes = sample_scope(dataset_dir)
+    spec = config.mcl.kmeans_spec(stage, seed=stage_seed(config, stage))
+    summary = steps.cluster_stage(embeddings_dir=exported["embeddings_dir"], out_dir=Path(out_dir) / "clusters",
+                                  kmeans_spec=spec, earlier_cluster_dirs=[e["clusters_dir"] for e in earlier],
+                                  ids=ids, attributes=attributes)
     return finish_cluster_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, stage=stage,
-                                 k=k, summary=summary)
+                                 k=spec.k, summary=summary)
 
 
 @cached_task("pseudo-labels")
-def make_pseudo_labels(*, config: PipelineConfig, key: str, out_dir: str, for_stage: int, clusters: list[dict],
-                       exports: list[dict], data: dict, mlflow_run_id: str) -> dict:
-    """Pseudo-labels for ``for_stage`` = combination of the cluster ids of ALL stages before it."""
+def make_pseudo_labels(*, config: PipelineConfig | ClipPipelineConfig, key: str, out_dir: str, for_stage: int,
+                       clusters: list[dict], exports: list[dict], dataset_dir: str | None,
+                       mlflow_run_id: str) -> dict:
+    """Pseudo-labels for ``for_stage`` = combination of the cluster ids of ALL stages before it; groups smaller
+    than that stage's global batch are handled by ``mcl.small_group_policy``."""
     if (done := finished_record(out_dir)) is not None:
         return done
     tracker = tracker_for(config)
-    stats = stages.build_pseudo_labels(dataset_dir=data["dir"], cluster_dirs=[c["clusters_dir"] for c in clusters],
-                                       embeddings_dirs=[e["embeddings_dir"] for e in exports],
-                                       out_path=Path(out_dir) / "pseudo_labels.npz",
-                                       min_group_size=config.for_stage(for_stage).train.batch_size,
-                                       small_group_policy=config.mcl.small_group_policy)
+    stats = steps.build_pseudo_labels(cluster_dirs=[c["clusters_dir"] for c in clusters],
+                                      embeddings_dirs=[e["embeddings_dir"] for e in exports],
+                                      out_path=Path(out_dir) / "pseudo_labels.npz",
+                                      min_group_size=config.global_batch_size(for_stage),
+                                      small_group_policy=config.mcl.small_group_policy,
+                                      ids=sample_scope(dataset_dir)[0])
     get_run_logger().info("pseudo-labels for stage %d: %s", for_stage, stats)
     return finish_pseudo_label_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir,
                                       stats=stats)

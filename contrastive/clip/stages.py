@@ -13,16 +13,15 @@ Nothing here knows about Prefect or MLflow; under torchrun, :mod:`contrastive.en
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
-import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
-from contrastive.engine.checkpoint import atomic_write_bytes
+from contrastive.engine.checkpoint import write_json
 from contrastive.clip.data import (count_samples, iter_decoded, stream_batches, write_tiny_shards)
 from contrastive.data.skips import SkipCounter
 from contrastive.engine.distributed import DistInfo, device_for, per_rank_batch
@@ -38,17 +37,12 @@ from contrastive.clip.task import ClipTask
 from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
 from contrastive.engine.loop import TrainCallback, release_device_memory, train
 from contrastive.engine.task import StageSpec
-from contrastive.embeddings import load_embeddings, save_embeddings
-from contrastive.errors import ConfigError, DataError
-from contrastive.sampling import align_labels_to_ids, combine_pseudo_labels
+from contrastive.embeddings import save_embeddings
+from contrastive.errors import DataError
 
 log = logging.getLogger(__name__)
 
 EVAL_FEATURES = "eval_features.npz"
-
-
-def write_json(path: Path, value: dict) -> None:
-    atomic_write_bytes(Path(path), json.dumps(value, indent=2, default=str).encode())
 
 
 class ClipBatchSource:
@@ -114,13 +108,21 @@ def train_stage_from_json(*, spec: dict, info: DistInfo | None = None) -> dict:
 
 def train_stage(spec: ClipStageSpec, *, info: DistInfo | None = None, callbacks: list[TrainCallback] = (),
                 stop_after_steps: int | None = None) -> dict:
+    """Fine-tune one stage (see :func:`_train_stage`), then hand its cached device memory back before the next."""
+    info = info or DistInfo()
+    summary = _train_stage(spec, info=info, callbacks=callbacks, stop_after_steps=stop_after_steps)
+    release_device_memory(device_for(name=spec.device, info=info))
+    return summary
+
+
+def _train_stage(spec: ClipStageSpec, *, info: DistInfo, callbacks: list[TrainCallback],
+                 stop_after_steps: int | None) -> dict:
     """Fine-tune one stage from the shared init; writes checkpoints/last.pt, model/model.pt, train_summary.json.
 
     spec.grouped_dir None: random batches streamed from ``spec.urls`` (stage 0). Otherwise every batch comes from
     one pseudo-label group of the re-shard in ``spec.grouped_dir`` (MCL stages >= 1). Every process of a torchrun
     launch calls this with its ``info``; rank 0 writes the files.
     """
-    info = info or DistInfo()
     check_precision(spec.loop.precision)
     if spec.threads:
         torch.set_num_threads(spec.threads)
@@ -177,8 +179,6 @@ def train_stage(spec: ClipStageSpec, *, info: DistInfo | None = None, callbacks:
     if info.is_main:
         save_stage_model(model=bundle.model, spec=bundle.spec, path=model_path, weights_file=bundle.weights_file)
         write_json(stage / "train_summary.json", summary)
-    del bundle
-    release_device_memory(torch_device)
     return summary
 
 
@@ -219,56 +219,6 @@ def export_stage(*, model_path: str, urls: list[str], out_dir: str, batch_size: 
     stats["expected_from_stats"] = expected if expected is not None else -1
     write_json(Path(out_dir) / "export_stats.json", stats)
     return {"dir": str(out_dir), "num_samples": manifest["num_samples"], "dim": manifest["dim"], "data": stats}
-
-
-# ---------------------------------------------------------------------------------------------------- clustering
-def cluster_stage(*, embeddings_dir: str, out_dir: str, k: int, seed: int, niter: int, spherical: bool, init: str,
-                  max_train_points: int | None, earlier_cluster_dirs: list[str]) -> dict:
-    """k-means on one stage's image embeddings (keyed by sample key); AMI against every earlier stage."""
-    # Imported here: faiss and scikit-learn cost seconds to import in every torchrun worker that never clusters.
-    from contrastive.clustering import adjusted_mutual_information, kmeans, load_assignments, save_clusters
-
-    ids, features = load_embeddings(directory=Path(embeddings_dir))
-    result = kmeans(features=features, k=k, seed=seed, niter=niter, spherical=spherical, init=init,
-                    max_train_points=max_train_points)
-    summary = save_clusters(result=result, ids=ids, directory=Path(out_dir))
-    ami = {}
-    for number, earlier in enumerate(earlier_cluster_dirs):
-        earlier_ids, earlier_assignments = load_assignments(directory=Path(earlier))
-        aligned = align_labels_to_ids(label_ids=earlier_ids, labels=earlier_assignments, dataset_ids=ids)
-        ami[f"stage_{number}"] = adjusted_mutual_information(a=aligned, b=result.assignments)
-    summary = {**summary, "ami": ami, "dir": str(out_dir)}
-    write_json(Path(out_dir) / "summary.json", summary)
-    return summary
-
-
-def build_pseudo_labels(*, cluster_dirs: list[str], embeddings_dirs: list[str], out_path: str, min_group_size: int,
-                        small_group_policy: str) -> dict:
-    """Pseudo-labels for the next stage = combine(y_0, ..., y_j) over ALL earlier stages, keyed by sample key.
-
-    All stages are aligned to the key order of the latest export (by key, never by position). Groups smaller than
-    ``min_group_size`` (the global batch) are merged / pooled / kept by ``small_group_policy`` and counted.
-    """
-    from contrastive.clustering import load_assignments
-    from contrastive.stages import save_merged_pseudo_labels  # here like the line above: it imports faiss, sklearn
-
-    ids, _ = load_embeddings(directory=Path(embeddings_dirs[-1]))
-    assignments = []
-    for cluster_dir in cluster_dirs:
-        cluster_ids, labels = load_assignments(directory=Path(cluster_dir))
-        assignments.append(align_labels_to_ids(label_ids=cluster_ids, labels=labels, dataset_ids=ids))
-    combined = combine_pseudo_labels(stage_assignments=assignments)
-    features = None
-    if small_group_policy == "merge_nearest":
-        per_stage = []
-        for directory in embeddings_dirs:
-            stage_ids, embeddings = load_embeddings(directory=Path(directory))
-            rows = align_labels_to_ids(label_ids=stage_ids, labels=np.arange(stage_ids.size), dataset_ids=ids)
-            per_stage.append(embeddings[rows])
-        features = concat_stage_features(per_stage)
-    return save_merged_pseudo_labels(ids=ids, combined=combined, features=features, min_group_size=min_group_size,
-                                     small_group_policy=small_group_policy, stages_combined=len(cluster_dirs),
-                                     out_path=out_path, extra_stats={"samples": int(ids.size)})
 
 
 def reshard_stage(*, pseudo_labels_path: str, urls: list[str], out_dir: str, world_size: int, seed: int,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import warnings
 from pathlib import Path
@@ -33,6 +34,11 @@ def atomic_write_bytes(path: Path, payload: bytes) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
+
+
+def write_json(path: Path, value: dict) -> None:
+    """A JSON record written atomically (write, then rename)."""
+    atomic_write_bytes(Path(path), json.dumps(value, indent=2, default=str).encode())
 
 
 def save_checkpoint(state: dict[str, Any], path: Path) -> str:

@@ -35,11 +35,12 @@ def torchrun_command(*, args_path: Path, nproc_per_node: int, nnodes: int = 1,
 
 
 def run_under_torchrun(*, entry: str, kwargs: dict, stage_dir: Path, nproc_per_node: int, backend: str,
-                       log_path: Path, nnodes: int = 1, rdzv_endpoint: str | None = None) -> dict:
-    """Write the stage arguments beside the stage, run torchrun, return rank 0's train summary."""
+                       log_path: Path, nnodes: int = 1, rdzv_endpoint: str | None = None,
+                       result_file: str = SUMMARY) -> dict:
+    """Write the arguments beside the step's outputs, run torchrun, return what rank 0 wrote to ``result_file``."""
     stage_dir = Path(stage_dir)
     stage_dir.mkdir(parents=True, exist_ok=True)
-    args_path = stage_dir / "stage_args.json"
+    args_path = stage_dir / f"{Path(result_file).stem}_args.json"
     args_path.write_text(json.dumps({"entry": entry, "kwargs": kwargs, "backend": backend}, indent=2, default=str))
     command = torchrun_command(args_path=args_path, nproc_per_node=nproc_per_node, nnodes=nnodes,
                                rdzv_endpoint=rdzv_endpoint)
@@ -50,7 +51,7 @@ def run_under_torchrun(*, entry: str, kwargs: dict, stage_dir: Path, nproc_per_n
         raise MclpipeError(f"torchrun training of {stage_dir.name} failed (exit {completed.returncode}); its last "
                            "lines:\n  " + "\n  ".join(tail) + f"\nFull log: {log_path}. Rerunning resumes from "
                            f"{stage_dir / 'checkpoints' / 'last.pt'}")
-    return json.loads((stage_dir / SUMMARY).read_text())
+    return json.loads((stage_dir / result_file).read_text())
 
 
 def resolve_entry(entry: str):

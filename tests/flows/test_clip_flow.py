@@ -68,7 +68,7 @@ def test_clip_mcl_pipeline_run_tree_artifacts_and_cache(clip_config, count_train
     assert stage1.data.metrics["batch_plan/cluster_pure"] == 1 and stage0.data.metrics["batch_plan/cluster_pure"] == 0
     assert stage1.data.params["model.name"] == "mclpipe-tiny-vit" and stage1.data.tags["cluster_pure_batches"] == "True"
     steps = Path(config.output_dir) / "steps"
-    pseudo = np.load(next(steps.glob("clip-pseudo1-*")) / "pseudo_labels.npz")
+    pseudo = np.load(next(steps.glob("pseudo1-*")) / "pseudo_labels.npz")
     assert pseudo["ids"].size == 286 and not {"000000001", "000000003"} & set(pseudo["ids"].tolist())
     grouped = json.loads((next(steps.glob("clip-grouped1-*")) / "grouped" / "grouped.json").read_text())
     assert grouped["samples"] == 286 and grouped["unlabelled_skipped"] == 2

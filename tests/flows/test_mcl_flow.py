@@ -1,4 +1,5 @@
 """The MCL flow under Prefect's test harness: MLflow run tree, artifacts, caching and rerun after a failure."""
+import json
 from pathlib import Path
 
 import pytest
@@ -130,7 +131,7 @@ def test_rerun_from_with_a_stage_override_keeps_earlier_stages(tiny_config, coun
     assert list(steps.glob("train0-*")) == [stage0_dir]  # stage 0 kept its key and was reused
     new_stage1 = [d for d in steps.glob("train1-*") if ".replaced-" not in d.name]
     assert len(new_stage1) == 2  # the first run's stage 1 and the overridden one (a different key)
-    epochs = sorted(stages.read_json(d / "train_summary.json")["epochs"] for d in new_stage1)
+    epochs = sorted(json.loads((d / "train_summary.json").read_text())["epochs"] for d in new_stage1)
     assert epochs == [config.train.epochs, config.train.epochs + 1]
     _, children = run_tree(config.tracking.uri)
     overridden = [c for c in children if c.data.tags.get("stage_override") == "true"]

@@ -51,18 +51,19 @@ def test_config_hash_ignores_name_and_tracking_only():
     assert a.config_hash() != PipelineConfig(seed=1).config_hash()
 
 
-def test_kmeans_settings_are_the_kmeans_keywords_per_stage():
+def test_kmeans_spec_per_stage_covers_the_kmeans_keywords():
     from contrastive.clustering import kmeans
+    from dataclasses import asdict
     import inspect
 
     config = load_config("trifeature_tiny", ["mcl.clusters=[8, 3]", "mcl.kmeans_train_points_per_cluster=100",
                                              "mcl.kmeans_init=random"])
-    assert config.mcl.kmeans_settings(1) == {"k": 3, "niter": config.mcl.kmeans_niter, "spherical": True,
-                                             "init": "random", "max_train_points": 300}
-    assert set(config.mcl.kmeans_settings(0)) | {"features", "seed", "use_gpu"} == set(
+    assert asdict(config.mcl.kmeans_spec(1, seed=5)) == {"k": 3, "seed": 5, "niter": config.mcl.kmeans_niter,
+                                                        "spherical": True, "init": "random", "max_train_points": 300}
+    assert set(asdict(config.mcl.kmeans_spec(0, seed=0))) | {"features", "use_gpu"} == set(
         inspect.signature(kmeans).parameters)
     every_point = load_config("trifeature_tiny", ["mcl.kmeans_train_points_per_cluster=0"])
-    assert every_point.mcl.kmeans_settings(0)["max_train_points"] is None
+    assert every_point.mcl.kmeans_spec(0, seed=0).max_train_points is None
     with pytest.raises(ConfigError, match="kmeans_init"):
         load_config("trifeature_tiny", ["mcl.kmeans_init=kmeans"])
 

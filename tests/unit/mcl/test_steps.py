@@ -1,7 +1,8 @@
-"""Stage steps over directories: k-means per stage and pseudo-labels combining ALL earlier stages, by sample key."""
+"""The steps between stages, for every modality: k-means per stage and pseudo-labels combining ALL earlier stages,
+by sample key; restricted to a subset of the exported samples (a training split) with attributes to compare."""
 import numpy as np
 
-from contrastive.clip.stages import build_pseudo_labels, cluster_stage
+from contrastive.mcl.steps import KMeansSpec, build_pseudo_labels, cluster_stage
 from contrastive.embeddings import save_embeddings
 
 
@@ -18,8 +19,8 @@ def test_pseudo_labels_combine_every_earlier_stage_by_key(tmp_path):
         save_embeddings(embeddings=x[order] + 1.0, ids=keys[order], directory=tmp_path / f"emb{stage}")
         exports.append(str(tmp_path / f"emb{stage}"))
         clusters.append(str(tmp_path / f"clu{stage}"))
-        summary = cluster_stage(embeddings_dir=exports[-1], out_dir=clusters[-1], k=2, seed=0, niter=10,
-                                spherical=False, init="auto", max_train_points=None,
+        summary = cluster_stage(embeddings_dir=exports[-1], out_dir=clusters[-1],
+                                kmeans_spec=KMeansSpec(k=2, seed=0, niter=10, spherical=False),
                                 earlier_cluster_dirs=clusters[:-1])
         assert sorted(summary["sizes"]) == [30, 30]
     assert abs(summary["ami"]["stage_0"]) < 0.2  # stage 1's clusters differ from stage 0's
@@ -30,3 +31,20 @@ def test_pseudo_labels_combine_every_earlier_stage_by_key(tmp_path):
     truth = dict(zip(keys.tolist(), (2 * first + second).tolist()))
     pairs = {(truth[k], int(g)) for k, g in zip(stored["ids"].tolist(), stored["groups"].tolist())}
     assert len(pairs) == 4  # the groups are exactly the (stage 0, stage 1) combinations
+
+
+def test_a_subset_of_samples_is_clustered_and_compared_with_its_attributes(tmp_path):
+    rng = np.random.default_rng(1)
+    keys = np.array([f"s{i}" for i in range(40)])
+    attribute = np.repeat([0, 1], 20)
+    x = np.c_[attribute * 10 + rng.normal(0, 0.1, 40), rng.normal(0, 0.1, (40, 2))] + 1.0
+    save_embeddings(embeddings=x, ids=keys, directory=tmp_path / "emb")
+    train = keys[::2][::-1]  # the training split, in its own order
+    summary = cluster_stage(embeddings_dir=tmp_path / "emb", out_dir=tmp_path / "clu",
+                            kmeans_spec=KMeansSpec(k=2, seed=0, spherical=False), earlier_cluster_dirs=[],
+                            ids=train, attributes={"side": attribute[::2][::-1]})
+    assert sum(summary["sizes"]) == 20 and summary["ami"]["attr_side"] > 0.99
+    stats = build_pseudo_labels(cluster_dirs=[tmp_path / "clu"], embeddings_dirs=[tmp_path / "emb"],
+                                out_path=tmp_path / "p.npz", min_group_size=4, small_group_policy="none", ids=train)
+    stored = np.load(tmp_path / "p.npz")
+    assert stats["samples"] == 20 and stored["ids"].tolist() == train.tolist()

@@ -1,0 +1,112 @@
+"""The MCL steps between two stages, for every modality: k-means on a stage's exported embeddings, and the
+pseudo-labels of the next stage (the tuple of ALL earlier stages' cluster ids).
+
+Both read what the export wrote (float16 shards + sample ids) and key everything by sample id, never by position.
+A modality says which samples take part (``ids``: the unimodal pipeline clusters its training split, the CLIP
+pipeline every exported sample) and which ground-truth attributes the clusters can be compared with.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from contrastive.embeddings import load_embeddings
+from contrastive.engine.checkpoint import write_json
+from contrastive.errors import DataError
+from contrastive.integrate import concat_normalized
+from contrastive.sampling import align_labels_to_ids, combine_pseudo_labels, merge_small_groups
+
+
+@dataclass(frozen=True)
+class KMeansSpec:
+    """k-means after one stage (``contrastive.clustering.kmeans``): K clusters, Lloyd iterations, cosine or
+    Euclidean, the seeding, and the sample Lloyd trains on (None: every point)."""
+    k: int
+    seed: int
+    niter: int = 25
+    spherical: bool = True
+    init: str = "auto"
+    max_train_points: int | None = None
+
+
+def embeddings_for(*, embeddings_dir: Path, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, (N, D) embeddings) of one export, restricted to and ordered as ``ids`` when given."""
+    stored_ids, embeddings = load_embeddings(directory=Path(embeddings_dir))
+    if ids is None:
+        return stored_ids, embeddings
+    rows = align_labels_to_ids(label_ids=stored_ids, labels=np.arange(stored_ids.size), dataset_ids=ids)
+    return ids, embeddings[rows]
+
+
+def cluster_stage(*, embeddings_dir: Path, out_dir: Path, kmeans_spec: KMeansSpec, earlier_cluster_dirs: list[Path],
+                  ids: np.ndarray | None = None, attributes: dict[str, np.ndarray] | None = None) -> dict:
+    """k-means on one stage's embeddings of ``ids`` (all exported samples when None); writes assignments keyed by
+    sample id, centroids, sizes and inertia to ``out_dir``, and the AMI against every earlier stage's clustering and
+    against each attribute in ``attributes`` (int labels aligned to ``ids``, -1 unknown): which features the
+    clusters absorbed."""
+    # faiss and scikit-learn cost seconds to import in every torchrun worker that never clusters.
+    from contrastive.clustering import adjusted_mutual_information, kmeans, load_assignments, save_clusters
+
+    ids, features = embeddings_for(embeddings_dir=embeddings_dir, ids=ids)
+    s = kmeans_spec
+    result = kmeans(features=features, k=s.k, seed=s.seed, niter=s.niter, spherical=s.spherical, init=s.init,
+                    max_train_points=s.max_train_points)
+    summary = save_clusters(result=result, ids=ids, directory=Path(out_dir))
+    ami = {}
+    for number, earlier in enumerate(earlier_cluster_dirs):
+        earlier_ids, earlier_assignments = load_assignments(directory=Path(earlier))
+        aligned = align_labels_to_ids(label_ids=earlier_ids, labels=earlier_assignments, dataset_ids=ids)
+        ami[f"stage_{number}"] = adjusted_mutual_information(a=aligned, b=result.assignments)
+    for attribute, labels in (attributes or {}).items():
+        if (labels >= 0).any():
+            ami[f"attr_{attribute}"] = adjusted_mutual_information(a=labels, b=result.assignments)
+    summary = {**summary, "ami": ami, "dir": str(out_dir)}
+    write_json(Path(out_dir) / "summary.json", summary)
+    return summary
+
+
+def build_pseudo_labels(*, cluster_dirs: list[Path], embeddings_dirs: list[Path], out_path: Path,
+                        min_group_size: int, small_group_policy: str, ids: np.ndarray | None = None) -> dict:
+    """Pseudo-label for the next stage = combine(y_0, ..., y_j): the tuple of ALL earlier stages' cluster ids,
+    for ``ids`` (the samples of the latest export when None), written as ``{ids, groups}`` to ``out_path``.
+
+    Groups smaller than ``min_group_size`` (the global batch) are handled by ``small_group_policy``: merged into
+    the nearest group by centroid in the concatenated, per-stage normalised embedding space, pooled, or kept;
+    counts go in the returned stats, written beside the labels.
+    """
+    from contrastive.clustering import load_assignments
+
+    if ids is None:
+        ids, _ = load_embeddings(directory=Path(embeddings_dirs[-1]))
+    stage_assignments = []
+    for cluster_dir in cluster_dirs:
+        cluster_ids, labels = load_assignments(directory=Path(cluster_dir))
+        stage_assignments.append(align_labels_to_ids(label_ids=cluster_ids, labels=labels, dataset_ids=ids))
+    combined = combine_pseudo_labels(stage_assignments=stage_assignments)
+    features = None
+    if small_group_policy == "merge_nearest":
+        features = concat_normalized(stage_embeddings=[embeddings_for(embeddings_dir=d, ids=ids)[1]
+                                                       for d in embeddings_dirs])
+    groups, stats = merge_small_groups(groups=combined, features=features, min_size=min_group_size,
+                                       policy=small_group_policy)
+    sizes = np.bincount(groups)
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.stem + ".tmp.npz")  # renamed once complete: a killed run never leaves half a file
+    np.savez(tmp, ids=ids, groups=groups)
+    tmp.replace(out)
+    stats = {**stats, "stages_combined": len(cluster_dirs), "num_groups": int(sizes.size),
+             "min_group": int(sizes.min()), "max_group": int(sizes.max()), "samples": int(ids.size), "path": str(out)}
+    write_json(out.with_suffix(".json"), stats)
+    return stats
+
+
+def load_pseudo_labels(*, path: Path, ids: np.ndarray) -> np.ndarray:
+    """Pseudo-label groups (M,) aligned to ``ids``, verified by sample id."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"pseudo-labels {path} are missing: rerun the pipeline so the clustering step writes them")
+    stored = np.load(path, allow_pickle=False)
+    return align_labels_to_ids(label_ids=stored["ids"], labels=stored["groups"], dataset_ids=ids)

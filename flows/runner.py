@@ -1,0 +1,174 @@
+"""The one stage runner of every pipeline: cached steps in content-keyed directories, one nested MLflow run per
+stage, and MCL's stage loop, with the modality as an adapter.
+
+    for stage j:  train (fresh encoder; cluster-pure batches for j >= 1) -> export -> evaluate stage j alone
+                  if j is not the last: k-means on stage j -> pseudo-labels combine(y_0..y_j) -> batches of j + 1
+    then:         evaluate the concatenation of all stages
+
+A modality's runner (``flows.mcl_flow.ImageStageRunner``, ``flows.clip_flow.ClipStageRunner``) implements
+``train_and_export``, ``evaluate_stage``, ``evaluate_concat`` and, when its stages read their cluster-pure batches
+from something other than the pseudo-labels themselves, ``batches_for`` (CLIP re-shards by group). The k-means and
+pseudo-label steps between stages are the same tasks for every modality.
+
+Every step's output directory is named by a content key (digest of the typed config it reads and of the keys of
+what it consumes), so identical steps are shared and a rerun skips whatever already finished.
+"""
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger
+from prefect.runtime import flow_run
+
+from pipeline_config.schema import digest_of
+from tasks import mcl_tasks as t
+
+RESULT_STORE = "prefect-results"
+
+
+def run_step(step, *, storage: Path, force: bool = False, **kwargs) -> dict:
+    """Call a cached task; if its cached record points at files that were deleted, recompute it.
+
+    ``force`` recomputes even a finished step: its old output directory is kept beside the new one as
+    ``<dir>.replaced-<time>`` (nothing computed is deleted).
+    """
+    bound = step.with_options(result_storage=storage)
+    if force:
+        out_dir = Path(kwargs["out_dir"])
+        if out_dir.exists():
+            out_dir.rename(out_dir.with_name(f"{out_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"))
+        return bound.with_options(refresh_cache=True)(**kwargs)
+    record = bound(**kwargs)
+    if not t.is_valid_record(record):
+        record = bound.with_options(refresh_cache=True)(**kwargs)
+    return record
+
+
+@dataclass
+class StageOutputs:
+    """What the stage loop produced, per stage: train, export and k-means records, the per-stage evaluation
+    handles (what ``evaluate_concat`` combines) and the metrics of every stage alone."""
+    trained: list[dict] = field(default_factory=list)
+    exports: list[dict] = field(default_factory=list)
+    clusters: list[dict] = field(default_factory=list)
+    evaluated: list[dict] = field(default_factory=list)
+    results: dict[str, dict] = field(default_factory=dict)
+
+
+class StepRunner:
+    """Runs the cached steps of one pipeline invocation: one nested MLflow run per stage, step outputs in
+    directories named by content keys, reuse of cached steps recorded in the current runs."""
+
+    #: The dataset whose training split MCL clusters (None: every exported sample, e.g. CLIP's shards).
+    dataset_dir: str | None = None
+
+    def __init__(self, *, config, data: dict, parent_run_id: str, pipeline_id: str,
+                 rerun_from: int | None = None):
+        self.config = config
+        self.rerun_from = rerun_from
+        self.data = data
+        self.parent_run_id = parent_run_id
+        self.pipeline_id = pipeline_id
+        self.flow_run_id = flow_run.id
+        self.root = Path(config.output_dir).resolve()
+        self.storage = self.root / RESULT_STORE
+        self.stage_runs: dict[tuple[str, int], str] = {}
+
+    def stage_run(self, *, kind: str, stage: int) -> str:
+        if (kind, stage) not in self.stage_runs:
+            self.stage_runs[(kind, stage)] = t.open_stage_run(
+                config=self.config, parent_run_id=self.parent_run_id, stage=stage, kind=kind,
+                pipeline_id=self.pipeline_id, flow_run_id=self.flow_run_id)
+        return self.stage_runs[(kind, stage)]
+
+    def step(self, task_fn, *, prefix: str, key: str, run_id: str, what: str, stage: int | None = None,
+             **kwargs: Any) -> dict:
+        """Run one cached step of ``stage``; with ``rerun_from``, steps of that stage and later are recomputed."""
+        out_dir = str(self.root / "steps" / f"{prefix}-{key}")
+        if stage is not None and "stage" in inspect.signature(task_fn.fn).parameters:
+            kwargs["stage"] = stage
+        force = None not in (self.rerun_from, stage) and stage >= self.rerun_from
+        if force and what == "train":
+            t.note_rerun(config=self.config, mlflow_run_id=run_id, rerun_from=self.rerun_from)
+        record = run_step(task_fn, storage=self.storage, force=force, config=self.config, key=key,
+                          out_dir=out_dir, mlflow_run_id=run_id, **kwargs)
+        if record.get("mlflow_run_id") != run_id:
+            t.record_reuse(config=self.config, mlflow_run_id=run_id, record=record, what=what)
+        return record
+
+    # ------------------------------------------------------------------------------------------ between stages
+    def cluster(self, *, stage: int, exported: dict, earlier: list[dict], run_id: str) -> dict:
+        """k-means on stage ``stage``'s export (same task for every modality)."""
+        spec = self.config.mcl.kmeans_spec(stage, seed=t.stage_seed(self.config, stage))
+        key = digest_of(["cluster", exported["key"], asdict(spec), self.dataset_dir is not None,
+                         [c["key"] for c in earlier]])
+        return self.step(t.cluster_embeddings, prefix=f"cluster{stage}", key=key, run_id=run_id, what="cluster",
+                         stage=stage, exported=exported, earlier=list(earlier), dataset_dir=self.dataset_dir)
+
+    def pseudo_labels(self, *, for_stage: int, clusters: list[dict], exports: list[dict], run_id: str) -> dict:
+        """Pseudo-labels of ``for_stage`` from ALL earlier stages' clusterings (same task for every modality)."""
+        key = digest_of(["pseudo", [c["key"] for c in clusters], self.config.mcl.small_group_policy,
+                         self.config.global_batch_size(for_stage)])
+        return self.step(t.make_pseudo_labels, prefix=f"pseudo{for_stage}", key=key, run_id=run_id,
+                         what="pseudo_labels", stage=for_stage - 1, for_stage=for_stage, clusters=list(clusters),
+                         exports=list(exports), dataset_dir=self.dataset_dir)
+
+    # ------------------------------------------------------------------------------------------ the modality
+    def train_and_export(self, *, kind: str, stage: int, batches: dict | None) -> tuple[dict, dict]:
+        """Train stage ``stage`` (random batches when ``batches`` is None) and export its embeddings."""
+        raise NotImplementedError
+
+    def evaluate_stage(self, *, stage: int, trained: dict, exported: dict, run_id: str) -> tuple[dict, dict]:
+        """(metrics of stage ``stage`` alone, the handle ``evaluate_concat`` combines)."""
+        raise NotImplementedError
+
+    def evaluate_concat(self, *, name: str, evaluated: list[dict], run_id: str) -> dict:
+        """Metrics of the concatenation of several stages' representations."""
+        raise NotImplementedError
+
+    def batches_for(self, *, stage: int, pseudo: dict, run_id: str) -> dict:
+        """What the training of cluster-pure stage ``stage`` reads: the pseudo-labels themselves by default."""
+        return pseudo
+
+    def after_stage(self, *, stage: int, outputs: StageOutputs, run_id: str) -> None:
+        """Extra per-stage steps (the unimodal pipeline's embedding diagnostics)."""
+
+    # ------------------------------------------------------------------------------------------ the loop
+    def run_stages(self) -> StageOutputs:
+        """MCL's stage loop (module docstring); every later stage trains a fresh encoder on cluster-pure batches."""
+        logger = get_run_logger()
+        out, batches = StageOutputs(), None
+        for stage in range(self.config.mcl.num_stages):
+            run_id = self.stage_run(kind="mcl", stage=stage)
+            trained, exported = self.train_and_export(kind="mcl", stage=stage, batches=batches)
+            out.trained.append(trained)
+            out.exports.append(exported)
+            metrics, handle = self.evaluate_stage(stage=stage, trained=trained, exported=exported, run_id=run_id)
+            out.evaluated.append(handle)
+            out.results[f"stage {stage}"] = metrics
+            if stage + 1 < self.config.mcl.num_stages:
+                out.clusters.append(self.cluster(stage=stage, exported=exported, earlier=out.clusters,
+                                                 run_id=run_id))
+                pseudo = self.pseudo_labels(for_stage=stage + 1, clusters=out.clusters, exports=out.exports,
+                                            run_id=run_id)
+                batches = self.batches_for(stage=stage + 1, pseudo=pseudo, run_id=run_id)
+            self.after_stage(stage=stage, outputs=out, run_id=run_id)
+            logger.info("stage %d done: %s", stage, metrics)
+        if self.config.mcl.num_stages > 1:
+            out.results["MCL concat"] = self.evaluate_concat(name="mcl_concat", evaluated=out.evaluated,
+                                                             run_id=self.parent_run_id)
+        return out
+
+    def close(self, *, status: str) -> None:
+        """Mark every MLflow run of this invocation finished or failed; a tracking outage here must not hide the
+        error that ended the flow."""
+        logger = get_run_logger()
+        for run_id in [*self.stage_runs.values(), self.parent_run_id]:
+            try:
+                t.close_run(config=self.config, mlflow_run_id=run_id, status=status)
+            except Exception as exc:  # noqa: BLE001 - reported, the original outcome stands
+                logger.warning("could not mark MLflow run %s %s: %s", run_id, status, exc)

@@ -1,0 +1,73 @@
+"""The embedding export: streamed shard by shard, one process or each rank its share (gloo), the same ids and
+embeddings either way; unreadable images keep their place with a zero embedding."""
+import numpy as np
+import pytest
+import torch
+
+from contrastive import stages
+from contrastive.data.image_folder import prepare_image_folder
+from contrastive.data.trifeature import prepare_trifeature
+from contrastive.embeddings import load_embeddings
+from contrastive.engine.distributed import DistInfo
+from tests.distributed import run_gloo_ranks
+from tests.faults.train_tiny_stage import tiny_spec
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("export")
+    dataset_dir = prepare_trifeature(root=tmp / "data", num_train=64, num_test=16, image_size=16, num_colors=2,
+                                     num_shapes=2, num_textures=2, seed=0)
+    summary = stages.train_stage(tiny_spec(dataset_dir, tmp / "stage", epochs=1))
+    return tmp, dataset_dir, summary["model_path"]
+
+
+def _export_rank(rank: int, dataset_dir: str, model_path: str, out_dir: str) -> None:
+    stages.export_stage_embeddings(dataset_dir=dataset_dir, model_path=model_path, out_dir=out_dir, batch_size=8,
+                                   device="cpu", info=DistInfo(rank=rank, world_size=2))
+
+
+def test_two_ranks_export_what_one_process_exports(trained):
+    tmp, dataset_dir, model_path = trained
+    one = stages.export_stage_embeddings(dataset_dir=dataset_dir, model_path=model_path, out_dir=tmp / "one",
+                                         batch_size=8, device="cpu")
+    assert one["num_samples"] == 80 and one["unreadable"] == 0
+    run_gloo_ranks(_export_rank, str(dataset_dir), model_path, str(tmp / "two"))
+    ids_one, z_one = load_embeddings(directory=tmp / "one")
+    ids_two, z_two = load_embeddings(directory=tmp / "two")
+    assert ids_two.tolist() == ids_one.tolist() == stages.load_dataset(dataset_dir).ids.tolist()
+    assert np.allclose(z_one, z_two, atol=1e-3)
+    assert sorted(p.name for p in (tmp / "two").glob("*part-*.npy")) == ["rank000-part-00000.npy",
+                                                                         "rank001-part-00000.npy"]
+
+
+def test_shards_stream_at_the_shard_size(trained, monkeypatch):
+    tmp, dataset_dir, model_path = trained
+    real = stages.EmbeddingWriter
+    monkeypatch.setattr(stages, "EmbeddingWriter", lambda directory, prefix: real(directory, prefix=prefix,
+                                                                                  shard_size=30))
+    stages.export_stage_embeddings(dataset_dir=dataset_dir, model_path=model_path, out_dir=tmp / "small",
+                                   batch_size=8, device="cpu")
+    shards = sorted((tmp / "small").glob("part-*.npy"))
+    assert [len(np.load(p)) for p in shards] == [30, 30, 20]
+    ids, _ = load_embeddings(directory=tmp / "small")
+    assert len(ids) == 80
+
+
+def test_an_unreadable_image_keeps_its_place_with_a_zero_embedding(trained, tmp_path):
+    from PIL import Image
+    _, _, model_path = trained
+    source = tmp_path / "images"
+    for label in ("a", "b"):
+        (source / label).mkdir(parents=True)
+        for i in range(6):
+            Image.new("RGB", (20, 20), (40 * i, 100, 50)).save(source / label / f"{i}.png")
+    (source / "a" / "3.png").write_bytes(b"not a png")
+    dataset_dir = prepare_image_folder(source=source, root=tmp_path / "prepared", image_size=16, storage="files",
+                                       max_skip_fraction=0.5)
+    out = stages.export_stage_embeddings(dataset_dir=dataset_dir, model_path=model_path, out_dir=tmp_path / "emb",
+                                         batch_size=4, device="cpu")
+    ids, z = load_embeddings(directory=tmp_path / "emb")
+    assert out["unreadable"] == 1 and len(ids) == 12
+    broken = ids.tolist().index("a/3.png")
+    assert np.all(z[broken] == 0) and np.count_nonzero(np.abs(z).sum(axis=1) == 0) == 1
