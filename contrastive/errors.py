@@ -5,8 +5,9 @@ class MclpipeError(Exception):
     """Base class for mistakes a user can make (bad config, missing data, corrupt files)."""
 
 
-class ConfigError(MclpipeError):
-    """The pipeline configuration is invalid."""
+class ConfigError(MclpipeError, ValueError):
+    """The pipeline configuration is invalid. A ValueError too, so the config schema reports one raised while it
+    validates a library spec (whose checks live in the spec's ``__post_init__``) as a validation error."""
 
 
 class DataError(MclpipeError):

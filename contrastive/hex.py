@@ -17,6 +17,10 @@ import torch
 
 from contrastive.errors import ConfigError
 
+# The library's settings dataclasses are also the config schema's sections (one definition of each setting and
+# rule): pydantic validates them field by field, rejects unknown keys with this, and runs their __post_init__.
+STRICT = {"extra": "forbid"}
+
 EPSILON_MODES = ("fixed", "step", "cosine", "adaptive")
 Q_MODES = ("constant", "schedule", "similarity")
 HIERARCHIES = ("threshold", "earlier_clusters")
@@ -71,6 +75,7 @@ class EpsilonRule:
     (100 - percentile)% of the negatives whatever the current anisotropy of the embedding).
     """
 
+    __pydantic_config__ = STRICT
     mode: str = "adaptive"
     value: float = 0.5
     start: float = 0.8
@@ -117,6 +122,7 @@ class QRule:
     false negative), the less it counts.
     """
 
+    __pydantic_config__ = STRICT
     mode: str = "constant"
     value: float = 0.5
     start: float = 1.0
@@ -161,6 +167,25 @@ class HexSelection:
 
 
 @dataclass(frozen=True)
+class HexSettings:
+    """The ``method.hex`` section: HEX on or off, where H(i) comes from (``threshold``: cosine > epsilon;
+    ``earlier_clusters``: same pseudo-label of the earlier MCL stages, stage 0 falling back to the threshold), the
+    epsilon rule and the Q rule. A HEX pipeline's control run is the same method with HEX off."""
+
+    __pydantic_config__ = STRICT
+    enabled: bool = False
+    hierarchy: str = "threshold"
+    epsilon: EpsilonRule = EpsilonRule()
+    q: QRule = QRule()
+
+    def __post_init__(self):
+        HexRule(epsilon=self.epsilon, q=self.q, hierarchy=self.hierarchy)  # the rule's own checks
+
+    def rule(self) -> "HexRule | None":
+        return HexRule(epsilon=self.epsilon, q=self.q, hierarchy=self.hierarchy) if self.enabled else None
+
+
+@dataclass(frozen=True)
 class HexRule:
     """epsilon rule + Q rule + where H(i) comes from: ``threshold`` (cosine > epsilon) or ``earlier_clusters``
     (same pseudo-label of the earlier MCL stages; falls back to the threshold when a batch comes without group ids,
@@ -177,14 +202,14 @@ class HexRule:
 
     @classmethod
     def from_config(cls, config: dict | None) -> "HexRule | None":
-        """The ``method.hex`` section as a JSON dict (schema.HexConfig) -> a rule, or None when HEX is off."""
+        """The ``method.hex`` section as a JSON dict (``HexSettings``) -> a rule, or None when HEX is off."""
         if not config or not config.get("enabled", False):
             return None
         epsilon = dict(config.get("epsilon", {}))
         if "milestones" in epsilon:
             epsilon["milestones"] = tuple(epsilon["milestones"])
-        return cls(epsilon=EpsilonRule(**epsilon), q=QRule(**config.get("q", {})),
-                   hierarchy=config.get("hierarchy", "threshold"))
+        return HexSettings(enabled=True, hierarchy=config.get("hierarchy", "threshold"),
+                           epsilon=EpsilonRule(**epsilon), q=QRule(**config.get("q", {}))).rule()
 
     @property
     def wants_groups(self) -> bool:

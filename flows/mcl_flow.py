@@ -9,6 +9,7 @@ whatever already finished.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 from prefect import flow
@@ -80,7 +81,7 @@ class ImageStageRunner(StepRunner):
 def without_hex(config: PipelineConfig) -> PipelineConfig:
     """A HEX pipeline's control: the same method and everything else, with method.hex.enabled = False."""
     control = config.model_copy(deep=True)
-    control.method.hex.enabled = False
+    control.method.hex = dataclasses.replace(control.method.hex, enabled=False)
     for patch in control.stage_overrides.values():
         if isinstance(patch.get("method"), dict) and isinstance(patch["method"].get("hex"), dict):
             patch["method"]["hex"]["enabled"] = False

@@ -15,6 +15,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from contrastive.engine.task import LoopSpec, OptimSpec
+from contrastive.hex import HexSettings
+from contrastive.methods.moco import MocoSettings
+from contrastive.methods.nnclr import NnclrSettings
 from contrastive.mcl.steps import KMeansSpec
 from contrastive.errors import ConfigError
 
@@ -95,92 +98,13 @@ class ModelConfig(_Section):
     projection_dim: int = Field(128, ge=1)
 
 
-class HexEpsilonConfig(_Section):
-    """The cosine threshold epsilon above which a negative joins H(i) (contrastive.hex.EpsilonRule)."""
-
-    mode: Literal["fixed", "step", "cosine", "adaptive"] = Field(
-        "adaptive", description="fixed: value; step/cosine: start -> end over training; adaptive: percentile of "
-                                "the batch's anchor-negative cosines")
-    value: float = 0.5
-    start: float = 0.8
-    end: float = 0.4
-    milestones: list[float] = Field(default_factory=lambda: [0.5],
-                                    description="step mode: fractions of training where epsilon jumps")
-    percentile: float = 90.0
-
-    @model_validator(mode="after")
-    def _valid(self) -> "HexEpsilonConfig":
-        for name in ("value", "start", "end"):
-            if not -1.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"method.hex.epsilon.{name}={getattr(self, name)} is a cosine threshold: use a "
-                                 f"value in [-1, 1]")
-        if not 0.0 < self.percentile < 100.0:
-            raise ValueError(f"method.hex.epsilon.percentile={self.percentile} must be in (0, 100), e.g. 90 "
-                             f"(the top 10% most similar negatives form H(i))")
-        if not self.milestones or any(not 0 < m < 1 for m in self.milestones) or \
-                self.milestones != sorted(set(self.milestones)):
-            raise ValueError(f"method.hex.epsilon.milestones={self.milestones} must be increasing fractions of "
-                             f"training in (0, 1), e.g. [0.5]")
-        return self
-
-
-class HexQConfig(_Section):
-    """The weight Q of the hierarchy negatives (contrastive.hex.QRule): 0 removes them, 1 is plain InfoNCE."""
-
-    mode: Literal["constant", "schedule", "similarity"] = Field(
-        "constant", description="constant: value; schedule: cosine start -> end; similarity: "
-                                "clip(value * (1 - cos), 0, max) per pair")
-    value: float = 0.5
-    start: float = 1.0
-    end: float = 0.5
-    max: float = 1.0
-
-    @model_validator(mode="after")
-    def _valid(self) -> "HexQConfig":
-        for name in ("value", "start", "end", "max"):
-            value = getattr(self, name)
-            if not (value >= 0 and math.isfinite(value)):
-                raise ValueError(f"method.hex.q.{name}={value} must be a finite weight >= 0 (0 removes the "
-                                 f"hierarchy negatives, 1 counts them fully)")
-        return self
-
-
-class HexConfig(_Section):
-    """HEX: negatives in H(i) count with weight Q in the InfoNCE denominator. A HEX pipeline's control run is
-    the same method with HEX off."""
-
-    enabled: bool = False
-    hierarchy: Literal["threshold", "earlier_clusters"] = Field(
-        "threshold", description="threshold: cosine > epsilon; earlier_clusters: same pseudo-label of the earlier "
-                                 "MCL stages (stage 0 falls back to the threshold)")
-    epsilon: HexEpsilonConfig = HexEpsilonConfig()
-    q: HexQConfig = HexQConfig()
-
-
-class MocoConfig(_Section):
-    queue_size: int = Field(4096, ge=1, description="negatives kept in the queue; must be below the training-set "
-                                                    "size")
-    momentum: float = Field(0.99, description="key encoder momentum m in [0, 1)")
-
-    @field_validator("momentum")
-    @classmethod
-    def _momentum_range(cls, value: float) -> float:
-        if not 0.0 <= value < 1.0:
-            raise ValueError(f"method.moco.momentum must be in [0, 1) (got {value}); MoCo uses 0.99-0.999")
-        return value
-
-
-class NnclrConfig(_Section):
-    queue_size: int = Field(4096, ge=1, description="support-set size; must be below the training-set size")
-    predictor_hidden: int = Field(256, ge=1)
-
-
 class MethodConfig(_Section):
     name: Literal["simclr", "moco_v2", "nnclr"] = "simclr"
     temperature: float = 0.2
-    hex: HexConfig = HexConfig()
-    moco: MocoConfig = MocoConfig()
-    nnclr: NnclrConfig = NnclrConfig()
+    hex: HexSettings = Field(HexSettings(), description="HEX: negatives in H(i) count with weight Q in the InfoNCE "
+                                                        "denominator (contrastive.hex.HexSettings)")
+    moco: MocoSettings = MocoSettings()
+    nnclr: NnclrSettings = NnclrSettings()
 
     @field_validator("temperature")
     @classmethod
@@ -198,12 +122,13 @@ class MethodConfig(_Section):
         parameters while it is off are left out, so a HEX pipeline's no-HEX control shares its cached stages with
         a plain run, and plain SimCLR keys are what they were before these sections existed."""
         used = {"name": self.name, "temperature": self.temperature}
+        section = self.model_dump(mode="json", include={"hex", "moco", "nnclr"})
         if self.hex.enabled:
-            used["hex"] = self.hex.model_dump(mode="json")
+            used["hex"] = section["hex"]
         if self.name == "moco_v2":
-            used["moco"] = self.moco.model_dump(mode="json")
+            used["moco"] = section["moco"]
         if self.name == "nnclr":
-            used["nnclr"] = self.nnclr.model_dump(mode="json")
+            used["nnclr"] = section["nnclr"]
         return used
 
 

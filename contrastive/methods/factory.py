@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from contrastive.hex import HexRule
 from contrastive.methods.base import ContrastiveMethod
-from contrastive.methods.moco import MoCoV2
-from contrastive.methods.nnclr import NNCLR
+from contrastive.methods.moco import MoCoV2, MocoSettings
+from contrastive.methods.nnclr import NNCLR, NnclrSettings
 from contrastive.methods.simclr import SimCLR
 from contrastive.models import ProjectionHead, build_model
 
@@ -23,13 +23,12 @@ def build_method(*, model_kwargs: dict, method_kwargs: dict) -> ContrastiveMetho
     if name == "simclr":
         return SimCLR(backbone=model.backbone, head=model.head, temperature=kwargs["temperature"], hex_rule=hex_rule)
     if name == "moco_v2":
-        moco = kwargs.get("moco") or {}
+        moco = MocoSettings(**(kwargs.get("moco") or {}))
         return MoCoV2(backbone=model.backbone, head=model.head, dim=dim, temperature=kwargs["temperature"],
-                      queue_size=moco.get("queue_size", 4096), momentum=moco.get("momentum", 0.99),
-                      hex_rule=hex_rule)
+                      queue_size=moco.queue_size, momentum=moco.momentum, hex_rule=hex_rule)
     if name == "nnclr":
-        nnclr = kwargs.get("nnclr") or {}
-        predictor = ProjectionHead(in_dim=dim, hidden_dim=nnclr.get("predictor_hidden", 256), out_dim=dim)
+        nnclr = NnclrSettings(**(kwargs.get("nnclr") or {}))
+        predictor = ProjectionHead(in_dim=dim, hidden_dim=nnclr.predictor_hidden, out_dim=dim)
         return NNCLR(backbone=model.backbone, head=model.head, predictor=predictor, dim=dim,
-                     temperature=kwargs["temperature"], queue_size=nnclr.get("queue_size", 4096), hex_rule=hex_rule)
+                     temperature=kwargs["temperature"], queue_size=nnclr.queue_size, hex_rule=hex_rule)
     raise ValueError(f"unknown method {name!r}: use one of {', '.join(METHODS)}")

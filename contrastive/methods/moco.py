@@ -1,15 +1,33 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from contrastive.engine.distributed import gather_with_grad
-from contrastive.hex import HexRule
+from contrastive.errors import ConfigError
+from contrastive.hex import STRICT, HexRule
 from contrastive.losses import cosine_matrix, queue_info_nce
 from contrastive.methods.base import ContrastiveMethod
+
+
+@dataclass(frozen=True)
+class MocoSettings:
+    """The ``method.moco`` section: negatives kept in the queue (below the training-set size) and the key
+    encoder's momentum m in [0, 1) (MoCo uses 0.99-0.999)."""
+
+    __pydantic_config__ = STRICT
+    queue_size: int = 4096
+    momentum: float = 0.99
+
+    def __post_init__(self):
+        if self.queue_size < 1:
+            raise ConfigError(f"method.moco.queue_size must be >= 1 (got {self.queue_size})")
+        if not 0.0 <= self.momentum < 1.0:
+            raise ConfigError(f"method.moco.momentum must be in [0, 1) (got {self.momentum}); MoCo uses 0.99-0.999")
 
 
 class MoCoV2(ContrastiveMethod):

@@ -1,13 +1,30 @@
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from contrastive.engine.distributed import gather_with_grad
-from contrastive.hex import HexRule
+from contrastive.errors import ConfigError
+from contrastive.hex import STRICT, HexRule
 from contrastive.losses import cosine_matrix, cross_view_info_nce
 from contrastive.methods.base import ContrastiveMethod
+
+
+@dataclass(frozen=True)
+class NnclrSettings:
+    """The ``method.nnclr`` section: support-set size (below the training-set size) and the predictor's width."""
+
+    __pydantic_config__ = STRICT
+    queue_size: int = 4096
+    predictor_hidden: int = 256
+
+    def __post_init__(self):
+        if self.queue_size < 1 or self.predictor_hidden < 1:
+            raise ConfigError(f"method.nnclr.queue_size and predictor_hidden must be >= 1 (got {self.queue_size}, "
+                              f"{self.predictor_hidden})")
 
 
 class NNCLR(ContrastiveMethod):
