@@ -236,6 +236,26 @@ class StageClusteringConfig(_Section):
             return self.clusters
         return self.clusters[stage]
 
+    def check_capacity(self, *, stage: int, num_train: int, global_batch: int, batch_key: str,
+                       where: str = "") -> None:
+        """MCL's capacity rule for stage ``stage`` (paper, Sec. 4): its batches come from one pseudo-label group of
+        the prod(K_j) combinations of the earlier clusterings, so each must be able to hold a batch on average:
+        prod_{j < stage} K_j <= M / B (M training samples, B the global batch)."""
+        if global_batch > num_train:
+            raise ConfigError(f"{where}{batch_key}={global_batch} is larger than the {num_train} training samples: "
+                              f"lower it (--set {batch_key}={max(2, num_train // 8)}) or use more data")
+        if stage == 0:
+            return
+        groups = math.prod(self.clusters_after(j) for j in range(stage))
+        capacity = num_train / global_batch
+        if groups > capacity:
+            suggestion = max(2, int(capacity) // 2 ** (stage - 1))
+            raise ConfigError(
+                f"{where}MCL needs prod(K) <= M/b so every pseudo-label group can hold a batch: K={self.clusters} "
+                f"over {stage} clusterings gives up to {groups} groups but M/b = {num_train}/{global_batch} = "
+                f"{capacity:.0f}. Fix: fewer clusters (e.g. --set mcl.clusters=[{suggestion}{', 2' * (stage - 1)}]), "
+                f"a smaller {batch_key}, fewer mcl.num_stages, or more data")
+
     def kmeans_spec(self, stage: int, *, seed: int) -> KMeansSpec:
         """The k-means after ``stage`` (``contrastive.mcl.steps.cluster_stage``)."""
         k = self.clusters_after(stage)
@@ -424,20 +444,8 @@ def _check_stage_feasible(config: PipelineConfig, *, stage: int, num_train: int,
         raise ConfigError(f"{where}method.{section}.queue_size={queue} leaves fewer than a batch of the {num_train} "
                           f"training samples out of the queue, so it would hold stale copies of the current batch: "
                           f"lower it (--set method.{section}.queue_size={max(1, (num_train - batch) // 2)})")
-    if batch > num_train:
-        raise ConfigError(f"{where}train.batch_size={batch} is larger than the {num_train} training samples: "
-                          f"lower it (--set train.batch_size={max(2, num_train // 8)}) or use more data")
-    num_clusterings = stage
-    if num_clusterings == 0:
-        return
-    groups = math.prod(config.mcl.clusters_after(j) for j in range(num_clusterings))
-    capacity = num_train / batch
-    if groups > capacity:
-        raise ConfigError(
-            f"{where}MCL needs prod(K) <= M/b so every pseudo-label group can hold a batch: K={config.mcl.clusters} "
-            f"over {num_clusterings} clusterings gives up to {groups} groups but M/b = {num_train}/{batch} = "
-            f"{capacity:.0f}. Fix: fewer clusters (e.g. --set mcl.clusters=[{max(2, int(capacity) // 2 ** (num_clusterings - 1))}"
-            f"{', 2' * (num_clusterings - 1)}]), a smaller train.batch_size, fewer mcl.num_stages, or more data")
+    config.mcl.check_capacity(stage=stage, num_train=num_train, global_batch=batch, batch_key="train.batch_size",
+                              where=where)
 
 
 def preflight(config: PipelineConfig) -> None:
@@ -581,13 +589,5 @@ def check_clip_pretrained(config: ClipPipelineConfig) -> None:
 
 def check_clip_feasible(config: ClipPipelineConfig, *, num_train: int) -> None:
     """K^N <= M / B for CLIP MCL (B = global batch): every pseudo-label group must be able to fill a batch."""
-    batch = config.train.global_batch_size
-    if batch > num_train:
-        raise ConfigError(f"train.global_batch_size={batch} is larger than the {num_train} training samples: lower "
-                          f"it (--set train.global_batch_size={max(2, num_train // 8)}) or use more data")
-    clusterings = config.mcl.num_stages - 1
-    groups = math.prod(config.mcl.clusters_after(j) for j in range(clusterings)) if clusterings else 1
-    if groups > num_train / batch:
-        raise ConfigError(f"CLIP MCL needs prod(K) <= M/B: K={config.mcl.clusters} over {clusterings} clusterings "
-                          f"gives up to {groups} groups but M/B = {num_train}/{batch} = {num_train / batch:.0f}. Fix: "
-                          "fewer mcl.clusters or mcl.num_stages, a smaller train.global_batch_size, or more data")
+    config.mcl.check_capacity(stage=config.mcl.num_stages - 1, num_train=num_train,
+                              global_batch=config.train.global_batch_size, batch_key="train.global_batch_size")

@@ -34,7 +34,7 @@ def test_bad_clip_configs_name_the_fix(override, fix):
 
 def test_capacity_rule_uses_the_global_batch():
     config = load_config("clip_tiny", ["mcl.num_stages=3", "mcl.clusters=4", "train.global_batch_size=32"])
-    with pytest.raises(ConfigError, match="prod\\(K\\) <= M/B"):
+    with pytest.raises(ConfigError, match="prod\\(K\\) <= M/b.*train.global_batch_size"):
         check_clip_feasible(config, num_train=400)  # 16 groups > 400 / 32
     assert config.config_hash() == load_config("clip_tiny", ["mcl.num_stages=3", "mcl.clusters=4",
                                                              "name=other", "output_dir=/tmp/x"]).config_hash()
