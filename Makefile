@@ -10,7 +10,7 @@ export MLFLOW_TRACKING_URI ?= sqlite:///$(CURDIR)/mlflow.db
 CONFIG ?= pipeline_config/presets/trifeature_mcl.yaml
 SEEDS ?= 0,1,2
 
-.PHONY: install run test test-all reproduce bench ui-mlflow ui-prefect clean
+.PHONY: install run test test-slow test-all reproduce bench ui-mlflow ui-prefect clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,9 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -15,7 +15,8 @@ import numpy as np
 
 from bench.common import (Result, extrapolate, fmt_bytes, fmt_count, fmt_seconds, interleaved, log,
                           loglog_slope, median, module_main, peak_tracemalloc)
-from contrastive.sampling import plan_batches, plan_batches_reference
+from contrastive.mcl.batch_plan import plan_batches
+from tests.unit.mcl.reference import plan_batches_reference
 
 NUM_GROUPS = 1000
 BATCH = 8192

@@ -7,7 +7,8 @@ here whenever a benchmark drives a change to library code.
 
 CHANGES = [
     {
-        "title": "Pseudo-label combination + int id lookup (contrastive/sampling.py), 2026-11-22",
+        "title": "Pseudo-label combination + int id lookup (contrastive/mcl/pseudo_labels.py, contrastive/mcl/ids.py), "
+                 "2026-11-22",
         "where": "`_join_int_ids`, `align_labels_to_ids`, `combine_pseudo_labels`, `_densify`",
         "why": "bench.pseudo_labels at M=12M (3 stages x K=10, int64 ids in another order): 3.12 s, goal < 1 s. "
                "cProfile/timing of the parts: the duplicate-id check was a 12M-element random-access `np.bincount` "
@@ -26,10 +27,11 @@ CHANGES = [
                  "peak 286 MiB (25 B/sample); 19x the baseline. Remaining cost is the random-access scatter/gather "
                  "of a 12M permutation (memory latency); a direct-addressed label table was tried and was no faster.",
         "behaviour": "identical outputs and errors (same messages, counts and examples); "
-                     "tests/unit/test_sampling.py and tests/unit/test_clustering.py pass.",
+                     "tests/unit/mcl/test_pseudo_labels.py, tests/unit/mcl/test_ids.py and "
+                     "tests/unit/mcl/test_clustering.py pass.",
     },
     {
-        "title": "k-means: opt-in training sample (contrastive/clustering.py), 2026-11-22",
+        "title": "k-means: opt-in training sample (contrastive/mcl/clustering.py), 2026-11-22",
         "where": "`kmeans(..., max_train_points=None)`, new helper `_training_sample`",
         "why": "bench.kmeans, 500k x 512, K=10: faiss Lloyd on all points took ~28 s against ~20 s for "
                "MiniBatchKMeans (0.7x; goal >= 5x). faiss's verbose log: every iteration is one exact search of "
@@ -42,10 +44,10 @@ CHANGES = [
         "before": "all points: see the row 'ours as the pipeline runs it' (measured in every run, side by side).",
         "after": "sample of 2048 K points: see the row 'max_train_points' (same run).",
         "behaviour": "default unchanged (same centroids, assignments and inertia as before for every existing "
-                     "caller); tests/unit/test_clustering.py passes.",
+                     "caller); tests/unit/mcl/test_clustering.py passes.",
     },
     {
-        "title": "Int id lookup: one scatter instead of scatter + gather (contrastive/sampling.py), 2026-11-22",
+        "title": "Int id lookup: one scatter instead of scatter + gather (contrastive/mcl/ids.py), 2026-11-22",
         "where": "`align_labels_to_ids` -> new `_scatter_int_labels` (non-negative 1-D integer labels, compact "
                  "int ids; anything else keeps the row join)",
         "why": "bench.pseudo_labels at M=12M: 1.30 s (goal < 1 s). Timing of the parts on the idle machine: "
@@ -61,7 +63,7 @@ CHANGES = [
                      "dtypes, duplicate/missing/out-of-range ids through it).",
     },
     {
-        "title": "k-means: k-means++ seeding, Lloyd on a sample by default (contrastive/clustering.py, "
+        "title": "k-means: k-means++ seeding, Lloyd on a sample by default (contrastive/mcl/clustering.py, "
                  "pipeline_config/schema.py), 2026-11-22",
         "where": "`kmeans(..., init=)`, new `_initial_centroids`; `_check_finite`; config "
                  "`mcl.kmeans_init`, `mcl.kmeans_train_points_per_cluster` (default 1024)",
@@ -83,7 +85,7 @@ CHANGES = [
                      "subset but assigns and scores every point; huge finite values are not reported as NaN.",
     },
     {
-        "title": "k-means: chunked assignment after sampled training (contrastive/clustering.py), 2026-11-22",
+        "title": "k-means: chunked assignment after sampled training (contrastive/mcl/clustering.py), 2026-11-22",
         "where": "`kmeans`: `_training_rows`, `_unit_float32`, `_non_finite_rows`, `_non_finite_error`",
         "why": "with Lloyd on a sample, the only full pass left is the assignment, but `kmeans` still made an "
                "(M, D) float32 (and, spherical, normalised) copy of every embedding first: 30 GB for 10M x 768 "

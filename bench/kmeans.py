@@ -1,5 +1,5 @@
-"""k-means between stages: ``contrastive.clustering.kmeans`` (faiss) against scikit-learn's MiniBatchKMeans (what the
-public MCL reference code uses), every point assigned.
+"""k-means between stages: ``contrastive.mcl.clustering.kmeans`` (faiss) against scikit-learn's MiniBatchKMeans
+(what the public MCL reference code uses), every point assigned.
 
 Goal (issue 6): 500k x 512 float32, K = 10: >= 5x faster than MiniBatchKMeans at equal or lower inertia.
 
@@ -28,7 +28,7 @@ import numpy as np
 
 from bench.common import (Result, fmt_bytes, fmt_count, fmt_seconds, interleaved, log, loglog_slope, median,
                           module_main, RssPeak)
-from contrastive.clustering import kmeans
+from contrastive.mcl.clustering import kmeans
 
 K = 10
 COMPONENTS = 100

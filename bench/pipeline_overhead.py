@@ -134,7 +134,7 @@ def _run(*, quick: bool) -> list[Result]:
 
     # Calibration: one epoch through the tasks, then the epoch count that makes a stage >= target seconds.
     calibration = stage_flow(make_config(1), parent, next(counter), data)
-    epoch_seconds = calibration["summary"]["seconds"]
+    epoch_seconds = calibration.summary["seconds"]
     # At least the target: the per-stage cost is fixed, so a shorter stage would overstate the ratio.
     epochs = max(1, math.ceil(target / max(epoch_seconds, 1e-3)))
     config = make_config(epochs)
@@ -147,7 +147,7 @@ def _run(*, quick: bool) -> list[Result]:
         started = time.perf_counter()
         record = stage_flow(config, parent, next(counter), data)
         runs["prefect"].append({"outer": time.perf_counter() - started, "inner": INNER["seconds"],
-                                "loop": record["summary"]["seconds"], "cpu": _own_cpu() - cpu,
+                                "loop": record.summary["seconds"], "cpu": _own_cpu() - cpu,
                                 "server_cpu": _children_cpu() - server, "callbacks": callback_clock[0]})
 
     def direct():

@@ -17,7 +17,8 @@ import numpy as np
 
 from bench.common import (Result, extrapolate, fmt_bytes, fmt_count, fmt_seconds, interleaved, log,
                           loglog_slope, median, module_main, peak_tracemalloc)
-from contrastive.sampling import align_labels_to_ids, combine_pseudo_labels
+from contrastive.mcl.ids import align_labels_to_ids
+from contrastive.mcl.pseudo_labels import combine_pseudo_labels
 
 K = 10
 STAGES = 3

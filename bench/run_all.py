@@ -19,7 +19,7 @@ from bench.common import Result, fmt_seconds, read_results, write_results
 from bench.history import CHANGES, FINDINGS
 
 ROOT = Path(__file__).resolve().parent.parent
-MODULES = ["batch_plan", "pseudo_labels", "kmeans", "pipeline_overhead", "export", "shards"]
+MODULES = ["batch_plan", "pseudo_labels", "kmeans", "pipeline_overhead", "export", "shards", "engine_throughput"]
 MODULE_TIMEOUT_S = 600
 
 

@@ -210,10 +210,10 @@ def diagnose_stage(*, dataset_dir: Path, embeddings_dir: Path, out_dir: Path, cl
     ``augment_kwargs``, alignment is measured on ``alignment_samples`` images. Writes ``out_dir/metrics.json`` and
     ``out_dir/similarity.png``; returns {"metrics", "plot"}."""
     from contrastive.augment import TwoViewAugment
-    from contrastive.clustering import load_assignments
+    from contrastive.mcl.clustering import load_assignments
     from contrastive.data.image_files import load_dataset
     from contrastive.embeddings import load_embeddings
-    from contrastive.sampling import align_labels_to_ids
+    from contrastive.mcl.ids import align_labels_to_ids
     from contrastive.stages import load_trained_model, write_json
     from contrastive.engine.distributed import device_for
 

@@ -23,7 +23,7 @@ from contrastive.errors import DataError
 from contrastive.evaluate import evaluate_representation
 from contrastive.integrate import concat_normalized
 from contrastive.methods import build_method
-from contrastive.sampling import ClusterBatchSampler
+from contrastive.mcl.sampler import ClusterBatchSampler
 from contrastive.engine.distributed import DistInfo, barrier, current_info, device_for, per_rank_batch
 from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
 from contrastive.engine.loop import TrainCallback, release_device_memory, train

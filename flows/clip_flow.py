@@ -18,6 +18,8 @@ from flows.runner import StepRunner
 from pipeline_config.schema import ClipPipelineConfig, digest_of
 from tasks import clip_tasks as c
 from tasks import mcl_tasks as t
+from tasks.records import (EvalRecord, ExportRecord, FeaturesRecord, GroupedShardsRecord, ModelRecord,
+                           PseudoLabelRecord, TrainRecord)
 
 
 def clip_train_key(config: ClipPipelineConfig, *, stage: int, data: dict, grouped_key: str | None) -> str:
@@ -35,9 +37,10 @@ class ClipStageRunner(StepRunner):
     """The steps of the CLIP MCL pipeline: CLIP stages from the same init, cluster-pure batches read from a
     group-sorted re-shard, MMVP and retrieval scores, the model soup."""
 
-    def train_and_export(self, *, kind: str, stage: int, batches: dict | None) -> tuple[dict, dict]:
+    def train_and_export(self, *, kind: str, stage: int,
+                         batches: GroupedShardsRecord | None) -> tuple[TrainRecord, ExportRecord]:
         run_id = self.stage_run(kind=kind, stage=stage)
-        key = clip_train_key(self.config, stage=stage, data=self.data, grouped_key=batches["key"] if batches else None)
+        key = clip_train_key(self.config, stage=stage, data=self.data, grouped_key=batches.key if batches else None)
         trained = self.step(c.train_clip_stage, prefix=f"clip-train{stage}", key=key, run_id=run_id, what="train",
                             stage=stage, data=self.data, grouped=batches)
         exported = self.step(c.export_clip_embeddings, prefix=f"clip-export{stage}",
@@ -45,37 +48,38 @@ class ClipStageRunner(StepRunner):
                              what="export", trained=trained, data=self.data)
         return trained, exported
 
-    def encode(self, *, name: str, model: dict, run_id: str) -> dict:
+    def encode(self, *, name: str, model: TrainRecord | ModelRecord, run_id: str) -> FeaturesRecord:
         e = self.config.eval
-        key = digest_of(["clip-encode", model["key"], self.data["digest"], e.mmvp_prompt, e.retrieval_max_samples])
+        key = digest_of(["clip-encode", model.key, self.data["digest"], e.mmvp_prompt, e.retrieval_max_samples])
         return self.step(c.encode_clip_eval, prefix="clip-encode", key=key, run_id=run_id, what=f"encode.{name}",
-                         name=name, model_path=model["model_path"], data=self.data)
+                         name=name, model_path=model.model_path, data=self.data)
 
-    def score(self, *, name: str, features: list[dict], run_id: str) -> dict:
-        key = digest_of(["clip-score", [f["key"] for f in features]])
+    def score(self, *, name: str, features: list[FeaturesRecord], run_id: str) -> EvalRecord:
+        key = digest_of(["clip-score", [f.key for f in features]])
         return self.step(c.score_clip_eval, prefix="clip-eval", key=key, run_id=run_id, what=f"eval.{name}",
                          name=name, features=features)
 
-    def evaluate_stage(self, *, stage: int, trained: dict, exported: dict, run_id: str) -> tuple[dict, dict]:
+    def evaluate_stage(self, *, stage: int, trained: TrainRecord, exported: ExportRecord,
+                       run_id: str) -> tuple[dict, FeaturesRecord]:
         features = self.encode(name=f"stage{stage}", model=trained, run_id=run_id)
-        return self.score(name=f"stage{stage}", features=[features], run_id=run_id)["metrics"], features
+        return self.score(name=f"stage{stage}", features=[features], run_id=run_id).metrics, features
 
-    def evaluate_concat(self, *, name: str, evaluated: list[dict], run_id: str) -> dict:
-        return self.score(name=name, features=evaluated, run_id=run_id)["metrics"]
+    def evaluate_concat(self, *, name: str, evaluated: list[FeaturesRecord], run_id: str) -> dict:
+        return self.score(name=name, features=evaluated, run_id=run_id).metrics
 
-    def batches_for(self, *, stage: int, pseudo: dict, run_id: str) -> dict:
+    def batches_for(self, *, stage: int, pseudo: PseudoLabelRecord, run_id: str) -> GroupedShardsRecord:
         """Cluster-pure CLIP batches stream from a copy of the training shards sorted by group."""
-        key = digest_of(["clip-reshard", pseudo["key"], self.data["digest"], self.config.distributed.nproc_per_node,
+        key = digest_of(["clip-reshard", pseudo.key, self.data["digest"], self.config.distributed.nproc_per_node,
                          t.stage_seed(self.config, stage)])
         return self.step(c.reshard_clip_shards, prefix=f"clip-grouped{stage}", key=key, run_id=run_id,
                          what="reshard", stage=stage, pseudo=pseudo, data=self.data)
 
-    def soup(self, *, trained: list[dict]) -> dict:
+    def soup(self, *, trained: list[TrainRecord]) -> dict:
         """The model soup (weight average of the stage models), scored like a stage."""
-        soup = self.step(c.make_clip_soup, prefix="clip-soup", key=digest_of(["clip-soup", [x["key"] for x in trained]]),
+        soup = self.step(c.make_clip_soup, prefix="clip-soup", key=digest_of(["clip-soup", [x.key for x in trained]]),
                          run_id=self.parent_run_id, what="soup", trained=trained)
         features = self.encode(name="soup", model=soup, run_id=self.parent_run_id)
-        return self.score(name="soup", features=[features], run_id=self.parent_run_id)["metrics"]
+        return self.score(name="soup", features=[features], run_id=self.parent_run_id).metrics
 
 
 @flow(name="clip-mcl-pipeline", log_prints=True)

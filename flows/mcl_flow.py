@@ -19,6 +19,8 @@ from flows.runner import StageOutputs, StepRunner
 from pipeline_config.schema import PipelineConfig, digest_of
 from tasks import mcl_tasks as t
 from tasks.diagnostics_tasks import diagnose
+from tasks.records import (ClusterRecord, DiagnosisRecord, EvalRecord, ExportRecord, PseudoLabelRecord,
+                           TrainRecord)
 
 def train_key(config: PipelineConfig, *, stage: int, data: dict, pseudo_key: str | None) -> str:
     return digest_of({"step": "train", "model": config.model.content(), "method": config.method.in_use(),
@@ -35,37 +37,39 @@ class ImageStageRunner(StepRunner):
         super().__init__(**kwargs)
         self.dataset_dir = self.data["dir"]  # MCL clusters the training split; its attributes score the clusters
 
-    def train_and_export(self, *, kind: str, stage: int, batches: dict | None) -> tuple[dict, dict]:
+    def train_and_export(self, *, kind: str, stage: int,
+                         batches: PseudoLabelRecord | None) -> tuple[TrainRecord, ExportRecord]:
         run_id = self.stage_run(kind=kind, stage=stage)
         key = train_key(self.config.for_stage(stage), stage=stage, data=self.data,
-                        pseudo_key=batches["key"] if batches else None)
+                        pseudo_key=batches.key if batches else None)
         trained = self.step(t.train_stage, prefix=f"train{stage}", key=key, run_id=run_id, what="train",
                             stage=stage, data=self.data, pseudo_labels=batches)
         exported = self.step(t.export_embeddings, prefix=f"export{stage}", key=digest_of(["export", key]),
                              run_id=run_id, what="export", stage=stage, trained=trained, data=self.data)
         return trained, exported
 
-    def evaluate(self, *, name: str, exports: list[dict], run_id: str, stage: int) -> dict:
-        key = digest_of(["eval", [e["key"] for e in exports], self.config.eval.content(), self.config.seed])
+    def evaluate(self, *, name: str, exports: list[ExportRecord], run_id: str, stage: int) -> EvalRecord:
+        key = digest_of(["eval", [e.key for e in exports], self.config.eval.content(), self.config.seed])
         return self.step(t.evaluate, prefix="eval", key=key, run_id=run_id, what=f"eval.{name}", stage=stage,
                          name=name, exports=exports, data=self.data)
 
-    def evaluate_stage(self, *, stage: int, trained: dict, exported: dict, run_id: str) -> tuple[dict, dict]:
-        return self.evaluate(name=f"stage{stage}", exports=[exported], run_id=run_id, stage=stage)["metrics"], exported
+    def evaluate_stage(self, *, stage: int, trained: TrainRecord, exported: ExportRecord,
+                       run_id: str) -> tuple[dict, ExportRecord]:
+        return self.evaluate(name=f"stage{stage}", exports=[exported], run_id=run_id, stage=stage).metrics, exported
 
-    def evaluate_concat(self, *, name: str, evaluated: list[dict], run_id: str) -> dict:
+    def evaluate_concat(self, *, name: str, evaluated: list[ExportRecord], run_id: str) -> dict:
         return self.evaluate(name=name, exports=evaluated, run_id=run_id,
-                             stage=self.config.mcl.num_stages - 1)["metrics"]
+                             stage=self.config.mcl.num_stages - 1).metrics
 
     def after_stage(self, *, stage: int, outputs: StageOutputs, run_id: str) -> None:
         clusters = outputs.clusters[stage] if stage < len(outputs.clusters) else None
         self.diagnose(name=f"stage{stage}", trained=outputs.trained[stage], exported=outputs.exports[stage],
                       clusters=clusters, run_id=run_id, stage=stage)
 
-    def diagnose(self, *, name: str, trained: dict, exported: dict, clusters: dict | None, run_id: str,
-                 stage: int) -> dict:
+    def diagnose(self, *, name: str, trained: TrainRecord, exported: ExportRecord, clusters: ClusterRecord | None,
+                 run_id: str, stage: int) -> DiagnosisRecord:
         """Embedding diagnostics of one stage (cosine distributions, anisotropy, rank, alignment/uniformity)."""
-        key = digest_of(["diagnose", exported["key"], clusters["key"] if clusters else None,
+        key = digest_of(["diagnose", exported.key, clusters.key if clusters else None,
                          self.config.for_stage(stage).augment.content(), self.config.seed])
         return self.step(diagnose, prefix="diag", key=key, run_id=run_id, what=f"diagnose.{name}", stage=stage,
                          name=name, trained=trained, exported=exported, clusters=clusters, data=self.data)
@@ -113,7 +117,7 @@ def mcl_pipeline(config: PipelineConfig, rerun_from: int | None = None) -> dict:
         runner.close(status=status)
 
 
-def run_control(runner: ImageStageRunner, *, mcl_exports: list[dict]) -> dict[str, dict]:
+def run_control(runner: ImageStageRunner, *, mcl_exports: list[ExportRecord]) -> dict[str, dict]:
     """The control run: the same number of fresh stages on ordinary random batches, concatenated the same way, so
     the gain of feature-aware negatives is separated from the gain of ensembling. Its stage 0 *is* MCL's stage 0.
     A HEX pipeline's control is the same method without HEX, so it retrains (and reports) stage 0 too."""
@@ -133,7 +137,7 @@ def run_control(runner: ImageStageRunner, *, mcl_exports: list[dict]) -> dict[st
                          run_id=run_id, stage=stage)
         if hex_on:
             results[f"{label} stage {stage}"] = control.evaluate(
-                name=f"control_stage{stage}", exports=[exported], run_id=run_id, stage=stage)["metrics"]
+                name=f"control_stage{stage}", exports=[exported], run_id=run_id, stage=stage).metrics
     if config.mcl.num_stages > 1:
         results[f"{label} concat"] = control.evaluate_concat(name="control_concat", evaluated=control_exports,
                                                              run_id=runner.parent_run_id)

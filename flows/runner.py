@@ -26,11 +26,12 @@ from prefect.runtime import flow_run
 
 from pipeline_config.schema import digest_of
 from tasks import mcl_tasks as t
+from tasks.records import ClusterRecord, ExportRecord, PseudoLabelRecord, StepRecord, TrainRecord
 
 RESULT_STORE = "prefect-results"
 
 
-def run_step(step, *, storage: Path, force: bool = False, **kwargs) -> dict:
+def run_step(step, *, storage: Path, force: bool = False, **kwargs) -> StepRecord:
     """Call a cached task; if its cached record points at files that were deleted, recompute it.
 
     ``force`` recomputes even a finished step: its old output directory is kept beside the new one as
@@ -43,7 +44,7 @@ def run_step(step, *, storage: Path, force: bool = False, **kwargs) -> dict:
             out_dir.rename(out_dir.with_name(f"{out_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"))
         return bound.with_options(refresh_cache=True)(**kwargs)
     record = bound(**kwargs)
-    if not t.is_valid_record(record):
+    if not record.is_on_disk():
         record = bound.with_options(refresh_cache=True)(**kwargs)
     return record
 
@@ -52,10 +53,10 @@ def run_step(step, *, storage: Path, force: bool = False, **kwargs) -> dict:
 class StageOutputs:
     """What the stage loop produced, per stage: train, export and k-means records, the per-stage evaluation
     handles (what ``evaluate_concat`` combines) and the metrics of every stage alone."""
-    trained: list[dict] = field(default_factory=list)
-    exports: list[dict] = field(default_factory=list)
-    clusters: list[dict] = field(default_factory=list)
-    evaluated: list[dict] = field(default_factory=list)
+    trained: list[TrainRecord] = field(default_factory=list)
+    exports: list[ExportRecord] = field(default_factory=list)
+    clusters: list[ClusterRecord] = field(default_factory=list)
+    evaluated: list[StepRecord] = field(default_factory=list)
     results: dict[str, dict] = field(default_factory=dict)
 
 
@@ -86,7 +87,7 @@ class StepRunner:
         return self.stage_runs[(kind, stage)]
 
     def step(self, task_fn, *, prefix: str, key: str, run_id: str, what: str, stage: int | None = None,
-             **kwargs: Any) -> dict:
+             **kwargs: Any) -> StepRecord:
         """Run one cached step of ``stage``; with ``rerun_from``, steps of that stage and later are recomputed."""
         out_dir = str(self.root / "steps" / f"{prefix}-{key}")
         if stage is not None and "stage" in inspect.signature(task_fn.fn).parameters:
@@ -96,41 +97,45 @@ class StepRunner:
             t.note_rerun(config=self.config, mlflow_run_id=run_id, rerun_from=self.rerun_from)
         record = run_step(task_fn, storage=self.storage, force=force, config=self.config, key=key,
                           out_dir=out_dir, mlflow_run_id=run_id, **kwargs)
-        if record.get("mlflow_run_id") != run_id:
+        if record.mlflow_run_id != run_id:
             t.record_reuse(config=self.config, mlflow_run_id=run_id, record=record, what=what)
         return record
 
     # ------------------------------------------------------------------------------------------ between stages
-    def cluster(self, *, stage: int, exported: dict, earlier: list[dict], run_id: str) -> dict:
+    def cluster(self, *, stage: int, exported: ExportRecord, earlier: list[ClusterRecord],
+                run_id: str) -> ClusterRecord:
         """k-means on stage ``stage``'s export (same task for every modality)."""
         spec = self.config.mcl.kmeans_spec(stage, seed=t.stage_seed(self.config, stage))
-        key = digest_of(["cluster", exported["key"], asdict(spec), self.dataset_dir is not None,
-                         [c["key"] for c in earlier]])
+        key = digest_of(["cluster", exported.key, asdict(spec), self.dataset_dir is not None,
+                         [c.key for c in earlier]])
         return self.step(t.cluster_embeddings, prefix=f"cluster{stage}", key=key, run_id=run_id, what="cluster",
                          stage=stage, exported=exported, earlier=list(earlier), dataset_dir=self.dataset_dir)
 
-    def pseudo_labels(self, *, for_stage: int, clusters: list[dict], exports: list[dict], run_id: str) -> dict:
+    def pseudo_labels(self, *, for_stage: int, clusters: list[ClusterRecord], exports: list[ExportRecord],
+                      run_id: str) -> PseudoLabelRecord:
         """Pseudo-labels of ``for_stage`` from ALL earlier stages' clusterings (same task for every modality)."""
-        key = digest_of(["pseudo", [c["key"] for c in clusters], self.config.mcl.small_group_policy,
+        key = digest_of(["pseudo", [c.key for c in clusters], self.config.mcl.small_group_policy,
                          self.config.global_batch_size(for_stage)])
         return self.step(t.make_pseudo_labels, prefix=f"pseudo{for_stage}", key=key, run_id=run_id,
                          what="pseudo_labels", stage=for_stage - 1, for_stage=for_stage, clusters=list(clusters),
                          exports=list(exports), dataset_dir=self.dataset_dir)
 
     # ------------------------------------------------------------------------------------------ the modality
-    def train_and_export(self, *, kind: str, stage: int, batches: dict | None) -> tuple[dict, dict]:
+    def train_and_export(self, *, kind: str, stage: int,
+                         batches: StepRecord | None) -> tuple[TrainRecord, ExportRecord]:
         """Train stage ``stage`` (random batches when ``batches`` is None) and export its embeddings."""
         raise NotImplementedError
 
-    def evaluate_stage(self, *, stage: int, trained: dict, exported: dict, run_id: str) -> tuple[dict, dict]:
+    def evaluate_stage(self, *, stage: int, trained: TrainRecord, exported: ExportRecord,
+                       run_id: str) -> tuple[dict, StepRecord]:
         """(metrics of stage ``stage`` alone, the handle ``evaluate_concat`` combines)."""
         raise NotImplementedError
 
-    def evaluate_concat(self, *, name: str, evaluated: list[dict], run_id: str) -> dict:
+    def evaluate_concat(self, *, name: str, evaluated: list[StepRecord], run_id: str) -> dict:
         """Metrics of the concatenation of several stages' representations."""
         raise NotImplementedError
 
-    def batches_for(self, *, stage: int, pseudo: dict, run_id: str) -> dict:
+    def batches_for(self, *, stage: int, pseudo: PseudoLabelRecord, run_id: str) -> StepRecord:
         """What the training of cluster-pure stage ``stage`` reads: the pseudo-labels themselves by default."""
         return pseudo
 

@@ -18,8 +18,10 @@ from contrastive.clip.data import count_samples, data_fingerprint, expand_urls
 from contrastive.clip.evaluate import plot_metric_groups
 from contrastive.clip.model import ClipSpec, file_fingerprint, resolve_pretrained
 from pipeline_config.schema import ClipPipelineConfig, check_clip_feasible, check_clip_pretrained, digest_of
-from tasks.mcl_tasks import (cached_task, finish_eval_record, finish_train_record, finished_record, numeric_metrics,
-                             publish_summary, run_stage_training, save_record, stage_seed, tracker_for)
+from tasks.mcl_tasks import (cached_task, finish_eval_record, finish_train_record, numeric_metrics, publish_summary,
+                             run_stage_training, stage_seed, tracker_for)
+from tasks.records import (ClusterRecord, EvalRecord, ExportRecord, FeaturesRecord, GroupedShardsRecord, ModelRecord,
+                           PseudoLabelRecord, TrainRecord, finished_record)
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
@@ -79,17 +81,17 @@ def prepare_clip_data(*, config: ClipPipelineConfig) -> dict:
 
 @cached_task("clip-train-stage")
 def train_clip_stage(*, config: ClipPipelineConfig, key: str, out_dir: str, stage: int, data: dict,
-                     grouped: dict | None, mlflow_run_id: str) -> dict:
+                     grouped: GroupedShardsRecord | None, mlflow_run_id: str) -> TrainRecord:
     """Fine-tune stage ``stage`` from the shared init (random batches, or cluster-pure batches from ``grouped``);
     in this process, or under torchrun when distributed.nproc_per_node > 1. Resumes from checkpoints/last.pt."""
-    if (done := finished_record(out_dir)) is not None:
+    if (done := finished_record(out_dir, TrainRecord)) is not None:
         return done
     logger = get_run_logger()
     tracker = tracker_for(config)
     t, m = config.train, config.mcl
     seed = stage_seed(config, stage)
     spec = stages.ClipStageSpec(
-        clip=clip_spec(config).to_dict(), urls=data["train_urls"], grouped_dir=grouped["grouped_dir"] if grouped else None,
+        clip=clip_spec(config).to_dict(), urls=data["train_urls"], grouped_dir=grouped.grouped_dir if grouped else None,
         stage_dir=out_dir, global_batch_size=t.global_batch_size, optim=t.optim_spec(), loop=t.loop_spec(),
         grad_checkpointing=t.grad_checkpointing, device=config.device, seed=seed, remainder_policy=m.remainder_policy,
         active_streams=m.active_streams, group_shuffle_buffer=m.group_shuffle_buffer,
@@ -114,84 +116,81 @@ def train_clip_stage(*, config: ClipPipelineConfig, key: str, out_dir: str, stag
 
 
 @cached_task("clip-export-embeddings")
-def export_clip_embeddings(*, config: ClipPipelineConfig, key: str, out_dir: str, trained: dict, data: dict,
-                           mlflow_run_id: str) -> dict:
+def export_clip_embeddings(*, config: ClipPipelineConfig, key: str, out_dir: str, trained: TrainRecord, data: dict,
+                           mlflow_run_id: str) -> ExportRecord:
     """Image embeddings of every good training sample, keyed by ``__key__``."""
-    if (done := finished_record(out_dir)) is not None:
+    if (done := finished_record(out_dir, ExportRecord)) is not None:
         return done
     tracker = tracker_for(config)
-    result = stages.export_stage(model_path=trained["model_path"], urls=data["train_urls"],
+    result = stages.export_stage(model_path=trained.model_path, urls=data["train_urls"],
                                  out_dir=str(Path(out_dir) / "embeddings"), batch_size=config.eval.export_batch_size,
                                  device=config.device, max_skip_fraction=config.data.max_skip_fraction,
                                  workers=config.data.decode_workers)
     tracker.log_metrics(mlflow_run_id, numeric_metrics("export", result["data"]))
     tracker.log_artifact(mlflow_run_id, Path(out_dir) / "embeddings", artifact_path="embeddings")
-    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "embeddings_dir": result["dir"],
-                                       "num_samples": result["num_samples"], "dim": result["dim"],
-                                       "mlflow_run_id": mlflow_run_id})
+    return ExportRecord(key=key, dir=out_dir, embeddings_dir=result["dir"], num_samples=result["num_samples"],
+                        dim=result["dim"], mlflow_run_id=mlflow_run_id).save()
 
 
 @cached_task("clip-reshard-by-group")
-def reshard_clip_shards(*, config: ClipPipelineConfig, key: str, out_dir: str, stage: int, pseudo: dict, data: dict,
-                        mlflow_run_id: str) -> dict:
+def reshard_clip_shards(*, config: ClipPipelineConfig, key: str, out_dir: str, stage: int,
+                        pseudo: PseudoLabelRecord, data: dict, mlflow_run_id: str) -> GroupedShardsRecord:
     """Group-sorted copy of the training shards for cluster-pure stage ``stage`` (one sequential pass)."""
-    if (done := finished_record(out_dir)) is not None:
+    if (done := finished_record(out_dir, GroupedShardsRecord)) is not None:
         return done
     tracker = tracker_for(config)
     grouped_dir = str(Path(out_dir) / "grouped")
-    manifest = stages.reshard_stage(pseudo_labels_path=pseudo["path"], urls=data["train_urls"], out_dir=grouped_dir,
+    manifest = stages.reshard_stage(pseudo_labels_path=pseudo.path, urls=data["train_urls"], out_dir=grouped_dir,
                                     world_size=config.distributed.nproc_per_node, seed=stage_seed(config, stage),
                                     spool_bytes=config.mcl.spool_mb << 20)
     tracker.log_metrics(mlflow_run_id, {f"reshard/{k}": v for k, v in manifest.items()
                                         if isinstance(v, (int, float)) and k != "seed"})
     tracker.log_artifact(mlflow_run_id, Path(grouped_dir) / "grouped.json", artifact_path="grouped")
-    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "grouped_dir": grouped_dir,
-                                       "samples": manifest["samples"], "files": manifest["files"],
-                                       "mlflow_run_id": mlflow_run_id})
+    return GroupedShardsRecord(key=key, dir=out_dir, grouped_dir=grouped_dir, samples=manifest["samples"],
+                               files=manifest["files"], mlflow_run_id=mlflow_run_id).save()
 
 
 @cached_task("clip-soup")
-def make_clip_soup(*, config: ClipPipelineConfig, key: str, out_dir: str, trained: list[dict],
-                   mlflow_run_id: str) -> dict:
+def make_clip_soup(*, config: ClipPipelineConfig, key: str, out_dir: str, trained: list[TrainRecord],
+                   mlflow_run_id: str) -> ModelRecord:
     """Model soup: the weight average of the stage models (second integration of the stages)."""
-    if (done := finished_record(out_dir)) is not None:
+    if (done := finished_record(out_dir, ModelRecord)) is not None:
         return done
-    path = stages.make_soup(model_paths=[r["model_path"] for r in trained],
+    path = stages.make_soup(model_paths=[r.model_path for r in trained],
                             out_path=str(Path(out_dir) / "model" / "model.pt"))
     tracker_for(config).log_artifact(mlflow_run_id, Path(out_dir) / "model", artifact_path="soup/model")
-    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "model_path": path, "mlflow_run_id": mlflow_run_id})
+    return ModelRecord(key=key, dir=out_dir, model_path=path, mlflow_run_id=mlflow_run_id).save()
 
 
 @cached_task("clip-encode-eval")
 def encode_clip_eval(*, config: ClipPipelineConfig, key: str, out_dir: str, name: str, model_path: str, data: dict,
-                     mlflow_run_id: str) -> dict:
+                     mlflow_run_id: str) -> FeaturesRecord:
     """MMVP and held-out retrieval features of one model (a stage or the soup)."""
-    if (done := finished_record(out_dir)) is not None:
+    if (done := finished_record(out_dir, FeaturesRecord)) is not None:
         return done
     e = config.eval
     path = stages.encode_eval_sets(model_path=model_path, out_dir=out_dir, mmvp_dir=data["mmvp_dir"],
                                    heldout_urls=data["heldout_urls"], prompt=e.mmvp_prompt,
                                    retrieval_max_samples=e.retrieval_max_samples, batch_size=e.batch_size,
                                    device=config.device, max_skip_fraction=config.data.max_skip_fraction)
-    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "name": name, "features": path,
-                                       "mlflow_run_id": mlflow_run_id})
+    return FeaturesRecord(key=key, dir=out_dir, name=name, features=path, mlflow_run_id=mlflow_run_id).save()
 
 
 @cached_task("clip-score-eval")
-def score_clip_eval(*, config: ClipPipelineConfig, key: str, out_dir: str, name: str, features: list[dict],
-                    mlflow_run_id: str) -> dict:
+def score_clip_eval(*, config: ClipPipelineConfig, key: str, out_dir: str, name: str, features: list[FeaturesRecord],
+                    mlflow_run_id: str) -> EvalRecord:
     """MMVP per category + average and retrieval R@1/5/10 of one model or of the concatenation of several."""
-    if (done := finished_record(out_dir)) is not None:
+    if (done := finished_record(out_dir, EvalRecord)) is not None:
         return done
     tracker = tracker_for(config)
-    metrics = stages.score_eval_sets(feature_files=[f["features"] for f in features])
+    metrics = stages.score_eval_sets(feature_files=[f.features for f in features])
     return finish_eval_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, name=name,
-                              metrics=metrics, details={"stages": [f["name"] for f in features]})
+                              metrics=metrics, details={"stages": [f.name for f in features]})
 
 
 @task(name="clip-summarize")
 def summarize_clip(*, config: ClipPipelineConfig, parent_run_id: str, pipeline_id: str,
-                   results: dict[str, dict], cluster_records: list[dict], out_dir: str) -> dict:
+                   results: dict[str, dict], cluster_records: list[ClusterRecord], out_dir: str) -> dict:
     """MMVP / retrieval plots and a results table on the parent MLflow run and as a Prefect artifact."""
     tracker = tracker_for(config)
     out = Path(out_dir)

@@ -28,30 +28,14 @@ from contrastive.data.trifeature import prepare_trifeature
 from contrastive.evaluate import plot_attribute_accuracy, plot_cluster_sizes
 from pipeline_config.loader import dump_config
 from pipeline_config.schema import ClipPipelineConfig, PipelineConfig, check_feasible
+from tasks.records import (ClusterRecord, EvalRecord, ExportRecord, PseudoLabelRecord, StepRecord, TrainRecord,
+                           finished_record)
 from tasks.tracking import MetricBuffer, Tracker
-
-RECORD = "record.json"
-
 
 # ---------------------------------------------------------------------------------------------------- helpers
 def cache_key_from_parameters(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     """Prefect cache key = task name + the content key the flow computed (config + input digests)."""
     return f"{context.task.name}-{parameters['key']}"
-
-
-def finished_record(out_dir: Path | str) -> dict | None:
-    path = Path(out_dir) / RECORD
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def is_valid_record(record: dict | None) -> bool:
-    """A (possibly cached) record is only usable while its files are still on disk."""
-    return bool(record) and (Path(record["dir"]) / RECORD).exists()
-
-
-def save_record(out_dir: Path, record: dict) -> dict:
-    write_json(Path(out_dir) / RECORD, record)
-    return record
 
 
 def tracker_for(config: PipelineConfig) -> Tracker:
@@ -83,7 +67,7 @@ def numeric_metrics(prefix: str, values: dict) -> dict[str, float]:
 
 
 def finish_train_record(*, tracker: Tracker, mlflow_run_id: str, key: str, out_dir: str, stage: int, summary: dict,
-                        extra_metrics: dict[str, float]) -> dict:
+                        extra_metrics: dict[str, float]) -> TrainRecord:
     """After a stage trained: tag a resumed run, log loss, time, ``extra_metrics`` (the pipeline's throughput
     numbers) and the batch plan, upload checkpoints, model and summary, and save the task record."""
     if summary["resumed_from_step"] is not None:
@@ -93,12 +77,12 @@ def finish_train_record(*, tracker: Tracker, mlflow_run_id: str, key: str, out_d
     tracker.log_artifact(mlflow_run_id, Path(out_dir) / "checkpoints", artifact_path="checkpoints")
     tracker.log_artifact(mlflow_run_id, Path(out_dir) / "model", artifact_path="model")
     tracker.log_artifact(mlflow_run_id, Path(out_dir) / "train_summary.json")
-    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "stage": stage, "mlflow_run_id": mlflow_run_id,
-                                       "model_path": summary["model_path"], "summary": summary})
+    return TrainRecord(key=key, dir=out_dir, stage=stage, mlflow_run_id=mlflow_run_id,
+                       model_path=summary["model_path"], summary=summary).save()
 
 
 def finish_cluster_record(*, tracker: Tracker, mlflow_run_id: str, key: str, out_dir: str, stage: int, k: int,
-                          summary: dict) -> dict:
+                          summary: dict) -> ClusterRecord:
     """After a stage's embeddings were clustered into ``out_dir/clusters``: plot the cluster sizes, log k-means
     numbers and the AMI against every earlier stage, upload the clusters and save the task record."""
     plot = plot_cluster_sizes(sizes_by_stage={f"stage {stage}": summary["sizes"]},
@@ -107,42 +91,41 @@ def finish_cluster_record(*, tracker: Tracker, mlflow_run_id: str, key: str, out
                                         "kmeans/empty_clusters": summary.get("empty_clusters", 0),
                                         **{f"ami/{name}": v for name, v in summary["ami"].items()}})
     tracker.log_artifact(mlflow_run_id, Path(out_dir) / "clusters", artifact_path="clusters")
-    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "stage": stage,
-                                       "clusters_dir": str(Path(out_dir) / "clusters"), "sizes": summary["sizes"],
-                                       "inertia": summary["inertia"], "ami": summary["ami"], "plot": str(plot),
-                                       "mlflow_run_id": mlflow_run_id})
+    return ClusterRecord(key=key, dir=out_dir, stage=stage, clusters_dir=str(Path(out_dir) / "clusters"),
+                         sizes=summary["sizes"], inertia=summary["inertia"], ami=summary["ami"], plot=str(plot),
+                         mlflow_run_id=mlflow_run_id).save()
 
 
-def finish_pseudo_label_record(*, tracker: Tracker, mlflow_run_id: str, key: str, out_dir: str, stats: dict) -> dict:
+def finish_pseudo_label_record(*, tracker: Tracker, mlflow_run_id: str, key: str, out_dir: str,
+                               stats: dict) -> PseudoLabelRecord:
     """After the pseudo-labels were written into ``out_dir``: log their group statistics, upload them and save the
     task record."""
     tracker.log_metrics(mlflow_run_id, numeric_metrics("pseudo_labels", stats))
     tracker.log_artifact(mlflow_run_id, Path(out_dir), artifact_path="pseudo_labels")
-    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "path": stats["path"], "stats": stats,
-                                       "mlflow_run_id": mlflow_run_id})
+    return PseudoLabelRecord(key=key, dir=out_dir, path=stats["path"], stats=stats,
+                             mlflow_run_id=mlflow_run_id).save()
 
 
 def finish_eval_record(*, tracker: Tracker, mlflow_run_id: str, key: str, out_dir: str, name: str, metrics: dict,
-                       details: dict | None = None) -> dict:
+                       details: dict | None = None) -> EvalRecord:
     """After representation ``name`` was scored: write ``out_dir/metrics.json`` (name, metrics, ``details``), log
     the metrics as ``eval/<name>/...``, upload the file and save the task record."""
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     write_json(Path(out_dir) / "metrics.json", {"name": name, "metrics": metrics, **(details or {})})
     tracker.log_metrics(mlflow_run_id, {f"eval/{name}/{k}": v for k, v in metrics.items()})
     tracker.log_artifact(mlflow_run_id, Path(out_dir) / "metrics.json", artifact_path=f"eval/{name}")
-    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "name": name, "metrics": metrics,
-                                       "mlflow_run_id": mlflow_run_id})
+    return EvalRecord(key=key, dir=out_dir, name=name, metrics=metrics, mlflow_run_id=mlflow_run_id).save()
 
 
 def publish_summary(*, config: PipelineConfig | ClipPipelineConfig, tracker: Tracker, parent_run_id: str,
-                    pipeline_id: str, results: dict[str, dict], cluster_records: list[dict], out: Path,
+                    pipeline_id: str, results: dict[str, dict], cluster_records: list[ClusterRecord], out: Path,
                     plots: list[Path], table: str, heading: str, artifact_key: str, description: str,
                     extra_summary: dict | None = None) -> dict:
     """End of a pipeline's summarize task: add the cluster-size plot, write summary.json and results.md, put plots,
     summary and all result metrics on the parent MLflow run, and the table in a Prefect markdown artifact."""
     paths = list(plots)
     if cluster_records:
-        paths.append(plot_cluster_sizes(sizes_by_stage={f"stage {c['stage']}": c["sizes"] for c in cluster_records},
+        paths.append(plot_cluster_sizes(sizes_by_stage={f"stage {c.stage}": c.sizes for c in cluster_records},
                                         path=out / "cluster_sizes.png"))
     summary = {"pipeline_id": pipeline_id, "config_hash": config.config_hash(), "results": results,
                "mlflow_run_id": parent_run_id, **(extra_summary or {})}
@@ -289,9 +272,9 @@ def open_stage_run(*, config: PipelineConfig, parent_run_id: str, stage: int, ki
 
 @cached_task("train-stage")
 def train_stage(*, config: PipelineConfig, key: str, out_dir: str, stage: int, data: dict,
-                pseudo_labels: dict | None, mlflow_run_id: str) -> dict:
+                pseudo_labels: PseudoLabelRecord | None, mlflow_run_id: str) -> TrainRecord:
     """Train a fresh encoder for one stage; resumes from ``out_dir/checkpoints/last.pt`` if a run was killed."""
-    if (done := finished_record(out_dir)) is not None:
+    if (done := finished_record(out_dir, TrainRecord)) is not None:
         return done
     logger = get_run_logger()
     tracker = tracker_for(config)
@@ -299,9 +282,10 @@ def train_stage(*, config: PipelineConfig, key: str, out_dir: str, stage: int, d
     t = config.train
     seed = stage_seed(config, stage)
     tracker.set_tags(mlflow_run_id, {"train_key": key, "cluster_pure_batches": pseudo_labels is not None})
-    tracker.log_params(mlflow_run_id, {"stage_seed": seed, "pseudo_labels": (pseudo_labels or {}).get("path")})
+    tracker.log_params(mlflow_run_id, {"stage_seed": seed,
+                                       "pseudo_labels": pseudo_labels.path if pseudo_labels else None})
     spec = stages.ImageStageSpec(
-        dataset_dir=data["dir"], stage_dir=out_dir, pseudo_labels_path=pseudo_labels["path"] if pseudo_labels else None,
+        dataset_dir=data["dir"], stage_dir=out_dir, pseudo_labels_path=pseudo_labels.path if pseudo_labels else None,
         model=config.model.model_dump(mode="json"), method=config.method.model_dump(mode="json"),
         augment=config.augment.model_dump(), batch_size=t.batch_size, seed=seed, device=config.device,
         remainder_policy=config.mcl.remainder_policy, optim=t.optim_spec(),
@@ -322,12 +306,12 @@ def train_stage(*, config: PipelineConfig, key: str, out_dir: str, stage: int, d
 
 
 @cached_task("export-embeddings")
-def export_embeddings(*, config: PipelineConfig, key: str, out_dir: str, trained: dict, data: dict,
-                      mlflow_run_id: str) -> dict:
-    if (done := finished_record(out_dir)) is not None:
+def export_embeddings(*, config: PipelineConfig, key: str, out_dir: str, trained: TrainRecord, data: dict,
+                      mlflow_run_id: str) -> ExportRecord:
+    if (done := finished_record(out_dir, ExportRecord)) is not None:
         return done
     tracker = tracker_for(config)
-    export = {"dataset_dir": data["dir"], "model_path": trained["model_path"],
+    export = {"dataset_dir": data["dir"], "model_path": trained.model_path,
               "out_dir": str(Path(out_dir) / "embeddings"), "batch_size": 512, "device": config.device,
               "workers": config.train.workers}
     d = config.distributed
@@ -340,9 +324,8 @@ def export_embeddings(*, config: PipelineConfig, key: str, out_dir: str, trained
         result = stages.export_stage_embeddings(**export)
     tracker.log_metrics(mlflow_run_id, {"export/unreadable": result["unreadable"]})
     tracker.log_artifact(mlflow_run_id, Path(out_dir) / "embeddings", artifact_path="embeddings")
-    return save_record(Path(out_dir), {"key": key, "dir": out_dir, "embeddings_dir": result["dir"],
-                                       "num_samples": result["num_samples"], "dim": result["dim"],
-                                       "mlflow_run_id": mlflow_run_id})
+    return ExportRecord(key=key, dir=out_dir, embeddings_dir=result["dir"], num_samples=result["num_samples"],
+                        dim=result["dim"], mlflow_run_id=mlflow_run_id).save()
 
 
 def sample_scope(dataset_dir: str | None) -> tuple[np.ndarray | None, dict[str, np.ndarray] | None]:
@@ -359,15 +342,16 @@ def sample_scope(dataset_dir: str | None) -> tuple[np.ndarray | None, dict[str, 
 # Both pipelines run these two steps between stages.
 @cached_task("cluster-embeddings")
 def cluster_embeddings(*, config: PipelineConfig | ClipPipelineConfig, key: str, out_dir: str, stage: int,
-                       exported: dict, earlier: list[dict], dataset_dir: str | None, mlflow_run_id: str) -> dict:
+                       exported: ExportRecord, earlier: list[ClusterRecord], dataset_dir: str | None,
+                       mlflow_run_id: str) -> ClusterRecord:
     """k-means on stage ``stage``'s embeddings (see ``sample_scope`` for which samples), AMI against earlier stages."""
-    if (done := finished_record(out_dir)) is not None:
+    if (done := finished_record(out_dir, ClusterRecord)) is not None:
         return done
     tracker = tracker_for(config)
     ids, attributes = sample_scope(dataset_dir)
     spec = config.mcl.kmeans_spec(stage, seed=stage_seed(config, stage))
-    summary = steps.cluster_stage(embeddings_dir=exported["embeddings_dir"], out_dir=Path(out_dir) / "clusters",
-                                  kmeans_spec=spec, earlier_cluster_dirs=[e["clusters_dir"] for e in earlier],
+    summary = steps.cluster_stage(embeddings_dir=exported.embeddings_dir, out_dir=Path(out_dir) / "clusters",
+                                  kmeans_spec=spec, earlier_cluster_dirs=[e.clusters_dir for e in earlier],
                                   ids=ids, attributes=attributes)
     return finish_cluster_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, stage=stage,
                                  k=spec.k, summary=summary)
@@ -375,15 +359,15 @@ def cluster_embeddings(*, config: PipelineConfig | ClipPipelineConfig, key: str,
 
 @cached_task("pseudo-labels")
 def make_pseudo_labels(*, config: PipelineConfig | ClipPipelineConfig, key: str, out_dir: str, for_stage: int,
-                       clusters: list[dict], exports: list[dict], dataset_dir: str | None,
-                       mlflow_run_id: str) -> dict:
+                       clusters: list[ClusterRecord], exports: list[ExportRecord], dataset_dir: str | None,
+                       mlflow_run_id: str) -> PseudoLabelRecord:
     """Pseudo-labels for ``for_stage`` = combination of the cluster ids of ALL stages before it; groups smaller
     than that stage's global batch are handled by ``mcl.small_group_policy``."""
-    if (done := finished_record(out_dir)) is not None:
+    if (done := finished_record(out_dir, PseudoLabelRecord)) is not None:
         return done
     tracker = tracker_for(config)
-    stats = steps.build_pseudo_labels(cluster_dirs=[c["clusters_dir"] for c in clusters],
-                                      embeddings_dirs=[e["embeddings_dir"] for e in exports],
+    stats = steps.build_pseudo_labels(cluster_dirs=[c.clusters_dir for c in clusters],
+                                      embeddings_dirs=[e.embeddings_dir for e in exports],
                                       out_path=Path(out_dir) / "pseudo_labels.npz",
                                       min_group_size=config.global_batch_size(for_stage),
                                       small_group_policy=config.mcl.small_group_policy,
@@ -394,14 +378,14 @@ def make_pseudo_labels(*, config: PipelineConfig | ClipPipelineConfig, key: str,
 
 
 @cached_task("evaluate")
-def evaluate(*, config: PipelineConfig, key: str, out_dir: str, name: str, exports: list[dict], data: dict,
-             mlflow_run_id: str) -> dict:
+def evaluate(*, config: PipelineConfig, key: str, out_dir: str, name: str, exports: list[ExportRecord], data: dict,
+             mlflow_run_id: str) -> EvalRecord:
     """Linear probe + kNN per attribute for one stage alone or the concatenation of several stages."""
-    if (done := finished_record(out_dir)) is not None:
+    if (done := finished_record(out_dir, EvalRecord)) is not None:
         return done
     tracker = tracker_for(config)
     e = config.eval
-    metrics = stages.evaluate_embeddings(dataset_dir=data["dir"], embeddings_dirs=[x["embeddings_dir"] for x in exports],
+    metrics = stages.evaluate_embeddings(dataset_dir=data["dir"], embeddings_dirs=[x.embeddings_dir for x in exports],
                                          probe_c=e.probe_c, probe_max_iter=e.probe_max_iter,
                                          probe_max_train=e.probe_max_train, knn_k=e.knn_k, seed=config.seed)
     return finish_eval_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, name=name,
@@ -409,13 +393,13 @@ def evaluate(*, config: PipelineConfig, key: str, out_dir: str, name: str, expor
 
 
 @task(name="record-reuse")
-def record_reuse(*, config: PipelineConfig, mlflow_run_id: str, record: dict, what: str) -> None:
+def record_reuse(*, config: PipelineConfig, mlflow_run_id: str, record: StepRecord, what: str) -> None:
     """A cached step did not run: say in the current stage run where its result and artifacts came from."""
     tracker = tracker_for(config)
     tracker.set_tags(mlflow_run_id, {f"reused.{what}": "true", f"reused.{what}.source_run_id":
-                                     record.get("mlflow_run_id", ""), f"reused.{what}.dir": record["dir"]})
-    if "metrics" in record:
-        tracker.log_metrics(mlflow_run_id, {f"eval/{record['name']}/{k}": v for k, v in record["metrics"].items()})
+                                     record.mlflow_run_id, f"reused.{what}.dir": record.dir})
+    if isinstance(record, EvalRecord):
+        tracker.log_metrics(mlflow_run_id, {f"eval/{record.name}/{k}": v for k, v in record.metrics.items()})
 
 
 @task(name="note-rerun")
@@ -430,7 +414,7 @@ def close_run(*, config: PipelineConfig, mlflow_run_id: str, status: str = "FINI
 
 @task(name="summarize")
 def summarize(*, config: PipelineConfig, parent_run_id: str, pipeline_id: str, results: dict[str, dict],
-              cluster_records: list[dict], out_dir: str) -> dict:
+              cluster_records: list[ClusterRecord], out_dir: str) -> dict:
     """Plots and a results table for the whole pipeline, on the parent MLflow run and as a Prefect artifact."""
     tracker = tracker_for(config)
     out = Path(out_dir)

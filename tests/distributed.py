@@ -19,6 +19,7 @@ def _in_group(rank: int, world: int, port: int, function, args: tuple) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         function(rank, *args)
+        dist.barrier()  # no rank tears the group down while another still talks to it
     finally:
         dist.destroy_process_group()
 

@@ -1,7 +1,7 @@
 """Cluster-pure batches over tar shards: a per-stage re-shard by pseudo-label group, read as group streams.
 
 MCL stage j draws every batch from one pseudo-label group (MCL, Algorithm 1). In memory that is a sort
-(``contrastive.sampling.plan_batches``); over 12M web images in tar shards a batch's samples are scattered over
+(``contrastive.mcl.batch_plan.plan_batches``); over 12M web images in tar shards a batch's samples are scattered over
 all shards. Design chosen here (docs/clip.md, "Reader design"):
 
 1. **Re-shard once per stage** (:func:`reshard_by_group`). One sequential pass over the source shards copies the
@@ -44,7 +44,7 @@ import numpy as np
 from contrastive.clip.data import (TAR_END, ClipBatch, SkipCounter, bounded_map, collate, decode_image_text,
                                    iter_raw_samples, make_decoder, sample_members, shuffled)
 from contrastive.errors import ConfigError, DataError
-from contrastive.sampling import plan_batches
+from contrastive.mcl.batch_plan import plan_batches
 
 MANIFEST = "grouped.json"
 KEEP_FIELDS = ("jpg", "jpeg", "png", "webp", "txt", "json")

@@ -1,4 +1,4 @@
-"""Image-folder datasets too large to decode in advance (ImageNet): an index on disk, pixels decoded when read.
+"""Image datasets too large to decode in advance (ImageNet): an index on disk, pixels decoded when read.
 
 ``prepare_image_folder(..., storage="files")`` writes a dataset directory that holds no pixels::
 
@@ -12,8 +12,13 @@ decodes each file with the same function the "memory" storage uses when it fills
 min(width, height) resampled to ``image_size`` x ``image_size``, i.e. the shorter side resized to ``image_size``
 and centre-cropped, in one bicubic resampling), so both storages give the same pixels for the same folder.
 
-:func:`load_dataset` opens either kind of dataset directory. For reading many batches quickly (DataLoader
-workers, skipping of unreadable files) see :func:`contrastive.data.loading.iter_batches`.
+:class:`IndexedImageDataset` is what every such dataset shares (the index, the decoding of rows one by one or in
+batches, skipping, pickling for DataLoader workers); a subclass only says where the encoded bytes of a row are
+(:meth:`IndexedImageDataset.open_image`): a file here, a tar member for webdataset shards
+(:class:`contrastive.data.shards.ShardDataset`).
+
+:func:`contrastive.data.loading.load_dataset` opens any kind of dataset directory. For reading many batches
+quickly (DataLoader workers, skipping of unreadable images) see :func:`contrastive.data.loading.iter_batches`.
 """
 from __future__ import annotations
 
@@ -23,13 +28,13 @@ import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, ClassVar
 
 import numpy as np
 import torch
 
 from contrastive.data.dataset import (INDEX_FILE, LABEL_PREFIX, MANIFEST_FILE, ImageArrayDataset, _as_index_array,
-                                      _load_index, _manifest_fields_ok, read_manifest)
+                                      _manifest_fields_ok, read_manifest)
 from contrastive.data.image_folder import file_index_digest, load_square_rgb
 from contrastive.data.skips import SkipCounter
 from contrastive.errors import DataError
@@ -38,31 +43,40 @@ log = logging.getLogger(__name__)
 
 STORAGE_FILES = "files"
 DEFAULT_MAX_SKIP_FRACTION = 0.01
-UNREADABLE = "unreadable_image"  # the SkipCounter reason of a file PIL cannot decode
+UNREADABLE = "unreadable_image"  # the SkipCounter reason of an image PIL cannot decode
 IMAGE_SKIP_FIX = ("delete or re-export the unreadable files (or prepare the folder with "
                   "data.image_folder.storage=memory, which drops them once), or raise "
                   "data.image_folder.max_skip_fraction")
 _MAX_THREADS = 8  # threads decoding one get_batch call (PIL decodes and resizes outside the GIL)
 
 
-class ImageFileDataset:
-    """A file-backed image folder (storage "files") opened for reading: an index in memory, pixels on demand.
+class IndexedImageDataset:
+    """A prepared index (ids, split, labels; no pixels) whose images are decoded when a row is read.
 
     The same interface as :class:`~contrastive.data.dataset.ImageArrayDataset` where the pipeline uses one
     (``ids``, ``split``, ``labels``, ``attributes``, ``class_names``, ``manifest``, ``digest``, ``image_size``,
-    ``len()``, :meth:`indices`, :meth:`verify_ids`, :meth:`verify_digest`, :meth:`get_batch`), plus
-    :meth:`read` for one file. Picklable (DataLoader workers under any start method).
+    ``len()``, :meth:`indices`, :meth:`verify_ids`, :meth:`verify_digest`, :meth:`get_batch`), plus :meth:`read`
+    for one row and :meth:`decode_rows` for the batch reader's workers. Picklable (DataLoader workers under any
+    start method): per-process state (threads, open files) is rebuilt on first use after unpickling.
+
+    Subclasses set :attr:`storage` and :attr:`skip_fix` and implement :meth:`open_image`, :meth:`skip_url`,
+    :attr:`origin` and :meth:`compute_digest`; they may extend :meth:`_init_runtime` (and :attr:`_RUNTIME`, the
+    attributes that must not be pickled).
 
     Attributes:
         path: the dataset directory (the index).
-        source: the image folder the ids are relative to.
         skips: the :class:`~contrastive.data.skips.SkipCounter` of :meth:`get_batch` calls.
+        max_skip_fraction: the threshold of :attr:`skips`, and of :func:`~contrastive.data.loading.iter_batches`
+            when its caller gives none.
     """
 
-    def __init__(self, *, path: Path, source: Path, index: Mapping[str, np.ndarray], manifest: Mapping[str, Any],
-                 max_skip_fraction: float = DEFAULT_MAX_SKIP_FRACTION) -> None:
+    storage: ClassVar[str] = ""  # the manifest's "storage" value this class opens
+    skip_fix: ClassVar[str] = IMAGE_SKIP_FIX  # how to fix too many unreadable images (ends the DataError)
+    _RUNTIME: ClassVar[tuple[str, ...]] = ("skips", "_pool", "_pool_lock")
+
+    def __init__(self, *, path: Path, index: Mapping[str, np.ndarray], manifest: Mapping[str, Any],
+                 max_skip_fraction: float | None = None) -> None:
         self.path = Path(path)
-        self.source = Path(source)
         self.ids: np.ndarray = index["ids"]
         self.split: np.ndarray = index["split"]
         self.manifest: dict[str, Any] = dict(manifest)
@@ -70,18 +84,20 @@ class ImageFileDataset:
         self.attributes: list[str] = list(self.class_names)
         self.labels: dict[str, np.ndarray] = {a: index[LABEL_PREFIX + a] for a in self.attributes}
         self.digest: str = str(manifest["digest"])
+        if max_skip_fraction is None:
+            max_skip_fraction = manifest.get("max_skip_fraction", DEFAULT_MAX_SKIP_FRACTION)
         self.max_skip_fraction = float(max_skip_fraction)
         self._init_runtime()
 
     def _init_runtime(self) -> None:
         self.skips = SkipCounter(max_skip_fraction=self.max_skip_fraction, where=f"dataset {self.path.name}",
-                                 fix=IMAGE_SKIP_FIX)
+                                 fix=self.skip_fix)
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for name in ("skips", "_pool", "_pool_lock"):  # a lock and threads cannot cross a process boundary
+        for name in self._RUNTIME:  # locks, threads and open files cannot cross a process boundary
             state.pop(name, None)
         return state
 
@@ -91,18 +107,16 @@ class ImageFileDataset:
 
     # ----------------------------------------------------------------------------------------- loading
     @classmethod
-    def load(cls, path: Path, *, verify_digest: bool = False,
-             max_skip_fraction: float = DEFAULT_MAX_SKIP_FRACTION) -> "ImageFileDataset":
-        """Open a directory written by ``prepare_image_folder(..., storage="files")``.
+    def read_index(cls, path: Path, *, extra_arrays: Sequence[str] = (),
+                   required: Sequence[str] = ()) -> tuple[dict[str, Any], dict[str, np.ndarray], str]:
+        """(manifest, index arrays, fix) of the index directory ``path`` after the checks every storage needs.
 
-        Args:
-            path: the dataset directory.
-            verify_digest: re-hash the index and compare with the manifest (reads no image).
-            max_skip_fraction: threshold of :attr:`skips` (unreadable files met by :meth:`get_batch`).
+        ``index`` holds ids, split, label_<attr> and ``extra_arrays``, all of shape (num_samples,); the manifest
+        has the common fields, ``"storage": cls.storage`` and the keys ``required``; ``fix`` is the advice that
+        ends this class's DataErrors about the directory.
 
         Raises:
-            DataError: a file is missing or damaged, the index disagrees with the manifest, or the source folder
-                is gone.
+            DataError: a file is missing or damaged, or the index disagrees with the manifest.
         """
         path = Path(path)
         fix = f"run `mclpipe run` again to regenerate it, or delete the directory {path} if it keeps failing"
@@ -112,59 +126,72 @@ class ImageFileDataset:
         if missing:
             raise DataError(f"prepared dataset {path} is incomplete (missing {', '.join(missing)}): {fix}")
         manifest = read_manifest(path)
-        if (manifest is None or not _manifest_fields_ok(manifest) or manifest.get("storage") != STORAGE_FILES
-                or "source" not in manifest):
-            raise DataError(f"{path / MANIFEST_FILE} is corrupt, from an incompatible version or not a file index "
-                            f"(storage 'files'): {fix}")
-        index = _load_index(path / INDEX_FILE, attributes=list(manifest["attributes"]), fix=fix)
+        if (manifest is None or not _manifest_fields_ok(manifest) or manifest.get("storage") != cls.storage
+                or any(k not in manifest for k in required)):
+            raise DataError(f"{path / MANIFEST_FILE} is corrupt, from an incompatible version or not an index of "
+                            f"storage {cls.storage!r}: {fix}")
+        names = ["ids", "split", *(LABEL_PREFIX + a for a in manifest["attributes"]), *extra_arrays]
+        index = _load_arrays(path / INDEX_FILE, names=names, fix=fix)
         n = int(manifest["num_samples"])
         for name, arr in index.items():
             if arr.shape != (n,):
                 raise DataError(f"{path / INDEX_FILE}: {name} has shape {arr.shape}, expected ({n},): {fix}")
         if len(np.unique(index["ids"])) != n:
             raise DataError(f"{path / INDEX_FILE}: sample ids are not unique: {fix}")
-        source = Path(manifest["source"])
-        if not source.is_dir():
-            raise DataError(f"the image folder {source} that dataset {path} indexes no longer exists: restore it, "
-                            "or point data.image_folder.source at its new place and run again")
-        dataset = cls(path=path, source=source, index=index, manifest=manifest, max_skip_fraction=max_skip_fraction)
-        if verify_digest:
-            dataset.verify_digest()
-        return dataset
+        return manifest, index, fix
+
+    def compute_digest(self) -> str:
+        """The digest of this dataset as its preparation computed it (from the index, not the pixels)."""
+        raise NotImplementedError
 
     def verify_digest(self) -> None:
-        """Re-hash the index (not the images: the digest covers their paths, sizes and mtimes); DataError if changed."""
-        index = {"ids": self.ids, "split": self.split}
-        index.update({LABEL_PREFIX + a: v for a, v in self.labels.items()})
-        actual = file_index_digest(index=index, params=self.manifest["params"])
+        """Re-hash the index (not the images: the digest covers their sources' sizes and mtimes); DataError if
+        changed."""
+        actual = self.compute_digest()
         if actual != self.digest:
             raise DataError(f"dataset {self.path} changed after it was written (digest {actual[:12]} != manifest "
                             f"{self.digest[:12]}): delete the directory and run `mclpipe run` again to regenerate it")
+
+    def index_arrays(self) -> dict[str, np.ndarray]:
+        """ids, split and label_<attr>: the arrays the digests cover."""
+        index = {"ids": self.ids, "split": self.split}
+        index.update({LABEL_PREFIX + a: v for a, v in self.labels.items()})
+        return index
 
     # ----------------------------------------------------------------------------------------- access
     def __len__(self) -> int:
         return int(self.ids.shape[0])
 
     def __repr__(self) -> str:
-        return (f"ImageFileDataset({str(self.path)!r}, source={str(self.source)!r}, n={len(self)}, "
+        return (f"{type(self).__name__}({str(self.path)!r}, origin={self.origin!r}, n={len(self)}, "
                 f"image_size={self.image_size}, attributes={self.attributes})")
 
     @property
     def image_size(self) -> int:
         return int(self.manifest["image_size"])
 
+    @property
+    def origin(self) -> str:
+        """Where the images are, for messages (a folder, a set of shards)."""
+        raise NotImplementedError
+
     # The same rules as the array dataset: they only use ids, split, len() and path.
     indices = ImageArrayDataset.indices
     verify_ids = ImageArrayDataset.verify_ids
 
-    def file(self, row: int) -> Path:
-        """The image file of ``row``."""
-        return self.source / str(self.ids[int(row)])
+    def open_image(self, row: int) -> str | os.PathLike | IO[bytes]:
+        """The encoded image of ``row``: a path or a binary file object PIL can open. Raises OSError (or any
+        error) when it cannot be had; :meth:`decode` turns that into an unreadable row."""
+        raise NotImplementedError
+
+    def skip_url(self, row: int) -> str:
+        """Where an unreadable ``row`` lives (the image folder, the shard), for skip messages."""
+        raise NotImplementedError
 
     def decode(self, row: int) -> np.ndarray | str:
-        """uint8 (S, S, 3) of ``row``, or the error text ("OSError: ...") when the file cannot be decoded."""
+        """uint8 (S, S, 3) of ``row``, or the error text ("OSError: ...") when it cannot be decoded."""
         try:
-            return load_square_rgb(self.file(row), size=self.image_size)
+            return load_square_rgb(self.open_image(row), size=self.image_size)
         except Exception as err:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError, DecompressionBombError
             return f"{type(err).__name__}: {err}"
 
@@ -199,10 +226,10 @@ class ImageFileDataset:
     def get_batch(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> torch.Tensor:
         """uint8 (B, 3, S, S) of rows ``indices``, in the order given, decoded by a thread pool in this process.
 
-        Callers of ``get_batch`` key results by position, so nothing is dropped here: an unreadable file gives an
-        all-zero image, is counted in :attr:`skips` and logged, and DataError is raised once more than
+        Callers of ``get_batch`` key results by position, so nothing is dropped here: an unreadable image gives
+        an all-zero image, is counted in :attr:`skips` and logged, and DataError is raised once more than
         ``max_skip_fraction`` of (at least 1000) images read were unreadable. :func:`~contrastive.data.loading.
-        iter_batches` is the faster reader (DataLoader workers) that skips such files instead.
+        iter_batches` is the faster reader (DataLoader workers) that skips such images instead.
         """
         idx = _as_index_array(indices, size=len(self))
         kept, images, failures = self.decode_rows(idx, threads=min(_MAX_THREADS, os.cpu_count() or 1))
@@ -215,7 +242,7 @@ class ImageFileDataset:
         good[[i for i, row in enumerate(idx.tolist()) if row in bad_rows]] = False
         out[torch.from_numpy(np.flatnonzero(good))] = images
         for row, error in failures:
-            self.skips.skip(reason=UNREADABLE, key=str(self.ids[row]), url=str(self.source),
+            self.skips.skip(reason=UNREADABLE, key=str(self.ids[row]), url=self.skip_url(row),
                             detail=f"{error}; replaced by a black image")
         self.skips.ok(len(kept))
         return out
@@ -228,21 +255,84 @@ class ImageFileDataset:
             return self._pool
 
 
-Dataset = ImageArrayDataset | ImageFileDataset
+def _load_arrays(path: Path, *, names: Sequence[str], fix: str) -> dict[str, np.ndarray]:
+    """Arrays ``names`` of the npz ``path`` (DataError when one is missing or the file is damaged)."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            missing = [n for n in names if n not in npz.files]
+            if missing:
+                raise DataError(f"{path} lacks arrays {missing}: {fix}")
+            return {n: npz[n] for n in names}
+    except DataError:
+        raise
+    except Exception as err:  # noqa: BLE001 - zipfile.BadZipFile, OSError, ValueError: a damaged file
+        raise DataError(f"{path} is unreadable ({type(err).__name__}: {err}): {fix}") from err
+
+
+class ImageFileDataset(IndexedImageDataset):
+    """A file-backed image folder (storage "files") opened for reading: an index in memory, pixels on demand.
+
+    Attributes:
+        source: the image folder the ids are relative to.
+    """
+
+    storage = STORAGE_FILES
+    skip_fix = IMAGE_SKIP_FIX
+
+    def __init__(self, *, path: Path, source: Path, index: Mapping[str, np.ndarray], manifest: Mapping[str, Any],
+                 max_skip_fraction: float | None = DEFAULT_MAX_SKIP_FRACTION) -> None:
+        self.source = Path(source)
+        super().__init__(path=path, index=index, manifest=manifest, max_skip_fraction=max_skip_fraction)
+
+    @classmethod
+    def load(cls, path: Path, *, verify_digest: bool = False,
+             max_skip_fraction: float | None = DEFAULT_MAX_SKIP_FRACTION) -> "ImageFileDataset":
+        """Open a directory written by ``prepare_image_folder(..., storage="files")``.
+
+        Args:
+            path: the dataset directory.
+            verify_digest: re-hash the index and compare with the manifest (reads no image).
+            max_skip_fraction: threshold of :attr:`skips` (unreadable files met by :meth:`get_batch`).
+
+        Raises:
+            DataError: a file is missing or damaged, the index disagrees with the manifest, or the source folder
+                is gone.
+        """
+        manifest, index, _ = cls.read_index(path, required=("source",))
+        source = Path(manifest["source"])
+        if not source.is_dir():
+            raise DataError(f"the image folder {source} that dataset {path} indexes no longer exists: restore it, "
+                            "or point data.image_folder.source at its new place and run again")
+        dataset = cls(path=path, source=source, index=index, manifest=manifest, max_skip_fraction=max_skip_fraction)
+        if verify_digest:
+            dataset.verify_digest()
+        return dataset
+
+    def compute_digest(self) -> str:
+        return file_index_digest(index=self.index_arrays(), params=self.manifest["params"])
+
+    @property
+    def origin(self) -> str:
+        return str(self.source)
+
+    def file(self, row: int) -> Path:
+        """The image file of ``row``."""
+        return self.source / str(self.ids[int(row)])
+
+    def open_image(self, row: int) -> Path:
+        return self.file(row)
+
+    def skip_url(self, row: int) -> str:
+        return str(self.source)
+
+
+Dataset = ImageArrayDataset | IndexedImageDataset
 
 
 def load_dataset(directory: Path, *, verify_digest: bool = False,
-                 max_skip_fraction: float = DEFAULT_MAX_SKIP_FRACTION) -> Dataset:
-    """Open a prepared dataset directory as the class its files call for.
+                 max_skip_fraction: float | None = None) -> Dataset:
+    """Open a prepared dataset directory as the class its files call for (kept here for existing imports: the
+    choice is :func:`contrastive.data.loading.load_dataset`'s)."""
+    from contrastive.data.loading import load_dataset as load  # loading imports this module
 
-    A manifest with ``"storage": "files"`` (an index without ``images.npy``) gives an :class:`ImageFileDataset`;
-    anything else (Trifeature, an image folder with storage "memory") an
-    :class:`~contrastive.data.dataset.ImageArrayDataset`, whose loader reports what is missing or damaged.
-
-    Raises:
-        DataError: as the chosen class's ``load``.
-    """
-    manifest = read_manifest(Path(directory))
-    if manifest is not None and manifest.get("storage") == STORAGE_FILES:
-        return ImageFileDataset.load(directory, verify_digest=verify_digest, max_skip_fraction=max_skip_fraction)
-    return ImageArrayDataset.load(directory, verify_digest=verify_digest)
+    return load(directory, verify_digest=verify_digest, max_skip_fraction=max_skip_fraction)

@@ -1,11 +1,12 @@
-"""Read a dataset batch by batch: a slice for ``images.npy``, DataLoader workers decoding files for an image index.
+"""Open a prepared dataset, and read it batch by batch: a slice for ``images.npy``, DataLoader workers decoding
+the images of an index (image files, webdataset shards).
 
-:func:`iter_batches` is the one reader for both storages. For an
-:class:`~contrastive.data.dataset.ImageArrayDataset` a batch is a memmap slice, read in this process (there is
-nothing to decode). For an :class:`~contrastive.data.image_files.ImageFileDataset` every batch is one item of a
-map-style dataset that ``torch.utils.data.DataLoader`` workers decode whole (``batch_size=None``): the plan of
+:func:`load_dataset` picks the class from the directory's manifest. :func:`iter_batches` is the one reader for
+every storage. For an :class:`~contrastive.data.dataset.ImageArrayDataset` a batch is a memmap slice, read in this
+process (there is nothing to decode). For an :class:`~contrastive.data.image_files.IndexedImageDataset` (image
+files, :class:`~contrastive.data.shards.ShardDataset`) every batch is one item of a map-style dataset that ``torch.utils.data.DataLoader`` workers decode whole (``batch_size=None``): the plan of
 batches (the sampler's order, MCL's group-pure batches) stays the caller's, the workers only decode, and the
-batches come back in the order given. Unreadable files are dropped from their batch, counted in a
+batches come back in the order given. Unreadable images are dropped from their batch, counted in a
 :class:`~contrastive.data.skips.SkipCounter` and logged; more than ``max_skip_fraction`` of them ends the run
 with a :class:`~contrastive.errors.DataError` naming the first bad files and the fix.
 """
@@ -14,19 +15,24 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 
-from contrastive.data.dataset import _as_index_array
-from contrastive.data.image_files import (DEFAULT_MAX_SKIP_FRACTION, IMAGE_SKIP_FIX, UNREADABLE, Dataset,
-                                          ImageFileDataset)
+from contrastive.data.dataset import ImageArrayDataset, _as_index_array, read_manifest
+from contrastive.data.image_files import UNREADABLE, Dataset, ImageFileDataset, IndexedImageDataset
+from contrastive.data.shards import ShardDataset
 from contrastive.data.skips import SkipCounter
 from contrastive.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+# The manifest's "storage" -> the class that opens the directory; anything else (no "storage": Trifeature, an
+# image folder with storage "memory") is an images.npy dataset.
+INDEX_CLASSES: dict[str, type[IndexedImageDataset]] = {cls.storage: cls for cls in (ImageFileDataset, ShardDataset)}
 
 _IN_PROCESS_THREADS = 8  # decode threads when workers=0 (PIL decodes outside the GIL)
 
@@ -34,7 +40,7 @@ _IN_PROCESS_THREADS = 8  # decode threads when workers=0 (PIL decodes outside th
 class _BatchDecoder(TorchDataset):
     """Map-style dataset whose item ``i`` is batch ``i`` decoded: (rows kept, uint8 (b, 3, S, S), failures)."""
 
-    def __init__(self, dataset: ImageFileDataset, batches: list[np.ndarray], *, threads: int = 1) -> None:
+    def __init__(self, dataset: IndexedImageDataset, batches: list[np.ndarray], *, threads: int = 1) -> None:
         self.dataset = dataset
         self.batches = batches
         self.threads = threads
@@ -51,20 +57,45 @@ def _as_is(item):
     return item
 
 
+def load_dataset(directory: Path, *, verify_digest: bool = False,
+                 max_skip_fraction: float | None = None) -> Dataset:
+    """Open a prepared dataset directory as the class its manifest's ``"storage"`` calls for.
+
+    ``"files"`` (an image folder's index) gives an :class:`~contrastive.data.image_files.ImageFileDataset`,
+    ``"shards"`` (a webdataset index) a :class:`~contrastive.data.shards.ShardDataset`; anything else (Trifeature,
+    an image folder with storage "memory") an :class:`~contrastive.data.dataset.ImageArrayDataset`, whose loader
+    reports what is missing or damaged.
+
+    Args:
+        max_skip_fraction: threshold of an index's skip counter; None = the one its preparation recorded
+            (shards), else 1 %. Unused for ``images.npy``.
+
+    Raises:
+        DataError: as the chosen class's ``load``.
+    """
+    manifest = read_manifest(Path(directory))
+    cls = INDEX_CLASSES.get(manifest.get("storage")) if manifest is not None else None
+    if cls is not None:
+        return cls.load(directory, verify_digest=verify_digest, max_skip_fraction=max_skip_fraction)
+    return ImageArrayDataset.load(directory, verify_digest=verify_digest)
+
+
 def iter_batches(dataset: Dataset, batches: Iterable[np.ndarray], *, workers: int, prefetch: int = 2,
-                 max_skip_fraction: float = DEFAULT_MAX_SKIP_FRACTION, counter: SkipCounter | None = None,
+                 max_skip_fraction: float | None = None, counter: SkipCounter | None = None,
                  pin_memory: bool | None = None) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
     """Yield ``(rows_kept, uint8 (b, 3, S, S))`` for every batch of dataset rows, in the order of ``batches``.
 
     Args:
         dataset: an ImageArrayDataset (read in this process: a slice, nothing to decode, no workers) or an
-            ImageFileDataset (decoded by DataLoader workers, one whole batch per worker task).
-        batches: int arrays of dataset rows, one per batch. For files they are collected into a list first (the
+            IndexedImageDataset (image files, shards: decoded by DataLoader workers, one whole batch per worker
+            task).
+        batches: int arrays of dataset rows, one per batch. For an index they are collected into a list first (the
             DataLoader indexes them): an ImageNet epoch of 256-image batches is ~10 MB of row numbers.
-        workers: DataLoader worker processes for files (0 = decode in this process, with threads).
+        workers: DataLoader worker processes for an index (0 = decode in this process, with threads).
         prefetch: batches each worker decodes ahead (DataLoader ``prefetch_factor``; unused when workers=0).
         max_skip_fraction: unreadable share of the images seen above which DataError is raised (checked every
-            1000 images and after the last batch). Ignored when ``counter`` is given.
+            1000 images and after the last batch); None = the dataset's ``max_skip_fraction``. Ignored when
+            ``counter`` is given.
         counter: a SkipCounter to count into (e.g. one per training run across epochs); default: a new one.
         pin_memory: pin the image tensors (faster copies to the GPU); default: when CUDA is available.
 
@@ -80,7 +111,7 @@ def iter_batches(dataset: Dataset, batches: Iterable[np.ndarray], *, workers: in
     if workers < 0 or prefetch < 1:
         raise ConfigError(f"iter_batches needs workers >= 0 and prefetch >= 1, got workers={workers}, "
                           f"prefetch={prefetch}")
-    if not isinstance(dataset, ImageFileDataset):
+    if not isinstance(dataset, IndexedImageDataset):
         for batch in batches:  # images.npy: the memmap slice is the fast path
             rows = _as_index_array(batch, size=len(dataset))
             yield rows, dataset.get_batch(rows)
@@ -89,22 +120,26 @@ def iter_batches(dataset: Dataset, batches: Iterable[np.ndarray], *, workers: in
                                   max_skip_fraction=max_skip_fraction, counter=counter, pin_memory=pin_memory)
 
 
-def _iter_file_batches(dataset: ImageFileDataset, batches: Iterable[np.ndarray], *, workers: int, prefetch: int,
-                       max_skip_fraction: float, counter: SkipCounter | None,
+def _iter_file_batches(dataset: IndexedImageDataset, batches: Iterable[np.ndarray], *, workers: int, prefetch: int,
+                       max_skip_fraction: float | None, counter: SkipCounter | None,
                        pin_memory: bool | None) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
     plan = [_as_index_array(batch, size=len(dataset)) for batch in batches]
     if counter is None:
-        counter = SkipCounter(max_skip_fraction=max_skip_fraction, where=f"reading images of {dataset.source}",
-                              fix=IMAGE_SKIP_FIX)
+        counter = SkipCounter(max_skip_fraction=dataset.max_skip_fraction if max_skip_fraction is None
+                              else max_skip_fraction, where=f"reading images of {dataset.origin}",
+                              fix=dataset.skip_fix)
     threads = 1 if workers else min(_IN_PROCESS_THREADS, os.cpu_count() or 1)
     loader = DataLoader(_BatchDecoder(dataset, plan, threads=threads), batch_size=None, shuffle=False,
                         num_workers=workers, collate_fn=_as_is,
                         pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
-                        prefetch_factor=prefetch if workers else None, persistent_workers=False)
+                        prefetch_factor=prefetch if workers else None, persistent_workers=False,
+                        # Workers start from a clean server process, not a fork of this one: a fork of a process
+                        # that runs a Prefect flow (its event loop and API log threads) dies on start.
+                        multiprocessing_context="forkserver" if workers else None)
     skipped_before = sum(counter.skipped.values())
     for kept, images, failures in loader:  # in the order of ``plan``: the default sampler is sequential
         for row, error in failures:
-            counter.skip(reason=UNREADABLE, key=str(dataset.ids[row]), url=str(dataset.source), detail=error)
+            counter.skip(reason=UNREADABLE, key=str(dataset.ids[row]), url=dataset.skip_url(row), detail=error)
         counter.ok(len(kept))
         yield kept, images
     counter.check()

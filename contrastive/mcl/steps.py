@@ -16,12 +16,14 @@ from contrastive.embeddings import load_embeddings
 from contrastive.engine.checkpoint import write_json
 from contrastive.errors import DataError
 from contrastive.integrate import concat_normalized
-from contrastive.sampling import align_labels_to_ids, combine_pseudo_labels, merge_small_groups
+from contrastive.mcl.ids import align_labels_to_ids
+from contrastive.mcl.pseudo_labels import combine_pseudo_labels
+from contrastive.mcl.small_groups import merge_small_groups
 
 
 @dataclass(frozen=True)
 class KMeansSpec:
-    """k-means after one stage (``contrastive.clustering.kmeans``): K clusters, Lloyd iterations, cosine or
+    """k-means after one stage (``contrastive.mcl.clustering.kmeans``): K clusters, Lloyd iterations, cosine or
     Euclidean, the seeding, and the sample Lloyd trains on (None: every point)."""
     k: int
     seed: int
@@ -47,7 +49,7 @@ def cluster_stage(*, embeddings_dir: Path, out_dir: Path, kmeans_spec: KMeansSpe
     against each attribute in ``attributes`` (int labels aligned to ``ids``, -1 unknown): which features the
     clusters absorbed."""
     # faiss and scikit-learn cost seconds to import in every torchrun worker that never clusters.
-    from contrastive.clustering import adjusted_mutual_information, kmeans, load_assignments, save_clusters
+    from contrastive.mcl.clustering import adjusted_mutual_information, kmeans, load_assignments, save_clusters
 
     ids, features = embeddings_for(embeddings_dir=embeddings_dir, ids=ids)
     s = kmeans_spec
@@ -76,7 +78,7 @@ def build_pseudo_labels(*, cluster_dirs: list[Path], embeddings_dirs: list[Path]
     the nearest group by centroid in the concatenated, per-stage normalised embedding space, pooled, or kept;
     counts go in the returned stats, written beside the labels.
     """
-    from contrastive.clustering import load_assignments
+    from contrastive.mcl.clustering import load_assignments
 
     if ids is None:
         ids, _ = load_embeddings(directory=Path(embeddings_dirs[-1]))

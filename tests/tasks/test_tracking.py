@@ -1,7 +1,9 @@
 """tasks/tracking.py against a local sqlite MLflow store: nesting, reopening, retries, buffered metrics."""
 import pytest
+from pydantic import ValidationError
 
-from tasks.mcl_tasks import is_valid_record, results_table_markdown, save_record
+from tasks.mcl_tasks import results_table_markdown
+from tasks.records import EvalRecord, ExportRecord, finished_record
 from tasks.tracking import MetricBuffer, Tracker, TrackingError, flatten
 
 
@@ -56,10 +58,18 @@ def test_metric_buffer_keeps_metrics_through_an_outage():
 
 
 def test_records_are_valid_only_while_their_files_exist(tmp_path):
-    record = save_record(tmp_path / "step", {"key": "k", "dir": str(tmp_path / "step")})
-    assert is_valid_record(record)
+    record = EvalRecord(key="k", dir=str(tmp_path / "step"), mlflow_run_id="r", name="stage0",
+                        metrics={"probe/shape": 0.5}).save()
+    assert record.is_on_disk() and finished_record(tmp_path / "step", EvalRecord) == record
     (tmp_path / "step" / "record.json").unlink()
-    assert not is_valid_record(record) and not is_valid_record(None)
+    assert not record.is_on_disk() and finished_record(tmp_path / "step", EvalRecord) is None
+
+
+def test_records_are_typed_and_reject_unknown_fields(tmp_path):
+    with pytest.raises(ValidationError):
+        ExportRecord(key="k", dir="d", mlflow_run_id="r", embeddings_dir="e", num_samples=1, dim=2, extra=1)
+    with pytest.raises(ValidationError):
+        ExportRecord(key="k", dir="d", mlflow_run_id="r", embeddings_dir="e", num_samples="many", dim=2)
 
 
 def test_results_table_markdown():

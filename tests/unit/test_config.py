@@ -52,7 +52,7 @@ def test_config_hash_ignores_name_and_tracking_only():
 
 
 def test_kmeans_spec_per_stage_covers_the_kmeans_keywords():
-    from contrastive.clustering import kmeans
+    from contrastive.mcl.clustering import kmeans
     from dataclasses import asdict
     import inspect
 

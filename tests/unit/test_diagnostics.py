@@ -50,7 +50,7 @@ def test_diagnose_separated_groups_and_plot(tmp_path):
 
 
 def test_diagnose_stage_reads_a_stage(tmp_path):
-    from contrastive.clustering import KMeansResult, save_clusters
+    from contrastive.mcl.clustering import KMeansResult, save_clusters
     from contrastive.data.dataset import ImageArrayDataset
     from contrastive.data.trifeature import prepare_trifeature
     from contrastive.embeddings import save_embeddings

@@ -2,7 +2,6 @@
 embeddings either way; unreadable images keep their place with a zero embedding."""
 import numpy as np
 import pytest
-import torch
 
 from contrastive import stages
 from contrastive.data.image_folder import prepare_image_folder

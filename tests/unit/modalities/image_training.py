@@ -10,7 +10,7 @@ from contrastive.engine.loop import TrainResult, train
 from contrastive.engine.rng import seed_everything
 from contrastive.engine.task import LoopSpec, OptimSpec
 from contrastive.methods import build_method
-from contrastive.sampling import ClusterBatchSampler
+from contrastive.mcl.sampler import ClusterBatchSampler
 from contrastive.modalities.image import ImageBatchSource, ImageContrastiveTask
 
 MODEL = dict(encoder="small_cnn", widths=[4, 8], projection_hidden=8, projection_dim=4)

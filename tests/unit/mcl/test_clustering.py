@@ -1,4 +1,4 @@
-"""Tests for contrastive.clustering: seeded faiss k-means, AMI, and the cluster files."""
+"""Tests for contrastive.mcl.clustering: seeded faiss k-means, AMI, and the cluster files."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import faiss
 import numpy as np
 import pytest
 
-from contrastive.clustering import (
+from contrastive.mcl.clustering import (
     KMeansResult,
     adjusted_mutual_information,
     kmeans,
@@ -235,7 +235,7 @@ def test_load_missing_directory_says_to_rerun_clustering(tmp_path):
 def test_sampled_kmeans_assigns_chunk_by_chunk_like_one_pass(blobs, monkeypatch):
     # After training on a sample the points are converted and assigned a chunk at a time (peak memory: a chunk,
     # not an (M, D) float32 copy); with tiny chunks the result must equal nearest-centroid assignment of all rows.
-    import contrastive.clustering as clustering
+    import contrastive.mcl.clustering as clustering
 
     x, truth = blobs
     scaled = (x * np.random.default_rng(2).uniform(0.5, 4.0, size=(x.shape[0], 1))).astype(np.float16)

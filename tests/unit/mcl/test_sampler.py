@@ -1,0 +1,88 @@
+"""Tests for contrastive.mcl.sampler: ClusterBatchSampler's plans, resumable state and DataLoader use."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from contrastive.errors import ConfigError, DataError
+from contrastive.mcl.batch_plan import plan_batches
+from contrastive.mcl.sampler import ClusterBatchSampler
+
+
+def _groups_with_sizes(sizes: list[int], *, seed: int = 0) -> np.ndarray:
+    """Group ids with the given group sizes, in a shuffled sample order."""
+    groups = np.repeat(np.arange(len(sizes)), sizes)
+    return np.random.default_rng(seed).permutation(groups)
+
+
+def _sampler(**overrides) -> ClusterBatchSampler:
+    kwargs = dict(groups=_groups_with_sizes([30, 22, 9]), batch_size=4, seed=0)
+    kwargs.update(overrides)
+    return ClusterBatchSampler(**kwargs)
+
+
+def test_sampler_yields_the_plan_as_lists():
+    sampler = _sampler()
+    sampler.set_epoch(2)
+    batches = list(sampler)
+    plan = plan_batches(groups=_groups_with_sizes([30, 22, 9]), batch_size=4, seed=0, epoch=2)
+    assert len(sampler) == len(plan) == len(batches)
+    assert batches == [b.tolist() for b in plan]
+    assert all(isinstance(i, int) for i in batches[0])
+    assert sampler.stats == plan.stats
+
+
+def test_sampler_state_dict_resume_yields_exactly_the_remaining_batches():
+    sampler = _sampler()
+    sampler.set_epoch(1)
+    expected = list(sampler)
+    iterator = iter(sampler)
+    seen = [next(iterator) for _ in range(5)]
+    state = sampler.state_dict()
+    assert state == {"epoch": 1, "batches_consumed": 5}
+
+    resumed = _sampler()
+    resumed.load_state_dict(state)
+    resumed.set_epoch(1)  # a training loop calls this on resume; it must keep the position
+    rest = list(resumed)
+    assert seen + rest == expected
+    assert resumed.state_dict() == {"epoch": 1, "batches_consumed": len(expected)}
+    assert list(resumed) == expected  # iterating a finished epoch again replays it
+    resumed.set_epoch(2)
+    assert resumed.state_dict() == {"epoch": 2, "batches_consumed": 0}
+    assert list(resumed) != expected
+
+
+def test_sampler_resume_from_a_completed_epoch_yields_nothing():
+    sampler = _sampler()
+    sampler.load_state_dict({"epoch": 0, "batches_consumed": len(sampler)})
+    assert list(sampler) == []
+
+
+def test_sampler_state_errors():
+    sampler = _sampler()
+    with pytest.raises(DataError, match="state_dict"):
+        sampler.load_state_dict({"epoch": 0})
+    with pytest.raises(DataError, match="changed since the checkpoint"):
+        sampler.load_state_dict({"epoch": 0, "batches_consumed": 10_000})
+
+
+def test_sampler_distributed_and_dataloader():
+    groups = _groups_with_sizes([30, 22, 9])
+    samplers = [ClusterBatchSampler(groups=groups, batch_size=2, seed=0, world_size=2, rank=r) for r in range(2)]
+    assert len(samplers[0]) == len(samplers[1])
+    seen = [set(i for b in s for i in b) for s in samplers]
+    assert not seen[0] & seen[1]
+
+    dataset = torch.utils.data.TensorDataset(torch.from_numpy(groups))
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=samplers[0])
+    for (batch_groups,) in loader:
+        assert torch.unique(batch_groups).numel() == 1
+
+
+def test_sampler_control_run_without_groups():
+    sampler = ClusterBatchSampler(groups=None, num_samples=20, batch_size=5, seed=0)
+    assert sorted(i for b in sampler for i in b) == list(range(20))
+    with pytest.raises(ConfigError, match="num_samples"):
+        ClusterBatchSampler(groups=None, batch_size=5, seed=0)
