@@ -77,25 +77,135 @@ class ImageFolderConfig(_Section):
                                                                        "unreadable (else they are skipped)")
 
 
+class ShardsConfig(_Section):
+    """Webdataset shards (ImageNet-wds, img2dataset / CC12M-style tars): indexed once (ids, split, labels and each
+    image member's byte range; no pixels), each image decoded when read (contrastive.data.shards). The train shards
+    give split "train", the test shards split "test". Labels: a ``cls`` member gives attribute ``class``; the keys
+    of each sample's ``json`` member named in ``label_fields`` give one attribute each."""
+
+    train_urls: list[str] | str | None = Field(None, description="training shards: local paths or brace patterns "
+                                                                 "(several joined by '::'), or a list of them")
+    test_urls: list[str] | str | None = Field(None, description="test shards (probes, kNN), the same way")
+    image_size: int = Field(32, ge=16, le=512)
+    label_fields: list[str] = Field(default_factory=list, description="json member keys that become attributes "
+                                                                      "(a cls member always gives 'class')")
+    max_skip_fraction: float = Field(0.01, ge=0.0, le=1.0, description="fail when more of the samples are broken "
+                                                                       "(else they are skipped)")
+
+    @field_validator("train_urls", "test_urls")
+    @classmethod
+    def _local(cls, value):
+        from contrastive.clip.data import is_remote
+        patterns = [value] if isinstance(value, str) else list(value or [])
+        remote = [p for p in patterns for part in p.split("::") if is_remote(part.strip())]
+        if remote:
+            raise ValueError(f"shards {remote[0]!r} are remote: data.kind shards reads samples by byte offset and "
+                             "needs local (or mounted) tar files; download them and list the local paths")
+        return value
+
+    @field_validator("label_fields")
+    @classmethod
+    def _distinct(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"data.shards.label_fields lists a field twice: {value}")
+        return value
+
+    def check_paths(self) -> None:
+        """Every shard of both lists exists (DataError naming the first missing one and the key to fix)."""
+        from contrastive.data.shards import resolve_shard_paths
+        resolve_shard_paths(self.train_urls, key="data.shards.train_urls")
+        resolve_shard_paths(self.test_urls, key="data.shards.test_urls")
+
+
 class DataConfig(_Section):
-    kind: Literal["trifeature", "image_folder"] = "trifeature"
+    kind: Literal["trifeature", "image_folder", "shards"] = "trifeature"
     cache_dir: Path = Path("data")
     trifeature: TrifeatureConfig = TrifeatureConfig()
     image_folder: ImageFolderConfig = ImageFolderConfig()
+    shards: ShardsConfig = ShardsConfig()
 
     @model_validator(mode="after")
     def _source_given(self) -> "DataConfig":
         if self.kind == "image_folder" and self.image_folder.source is None:
             raise ValueError("data.kind is image_folder but data.image_folder.source is not set: "
                              "set it with --set data.image_folder.source=/path/to/images")
+        if self.kind == "shards":
+            unset = [k for k in ("train_urls", "test_urls") if not getattr(self.shards, k)]
+            if unset:
+                raise ValueError(f"data.kind is shards but data.shards.{' and data.shards.'.join(unset)} "
+                                 f"{'is' if len(unset) == 1 else 'are'} not set: set them with --set "
+                                 "data.shards.train_urls=/data/imagenet/train-{0000..1023}.tar (and test_urls "
+                                 "for the validation shards)")
         return self
+
+    def image_size(self) -> int:
+        """The side in pixels of the images the encoder receives."""
+        return getattr(self, self.kind).image_size
+
+    def content(self) -> dict:
+        """As every section's, but the shards section only counts when data.kind is shards: configs of the other
+        kinds keep the hash they had before it existed."""
+        content = super().content()
+        if self.kind != "shards":
+            content.pop("shards", None)
+        return content
 
 
 class ModelConfig(_Section):
-    encoder: Literal["small_cnn", "resnet18"] = "small_cnn"
-    widths: list[int] = Field(default_factory=lambda: [32, 64, 128, 256], min_length=1)
+    """The encoder and projection head: the keyword arguments of ``contrastive.models.build_model`` (same names).
+    ImageNet-style: ``encoder=resnet50 stem=imagenet``; a CPU-sized ViT: ``encoder=vit_tiny`` (32 px)."""
+    encoder: Literal["small_cnn", "resnet18", "resnet34", "resnet50", "vit_tiny", "vit_small", "vit_base"] = \
+        "small_cnn"
+    widths: list[int] = Field(default_factory=lambda: [32, 64, 128, 256], min_length=1,
+                              description="small_cnn channel widths")
     projection_hidden: int = Field(256, ge=1)
     projection_dim: int = Field(128, ge=1)
+    stem: Literal["cifar", "imagenet"] = Field("cifar", description="ResNet stem: cifar = 3x3 stride-1 conv1, no "
+                                                                   "max-pool (32-64 px); imagenet = 7x7/2 + max-pool")
+    in_channels: int = Field(3, ge=1, description="image channels (CIFAR-MNIST: 4)")
+    image_size: int | None = Field(None, ge=1, description="ViT input side in pixels (the data's image size); "
+                                                           "None: the preset's (vit_tiny 32, vit_small/base 224)")
+    vit_patch_size: int | None = Field(None, ge=1, description="ViT patch side; None: the preset's")
+    vit_depth: int | None = Field(None, ge=1, description="ViT blocks; None: the preset's")
+    vit_width: int | None = Field(None, ge=1, description="ViT width; None: the preset's")
+    vit_heads: int | None = Field(None, ge=1, description="ViT attention heads; None: the preset's")
+    vit_mlp_width: int | None = Field(None, ge=1, description="ViT MLP width; None: the preset's (4 x width when "
+                                                              "vit_width is set)")
+    grad_checkpointing: bool = Field(False, description="recompute each ResNet stage / ViT block in the backward "
+                                                        "pass (less memory, same result)", **NOT_IN_KEY)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ModelConfig":
+        vit_fields = ("image_size", "vit_patch_size", "vit_depth", "vit_width", "vit_heads", "vit_mlp_width")
+        if self.encoder.startswith("vit_"):
+            from contrastive.models.encoders import vit_preset
+            p = vit_preset(self.encoder, **{name: getattr(self, name) for name in vit_fields})
+            if p.image_size % p.patch_size:
+                raise ValueError(f"model.image_size {p.image_size} is not a multiple of model.vit_patch_size "
+                                 f"{p.patch_size} ({self.encoder}): set model.image_size to the data's image side "
+                                 "and model.vit_patch_size to a divisor of it (e.g. 4 for 32 px, 16 for 224 px)")
+            if p.width % p.heads:
+                raise ValueError(f"model.vit_width {p.width} is not a multiple of model.vit_heads {p.heads} "
+                                 f"({self.encoder}): choose heads that divide the width (e.g. 3 for 192, 6 for 384)")
+        else:
+            given = [name for name in vit_fields if getattr(self, name) is not None]
+            if given:
+                raise ValueError(f"model.{given[0]} applies to the ViT encoders only: remove it, or set model.encoder "
+                                 f"to vit_tiny, vit_small or vit_base (model.encoder is {self.encoder})")
+        if self.stem != "cifar" and not self.encoder.startswith("resnet"):
+            raise ValueError(f"model.stem {self.stem} applies to the ResNet encoders only: remove it, or set "
+                             f"model.encoder to resnet18, resnet34 or resnet50 (model.encoder is {self.encoder})")
+        return self
+
+    def content(self) -> dict:
+        """As every section's, but the fields added after the first version count only when they differ from
+        their defaults (which build the first version's encoders): earlier configs keep their content keys."""
+        content = super().content()
+        for name in ("stem", "in_channels", "image_size", "vit_patch_size", "vit_depth", "vit_width", "vit_heads",
+                     "vit_mlp_width"):
+            if name in content and getattr(self, name) == type(self).model_fields[name].default:
+                content.pop(name)
+        return content
 
 
 class MethodConfig(_Section):
@@ -134,22 +244,54 @@ class MethodConfig(_Section):
 
 class AugmentConfig(_Section):
     """Random resized crop only by default: colour jitter destroys the colour attribute and flips turn one
-    diagonal stripe texture into the other (shared/DESIGN.md section 4)."""
+    diagonal stripe texture into the other (shared/DESIGN.md section 4). The keyword arguments of
+    ``contrastive.augment.TwoViewAugment``, whose docstring lists the SimCLR (ImageNet) and BYOL presets, e.g.
+    SimCLR: crop_scale=[0.08, 1] hflip=true color_jitter=0.4 color_jitter_hue=0.1 color_jitter_p=0.8
+    grayscale_p=0.2 blur_p=0.5; BYOL: blur_p=[1.0, 0.1] solarize_p=[0.0, 0.2]."""
 
     crop_scale: tuple[float, float] = (0.25, 1.0)
     crop_ratio: tuple[float, float] = (0.75, 4.0 / 3.0)
     hflip: bool = False
-    color_jitter: float = Field(0.0, ge=0.0, le=1.0)
+    color_jitter: float = Field(0.0, ge=0.0, le=1.0, description="brightness / contrast / saturation strength")
+    color_jitter_p: float = Field(1.0, ge=0.0, le=1.0, description="probability the colour jitter is applied")
+    color_jitter_hue: float = Field(0.0, ge=0.0, le=0.5, description="hue shift range [-hue, hue] (turns); RGB")
+    grayscale_p: float = Field(0.0, ge=0.0, le=1.0, description="probability of a grayscale view")
+    blur_p: float | tuple[float, float] = Field(0.0, description="Gaussian blur probability, or one per view")
+    blur_kernel_fraction: float = Field(0.1, gt=0.0, le=1.0, description="blur kernel size / image side")
+    blur_sigma: tuple[float, float] = Field((0.1, 2.0), description="blur sigma range in pixels")
+    solarize_p: float | tuple[float, float] = Field(0.0, description="solarize probability (threshold 0.5), or "
+                                                                     "one per view")
+
+    @field_validator("blur_p", "solarize_p")
+    @classmethod
+    def _one_value_for_equal_views(cls, value):
+        # [p, p] means p: one spelling, one content key.
+        return value[0] if isinstance(value, tuple) and value[0] == value[1] else value
 
     @model_validator(mode="after")
     def _ordered(self) -> "AugmentConfig":
-        for name in ("crop_scale", "crop_ratio"):
+        for name in ("crop_scale", "crop_ratio", "blur_sigma"):
             low, high = getattr(self, name)
             if not 0 < low <= high:
                 raise ValueError(f"augment.{name} must be (low, high) with 0 < low <= high, got {(low, high)}")
         if self.crop_scale[1] > 1.0:
             raise ValueError("augment.crop_scale upper bound must be <= 1.0 (a crop cannot exceed the image)")
+        for name in ("blur_p", "solarize_p"):
+            value = getattr(self, name)
+            if not all(0.0 <= p <= 1.0 for p in (value if isinstance(value, tuple) else (value,))):
+                raise ValueError(f"augment.{name} must be a probability in [0, 1] or a pair of them (view 1, "
+                                 f"view 2), got {value}")
         return self
+
+    def content(self) -> dict:
+        """As every section's, but the ops added after the first version count only when they differ from their
+        defaults (off): earlier configs keep their content keys."""
+        content = super().content()
+        for name in ("color_jitter_p", "color_jitter_hue", "grayscale_p", "blur_p", "blur_kernel_fraction",
+                     "blur_sigma", "solarize_p"):
+            if getattr(self, name) == type(self).model_fields[name].default:
+                content.pop(name)
+        return content
 
 
 class LoopSettings(_Section):
@@ -379,6 +521,17 @@ class PipelineConfig(_PipelineBase):
         return self.for_stage(stage).train.batch_size
 
     @model_validator(mode="after")
+    def _vit_fits_the_images(self) -> "PipelineConfig":
+        if self.model.encoder.startswith("vit_"):
+            from contrastive.models.encoders import vit_preset
+            side = vit_preset(self.model.encoder, image_size=self.model.image_size).image_size
+            if side != self.data.image_size():
+                raise ValueError(f"model.encoder {self.model.encoder} takes {side} px images but the data are "
+                                 f"{self.data.image_size()} px: set --set model.image_size={self.data.image_size()} "
+                                 f"(with a model.vit_patch_size that divides it)")
+        return self
+
+    @model_validator(mode="after")
     def _batch_splits(self) -> "PipelineConfig":
         n = self.distributed.nproc_per_node * self.distributed.nnodes
         if self.train.batch_size % n or self.train.batch_size // n < 2:
@@ -452,7 +605,9 @@ def preflight(config: PipelineConfig) -> None:
     """Every check that can run before any compute: input paths exist, and the cluster/batch capacity rule
     when the training-set size is known from the config alone (generated data)."""
     data = config.data
-    if data.kind == "image_folder":
+    if data.kind == "shards":
+        data.shards.check_paths()
+    elif data.kind == "image_folder":
         source = data.image_folder.source
         if source is None or not Path(source).is_dir():
             raise ConfigError(f"data.image_folder.source {str(source)!r} is not a directory: point it at your "

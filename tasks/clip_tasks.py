@@ -18,8 +18,8 @@ from contrastive.clip.data import count_samples, data_fingerprint, expand_urls
 from contrastive.clip.evaluate import plot_metric_groups
 from contrastive.clip.model import ClipSpec, file_fingerprint, resolve_pretrained
 from pipeline_config.schema import ClipPipelineConfig, check_clip_feasible, check_clip_pretrained, digest_of
-from tasks.mcl_tasks import (cached_task, finish_eval_record, finish_train_record, numeric_metrics, publish_summary,
-                             run_stage_training, stage_seed, tracker_for)
+from tasks.mcl_tasks import (cached_task, finish_eval_record, numeric_metrics, publish_summary, stage_seed,
+                             tracker_for, train_and_record)
 from tasks.records import (ClusterRecord, EvalRecord, ExportRecord, FeaturesRecord, GroupedShardsRecord, ModelRecord,
                            PseudoLabelRecord, TrainRecord, finished_record)
 
@@ -86,7 +86,6 @@ def train_clip_stage(*, config: ClipPipelineConfig, key: str, out_dir: str, stag
     in this process, or under torchrun when distributed.nproc_per_node > 1. Resumes from checkpoints/last.pt."""
     if (done := finished_record(out_dir, TrainRecord)) is not None:
         return done
-    logger = get_run_logger()
     tracker = tracker_for(config)
     t, m = config.train, config.mcl
     seed = stage_seed(config, stage)
@@ -98,21 +97,12 @@ def train_clip_stage(*, config: ClipPipelineConfig, key: str, out_dir: str, stag
         shuffle_buffer=config.data.shuffle_buffer, decode_workers=config.data.decode_workers,
         max_skip_fraction=config.data.max_skip_fraction, num_samples=config.data.num_samples,
         local_loss=config.distributed.local_loss, threads=t.threads)
-    tracker.set_tags(mlflow_run_id, {"train_key": key, "cluster_pure_batches": grouped is not None})
-    tracker.log_params(mlflow_run_id, {"stage_seed": seed, "grouped_dir": spec.grouped_dir})
-    logger.info("training CLIP stage %d (%s batches) into %s", stage, "cluster-pure" if grouped else "random",
-                out_dir)
-    summary = run_stage_training(
-        tracker=tracker, mlflow_run_id=mlflow_run_id, out_dir=out_dir, distributed=config.distributed,
-        entry="contrastive.clip.stages:train_stage_from_json", torchrun_kwargs={"spec": spec.to_json()},
-        train_here=lambda callbacks: stages.train_stage(spec, callbacks=callbacks),
+    return train_and_record(
+        config=config, tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, stage=stage, spec=spec,
+        entry="contrastive.clip.stages:train_stage_from_json",
+        train_here=lambda callbacks: stages.train_stage(spec, callbacks=callbacks), batches_from=spec.grouped_dir,
         total_steps=t.epochs * (t.max_steps_per_epoch or max(1, data["num_train"] // t.global_batch_size)),
-        description=f"clip stage {stage}")
-    return finish_train_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, stage=stage,
-                               summary=summary,
-                               extra_metrics={"train/samples_per_second": summary["samples_per_second"],
-                                              "train/trimmed_samples": summary["trimmed_samples"],
-                                              **numeric_metrics("data", summary["data"])})
+        extra_metrics=lambda summary: numeric_metrics("data", summary["data"]))
 
 
 @cached_task("clip-export-embeddings")

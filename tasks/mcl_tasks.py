@@ -181,33 +181,44 @@ class TerminalProgress:
         self.bar.close()
 
 
-def run_stage_training(*, tracker: Tracker, mlflow_run_id: str, out_dir: str, distributed, entry: str,
-                       torchrun_kwargs: dict, train_here, total_steps: int, description: str) -> dict:
-    """Train one stage of either pipeline: in this process (metrics streamed to MLflow, progress to Prefect and the
-    terminal), or under torchrun when distributed.nproc_per_node > 1 (the ranks write metrics to
-    ``train_metrics.jsonl``, logged to MLflow when the launch ends). Returns the stage's train summary."""
-    nproc = distributed.nproc_per_node
-    if nproc > 1 or distributed.nnodes > 1:
-        get_run_logger().info("%s: %d process(es) per node on %d node(s) under torchrun", description, nproc,
-                              distributed.nnodes)
-        summary = run_under_torchrun(entry=entry, kwargs=torchrun_kwargs, stage_dir=Path(out_dir),
-                                     nproc_per_node=nproc, backend=distributed.backend,
-                                     log_path=Path(out_dir) / "torchrun.log", nnodes=distributed.nnodes,
-                                     rdzv_endpoint=distributed.rdzv_endpoint)
+def train_and_record(*, config: PipelineConfig | ClipPipelineConfig, tracker: Tracker, mlflow_run_id: str,
+                     key: str, out_dir: str, stage: int, spec, entry: str, train_here, batches_from: str | None,
+                     total_steps: int, extra_metrics) -> TrainRecord:
+    """Train one stage of either pipeline and record it: in this process (metrics streamed to MLflow, progress to
+    Prefect and the terminal), or under torchrun when distributed.nproc_per_node x nnodes > 1 (the ranks write
+    metrics to ``train_metrics.jsonl``, logged to MLflow when the launch ends). ``spec``: the stage's typed spec;
+    ``entry``: its torchrun entry point; ``train_here(callbacks)``: the in-process call; ``batches_from``: the
+    pseudo-labels or re-shard the stage's cluster-pure batches come from (None: random batches);
+    ``extra_metrics(summary)``: the pipeline's own numbers from the train summary."""
+    tracker.set_tags(mlflow_run_id, {"train_key": key, "cluster_pure_batches": batches_from is not None})
+    tracker.log_params(mlflow_run_id, {"stage_seed": spec.seed, "batches_from": batches_from})
+    description = f"{config.pipeline} stage {stage}"
+    d = config.distributed
+    get_run_logger().info("training stage %d of the %s pipeline (%s batches, %d x %d processes) into %s", stage,
+                          config.pipeline, "cluster-pure" if batches_from else "random", d.nnodes, d.nproc_per_node,
+                          out_dir)
+    if d.nproc_per_node > 1 or d.nnodes > 1:
+        summary = run_under_torchrun(entry=entry, kwargs={"spec": spec.to_json()}, stage_dir=Path(out_dir),
+                                     nproc_per_node=d.nproc_per_node, backend=d.backend,
+                                     log_path=Path(out_dir) / "torchrun.log", nnodes=d.nnodes,
+                                     rdzv_endpoint=d.rdzv_endpoint)
         metrics_file = Path(out_dir) / "train_metrics.jsonl"
         history = [json.loads(line) for line in metrics_file.read_text().splitlines()] if metrics_file.exists() \
             else []
         tracker.log_metric_history(mlflow_run_id, [(int(h.pop("step")), h) for h in history])
-        return summary
-    buffer = MetricBuffer(tracker=tracker, run_id=mlflow_run_id)
-    terminal = TerminalProgress(total_steps=total_steps, description=description)
-    progress = PrefectProgress(total_steps=total_steps, description=f"{description} training ({out_dir})")
-    try:
-        summary = train_here([buffer, progress, terminal])
-    finally:
-        terminal.close()
-    buffer.flush(final=True)
-    return summary
+    else:
+        buffer = MetricBuffer(tracker=tracker, run_id=mlflow_run_id)
+        terminal = TerminalProgress(total_steps=total_steps, description=description)
+        progress = PrefectProgress(total_steps=total_steps, description=f"{description} training ({out_dir})")
+        try:
+            summary = train_here([buffer, progress, terminal])
+        finally:
+            terminal.close()
+        buffer.flush(final=True)
+    return finish_train_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, stage=stage,
+                               summary=summary, extra_metrics={
+                                   "train/samples_per_second": summary["samples_per_second"],
+                                   "train/trimmed_samples": summary["trimmed_samples"], **extra_metrics(summary)})
 
 
 # ---------------------------------------------------------------------------------------------------- tasks
@@ -220,6 +231,12 @@ def prepare_data(*, config: PipelineConfig) -> dict:
         path = prepare_trifeature(root=data.cache_dir, num_train=t.num_train, num_test=t.num_test,
                                   image_size=t.image_size, num_colors=t.num_colors, num_shapes=t.num_shapes,
                                   num_textures=t.num_textures, seed=t.seed)
+    elif data.kind == "shards":
+        from contrastive.data.shards import prepare_shards
+        s = data.shards
+        path = prepare_shards(train_urls=s.train_urls, test_urls=s.test_urls, root=data.cache_dir,
+                              image_size=s.image_size, label_fields=s.label_fields,
+                              max_skip_fraction=s.max_skip_fraction)
     else:
         f = data.image_folder
         path = prepare_image_folder(source=f.source, root=data.cache_dir, image_size=f.image_size,
@@ -229,7 +246,8 @@ def prepare_data(*, config: PipelineConfig) -> dict:
     dataset = load_dataset(path)
     num_train = len(dataset.indices("train"))
     check_feasible(config, num_train=num_train)
-    skip = data.image_folder.max_skip_fraction if data.kind == "image_folder" else 0.0
+    skip = {"image_folder": data.image_folder.max_skip_fraction,
+            "shards": data.shards.max_skip_fraction}.get(data.kind, 0.0)
     return {"dir": str(path), "digest": dataset.digest, "num_train": num_train,
             "num_test": len(dataset.indices("test")), "attributes": list(dataset.labels),
             "storage": dataset.manifest.get("storage", "memory"), "max_skip_fraction": skip}
@@ -276,33 +294,23 @@ def train_stage(*, config: PipelineConfig, key: str, out_dir: str, stage: int, d
     """Train a fresh encoder for one stage; resumes from ``out_dir/checkpoints/last.pt`` if a run was killed."""
     if (done := finished_record(out_dir, TrainRecord)) is not None:
         return done
-    logger = get_run_logger()
     tracker = tracker_for(config)
     config = config.for_stage(stage)
     t = config.train
     seed = stage_seed(config, stage)
-    tracker.set_tags(mlflow_run_id, {"train_key": key, "cluster_pure_batches": pseudo_labels is not None})
-    tracker.log_params(mlflow_run_id, {"stage_seed": seed,
-                                       "pseudo_labels": pseudo_labels.path if pseudo_labels else None})
     spec = stages.ImageStageSpec(
         dataset_dir=data["dir"], stage_dir=out_dir, pseudo_labels_path=pseudo_labels.path if pseudo_labels else None,
         model=config.model.model_dump(mode="json"), method=config.method.model_dump(mode="json"),
         augment=config.augment.model_dump(), batch_size=t.batch_size, seed=seed, device=config.device,
         remainder_policy=config.mcl.remainder_policy, optim=t.optim_spec(),
         loop=t.loop_spec(), threads=t.threads, workers=t.workers)
-    logger.info("training stage %d (%s batches) into %s", stage, "cluster-pure" if pseudo_labels else "random",
-                out_dir)
-    summary = run_stage_training(
-        tracker=tracker, mlflow_run_id=mlflow_run_id, out_dir=out_dir, distributed=config.distributed,
-        entry="contrastive.stages:train_stage_from_json", torchrun_kwargs={"spec": spec.to_json()},
+    return train_and_record(
+        config=config, tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, stage=stage, spec=spec,
+        entry="contrastive.stages:train_stage_from_json",
         train_here=lambda callbacks: stages.train_stage(spec, callbacks=callbacks),
+        batches_from=spec.pseudo_labels_path,
         total_steps=t.epochs * (t.max_steps_per_epoch or max(1, data["num_train"] // t.batch_size)),
-        description=f"stage {stage}")
-    return finish_train_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, stage=stage,
-                               summary=summary,
-                               extra_metrics={"train/views_per_second": summary["views_per_second"],
-                                              "train/samples_per_second": summary["samples_per_second"],
-                                              "train/trimmed_samples": summary["trimmed_samples"]})
+        extra_metrics=lambda summary: {"train/views_per_second": summary["views_per_second"]})
 
 
 @cached_task("export-embeddings")

@@ -1,3 +1,7 @@
-from contrastive.models.encoders import ContrastiveModel, ProjectionHead, SmallCNN, build_model, resnet18_cifar
+from contrastive.models.encoders import (ENCODERS, RESNETS, STEMS, VIT_PRESETS, ContrastiveModel, ProjectionHead,
+                                         ResNetEncoder, SmallCNN, ViTEncoder, VitPreset, build_backbone,
+                                         build_model, resnet, resnet18_cifar, vit, vit_preset)
 
-__all__ = ["ContrastiveModel", "ProjectionHead", "SmallCNN", "build_model", "resnet18_cifar"]
+__all__ = ["ENCODERS", "RESNETS", "STEMS", "VIT_PRESETS", "ContrastiveModel", "ProjectionHead", "ResNetEncoder",
+           "SmallCNN", "ViTEncoder", "VitPreset", "build_backbone", "build_model", "resnet", "resnet18_cifar", "vit",
+           "vit_preset"]

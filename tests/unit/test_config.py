@@ -111,3 +111,10 @@ def test_capacity_rule_checks_a_stage_without_override_between_overridden_ones()
                                              "stage_overrides.2.train.batch_size=16"])
     with pytest.raises(ConfigError, match="stage 1: MCL needs prod"):
         check_feasible(config, num_train=config.data.trifeature.num_train)
+
+
+def test_a_vit_must_match_the_image_size_of_the_data():
+    with pytest.raises(ConfigError, match="vit_small takes 224 px images but the data are 16 px.*model.image_size=16"):
+        load_config("trifeature_tiny", ["model.encoder=vit_small"])
+    config = load_config("trifeature_tiny", ["model.encoder=vit_tiny", "model.image_size=16"])
+    assert config.data.image_size() == 16
