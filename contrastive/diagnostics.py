@@ -211,7 +211,7 @@ def diagnose_stage(*, dataset_dir: Path, embeddings_dir: Path, out_dir: Path, cl
     ``out_dir/similarity.png``; returns {"metrics", "plot"}."""
     from contrastive.augment import TwoViewAugment
     from contrastive.mcl.clustering import load_assignments
-    from contrastive.data.image_files import load_dataset
+    from contrastive.data.loading import load_dataset
     from contrastive.embeddings import load_embeddings
     from contrastive.mcl.ids import align_labels_to_ids
     from contrastive.stages import load_trained_model, write_json

@@ -1,8 +1,8 @@
 """The steps of one MCL stage as plain functions over directories.
 
 Each step reads what earlier steps wrote (paths), writes its own directory, and returns a small JSON-able record.
-Prefect tasks call these with keyword arguments unpacked from the config; nothing here knows about Prefect or
-MLflow.
+Training takes a typed ``ImageStageSpec`` built by the config schema and runs on the engine
+(``contrastive.engine.loop.train``) through the image modality; nothing here knows about Prefect or MLflow.
 """
 from __future__ import annotations
 
@@ -15,21 +15,20 @@ import numpy as np
 import torch
 
 from contrastive.augment import TwoViewAugment
-from contrastive.engine.checkpoint import write_json
-from contrastive.data.image_files import load_dataset
-from contrastive.data.loading import iter_batches
+from contrastive.data.loading import iter_batches, load_dataset
 from contrastive.embeddings import EmbeddingWriter, compute_embeddings, load_embeddings, write_manifest
-from contrastive.errors import DataError
-from contrastive.evaluate import evaluate_representation
-from contrastive.integrate import concat_normalized
-from contrastive.methods import build_method
-from contrastive.mcl.sampler import ClusterBatchSampler
-from contrastive.engine.distributed import DistInfo, barrier, current_info, device_for, per_rank_batch
 from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
+from contrastive.engine.checkpoint import write_json
+from contrastive.engine.distributed import DistInfo, barrier, current_info, device_for, per_rank_batch
 from contrastive.engine.loop import TrainCallback, release_device_memory, train
 from contrastive.engine.rng import seed_everything
 from contrastive.engine.task import StageSpec
+from contrastive.errors import DataError
+from contrastive.evaluate import evaluate_representation
+from contrastive.integrate import concat_normalized
+from contrastive.mcl.sampler import ClusterBatchSampler
 from contrastive.mcl.steps import load_pseudo_labels
+from contrastive.methods import build_method
 from contrastive.modalities.image import ImageBatchSource, ImageContrastiveTask
 
 

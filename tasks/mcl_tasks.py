@@ -22,7 +22,7 @@ from contrastive import stages
 from contrastive.mcl import steps
 from contrastive.engine.checkpoint import write_json
 from contrastive.engine.launch import run_under_torchrun
-from contrastive.data.image_files import load_dataset
+from contrastive.data.loading import load_dataset
 from contrastive.data.image_folder import prepare_image_folder
 from contrastive.data.trifeature import prepare_trifeature
 from contrastive.evaluate import plot_attribute_accuracy, plot_cluster_sizes

@@ -444,3 +444,22 @@ def _check_consistent(*, path: Path, images, index, manifest, fix: str) -> None:
             raise DataError(f"{path / INDEX_FILE}: {name} has shape {arr.shape}, expected ({n},): {fix}")
     if len(np.unique(index["ids"])) != n:
         raise DataError(f"{path / INDEX_FILE}: sample ids are not unique: {fix}")
+
+
+def is_index_prepared(directory: Path, *, params: dict, storage: str, kind: str | None = None,
+                      arrays: Sequence[str] = ()) -> bool:
+    """Cheap check that ``directory`` is a complete index (no pixels: ``storage`` files or shards) made from
+    ``params``: its manifest says so and its index holds ids, split, one label array per attribute and ``arrays``,
+    all for the manifest's number of samples. Reads no image."""
+    manifest = read_manifest(directory)
+    if (manifest is None or manifest.get("storage") != storage or (kind and manifest.get("kind") != kind)
+            or manifest.get("params") != json.loads(json.dumps(params, default=str))):
+        return False
+    try:
+        with np.load(Path(directory) / INDEX_FILE, allow_pickle=False) as index:
+            names = set(index.files)
+            num = index["ids"].shape[0] if "ids" in names else -1
+    except Exception:  # noqa: BLE001 - BadZipFile, OSError, ValueError: a damaged index is not prepared
+        return False
+    expected = {"ids", "split", *arrays} | {LABEL_PREFIX + a for a in manifest.get("attributes", {})}
+    return expected <= names and num == manifest.get("num_samples")

@@ -327,12 +327,3 @@ class ImageFileDataset(IndexedImageDataset):
 
 
 Dataset = ImageArrayDataset | IndexedImageDataset
-
-
-def load_dataset(directory: Path, *, verify_digest: bool = False,
-                 max_skip_fraction: float | None = None) -> Dataset:
-    """Open a prepared dataset directory as the class its files call for (kept here for existing imports: the
-    choice is :func:`contrastive.data.loading.load_dataset`'s)."""
-    from contrastive.data.loading import load_dataset as load  # loading imports this module
-
-    return load(directory, verify_digest=verify_digest, max_skip_fraction=max_skip_fraction)

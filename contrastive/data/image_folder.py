@@ -42,9 +42,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps
 
-from contrastive.data.dataset import (IMAGES_FILE, INDEX_FILE, LABEL_PREFIX, MANIFEST_FILE,
-                                      _array_bytes_for_digest, _build_index, _write_json_atomic, atomic_dataset_dir,
-                                      is_prepared, params_hash, read_manifest, write_dataset_files)
+from contrastive.data.dataset import (IMAGES_FILE, INDEX_FILE, MANIFEST_FILE, _array_bytes_for_digest, _build_index,
+                                      _write_json_atomic, atomic_dataset_dir, is_index_prepared, is_prepared,
+                                      params_hash, write_dataset_files)
 from contrastive.errors import ConfigError, DataError
 
 KIND = "image_folder"
@@ -322,7 +322,7 @@ def prepare_image_folder(*, source: Path, root: Path, image_size: int, labels_cs
             DataError). "files" decodes nothing here; the readers apply their own threshold.
 
     Returns:
-        The dataset directory, ready for :func:`contrastive.data.image_files.load_dataset` (an
+        The dataset directory, ready for :func:`contrastive.data.loading.load_dataset` (an
         ``ImageArrayDataset`` for "memory", an ``ImageFileDataset`` for "files").
 
     Raises:
@@ -352,7 +352,7 @@ def prepare_image_folder(*, source: Path, root: Path, image_size: int, labels_cs
     target = Path(root) / f"{KIND}-{params_hash(params)}"
     if storage == "files":
         def prepared(t: Path) -> bool:
-            return _is_prepared_index(t, params=params)
+            return is_index_prepared(t, params=params, storage="files", kind=KIND)
     else:
         def prepared(t: Path) -> bool:
             return is_prepared(t, kind=KIND, params=params)
@@ -421,18 +421,3 @@ def _write_file_index(tmp: Path, *, source: Path, rel_paths: list[str], csv_labe
     }
     _write_json_atomic(tmp / MANIFEST_FILE, manifest)
 
-
-def _is_prepared_index(directory: Path, *, params: dict) -> bool:
-    """Cheap check that ``directory`` is a complete file index made from ``params`` (reads no image)."""
-    manifest = read_manifest(directory)
-    if (manifest is None or manifest.get("kind") != KIND or manifest.get("storage") != "files"
-            or manifest.get("params") != json.loads(json.dumps(params, default=str))):
-        return False
-    try:
-        with np.load(Path(directory) / INDEX_FILE, allow_pickle=False) as index:
-            names = set(index.files)
-            num = index["ids"].shape[0] if "ids" in names else -1
-    except Exception:  # noqa: BLE001 - BadZipFile, OSError, ValueError: a damaged index is not prepared
-        return False
-    expected = {"ids", "split"} | {LABEL_PREFIX + a for a in manifest.get("attributes", {})}
-    return expected <= names and num == manifest.get("num_samples")

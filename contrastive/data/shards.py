@@ -51,9 +51,8 @@ import numpy as np
 from webdataset.tariterators import base_plus_ext
 
 from contrastive.clip.data import IMAGE_EXTENSIONS, expand_urls, is_remote
-from contrastive.data.dataset import (INDEX_FILE, LABEL_PREFIX, MANIFEST_FILE, _array_bytes_for_digest,
-                                      _build_index, _write_json_atomic, atomic_dataset_dir, params_hash,
-                                      read_manifest)
+from contrastive.data.dataset import (INDEX_FILE, MANIFEST_FILE, _array_bytes_for_digest, _build_index,
+                                      _write_json_atomic, atomic_dataset_dir, is_index_prepared, params_hash)
 from contrastive.data.image_files import DEFAULT_MAX_SKIP_FRACTION, IndexedImageDataset
 from contrastive.data.skips import SkipCounter
 from contrastive.errors import ConfigError, DataError
@@ -305,7 +304,7 @@ def prepare_shards(*, train_urls: str | Sequence[str], test_urls: str | Sequence
     target = Path(root) / f"shards-{params_hash(params)}"
 
     def prepared(directory: Path) -> bool:
-        return _is_prepared(directory, params=params)
+        return is_index_prepared(directory, params=params, storage=STORAGE_SHARDS, arrays=LOCATION_ARRAYS)
 
     if prepared(target):
         return target
@@ -383,21 +382,6 @@ def _write_shard_index(tmp: Path, *, shards: list[Path], num_train_shards: int, 
         log.warning("indexed %d samples of %d shards; skipped %d broken (%s)", len(ids), len(shards), skipped,
                     dict(counter.skipped))
 
-
-def _is_prepared(directory: Path, *, params: dict) -> bool:
-    """Cheap check that ``directory`` is a complete shard index made from ``params`` (reads no tar)."""
-    manifest = read_manifest(directory)
-    if (manifest is None or manifest.get("storage") != STORAGE_SHARDS
-            or manifest.get("params") != json.loads(json.dumps(params))):
-        return False
-    try:
-        with np.load(Path(directory) / INDEX_FILE, allow_pickle=False) as index:
-            names = set(index.files)
-            num = index["ids"].shape[0] if "ids" in names else -1
-    except Exception:  # noqa: BLE001 - BadZipFile, OSError, ValueError: a damaged index is not prepared
-        return False
-    expected = {"ids", "split", *LOCATION_ARRAYS} | {LABEL_PREFIX + a for a in manifest.get("attributes", {})}
-    return expected <= names and num == manifest.get("num_samples")
 
 
 # --------------------------------------------------------------------------------------------- reading

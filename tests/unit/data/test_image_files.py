@@ -14,7 +14,8 @@ from PIL import Image
 from contrastive.clip import data as clip_data
 from contrastive.data import loading
 from contrastive.data.dataset import ImageArrayDataset
-from contrastive.data.image_files import ImageFileDataset, load_dataset
+from contrastive.data.image_files import ImageFileDataset
+from contrastive.data.loading import load_dataset
 from contrastive.data.image_folder import load_square_rgb, prepare_image_folder
 from contrastive.data.loading import iter_batches
 from contrastive.data.skips import SkipCounter

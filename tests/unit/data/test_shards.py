@@ -14,7 +14,6 @@ import webdataset as wds
 from PIL import Image
 
 from contrastive import stages
-from contrastive.data import image_files
 from contrastive.data.image_files import ImageFileDataset, IndexedImageDataset
 from contrastive.data.image_folder import load_square_rgb, prepare_image_folder
 from contrastive.data.loading import iter_batches, load_dataset
@@ -219,7 +218,6 @@ def test_load_dataset_picks_the_shard_class(tmp_path):
     ds = load_dataset(path)
     assert type(ds) is ShardDataset and isinstance(ds, IndexedImageDataset)
     assert not issubclass(ShardDataset, ImageFileDataset)  # siblings sharing a base, not a file dataset
-    assert type(image_files.load_dataset(path)) is ShardDataset  # the older import path picks it as well
     assert ds.max_skip_fraction == 0.1 and load_dataset(path, max_skip_fraction=0.3).max_skip_fraction == 0.3
     assert "ShardDataset" in repr(ds) and "3 shards" in repr(ds)
 
