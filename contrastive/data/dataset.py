@@ -268,25 +268,24 @@ def is_prepared(directory: Path, *, kind: str, params: Mapping[str, Any]) -> boo
 
 
 # --------------------------------------------------------------------------------------------- reading
-class ImageArrayDataset:
-    """A prepared dataset opened for reading; images stay on disk (memmap).
+class SampleIndex:
+    """What every prepared dataset holds besides its pixels: stable sample ids, the split of each sample and its
+    attribute labels, read from the directory's index and manifest. The pipeline's steps only use this part (and
+    ``get_batch``), so every storage (the in-memory array, image files, webdataset shards) subclasses it.
 
     Attributes:
         path: the dataset directory.
-        images: uint8 memmap (N, H, W, 3).
         ids: (N,) str sample ids, unique and stable.
         split: (N,) str, "train" or "test".
         labels: attr -> (N,) int64 class index, -1 where unknown.
         attributes: attribute names in manifest order.
         class_names: attr -> list of class names.
         manifest: the parsed ``manifest.json``.
-        digest: sha256 hex of images + index, from the manifest.
+        digest: sha256 hex from the manifest (of what the storage's ``compute_digest`` covers).
     """
 
-    def __init__(self, *, path: Path, images: np.ndarray, index: Mapping[str, np.ndarray],
-                 manifest: Mapping[str, Any]) -> None:
+    def __init__(self, *, path: Path, index: Mapping[str, np.ndarray], manifest: Mapping[str, Any]) -> None:
         self.path = Path(path)
-        self.images = images
         self.ids: np.ndarray = index["ids"]
         self.split: np.ndarray = index["split"]
         self.manifest: dict[str, Any] = dict(manifest)
@@ -294,6 +293,70 @@ class ImageArrayDataset:
         self.attributes: list[str] = list(self.class_names)
         self.labels: dict[str, np.ndarray] = {a: index[LABEL_PREFIX + a] for a in self.attributes}
         self.digest: str = str(manifest["digest"])
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+    def index_arrays(self) -> dict[str, np.ndarray]:
+        """ids, split and label_<attr>: the index arrays the digests cover."""
+        index = {"ids": self.ids, "split": self.split}
+        index.update({LABEL_PREFIX + a: v for a, v in self.labels.items()})
+        return index
+
+    def compute_digest(self) -> str:
+        """The digest of this dataset as its preparation computed it."""
+        raise NotImplementedError
+
+    def verify_digest(self) -> None:
+        """Re-hash what the digest covers; DataError when it no longer matches the manifest's."""
+        actual = self.compute_digest()
+        if actual != self.digest:
+            raise DataError(f"dataset {self.path} changed after it was written (digest {actual[:12]} != manifest "
+                            f"{self.digest[:12]}): delete the directory and run `mclpipe run` again to regenerate it")
+
+    def indices(self, split: str) -> np.ndarray:
+        """int64 (n,) row indices of ``split`` ("train", "test" or "all"), ascending."""
+        if split == "all":
+            return np.arange(len(self), dtype=np.int64)
+        if split not in SPLITS:
+            raise ConfigError(f"unknown split {split!r}: use 'train', 'test' or 'all'")
+        return np.flatnonzero(self.split == split).astype(np.int64)
+
+    def verify_ids(self, ids: Sequence[str] | np.ndarray, *, split: str = "all") -> None:
+        """Check that ``ids`` are exactly this dataset's ids of ``split``, in the same order.
+
+        Used to prove that a consumer (training) sees rows in the order a producer (embedding export,
+        clustering) saw them, so labels keyed by position still belong to the same samples.
+
+        Raises:
+            DataError: naming how many ids differ and showing the first mismatch.
+        """
+        expected = self.ids[self.indices(split)]
+        given = np.asarray([str(i) for i in ids], dtype=np.str_)
+        fix = ("the ids were produced from a different dataset or sample order; rerun the stages that produced "
+               "them (`mclpipe run` redoes what is stale)")
+        if given.shape != expected.shape:
+            raise DataError(f"got {given.size} ids but dataset {self.path.name} has {expected.size} in split "
+                            f"{split!r}: {fix}")
+        mismatch = np.flatnonzero(given != expected)
+        if mismatch.size == 0:
+            return
+        first = int(mismatch[0])
+        same_set = bool(np.array_equal(np.sort(given), np.sort(expected)))
+        what = "same ids in a different order" if same_set else "different ids"
+        raise DataError(f"{mismatch.size} of {expected.size} ids differ from dataset {self.path.name} split "
+                        f"{split!r} ({what}; first at position {first}: {given[first]!r} != "
+                        f"{expected[first]!r}): {fix}")
+
+
+class ImageArrayDataset(SampleIndex):
+    """A prepared dataset opened for reading; images stay on disk (memmap). ``images``: uint8 (N, H, W, 3); the
+    digest covers images + index (see :class:`SampleIndex` for the rest)."""
+
+    def __init__(self, *, path: Path, images: np.ndarray, index: Mapping[str, np.ndarray],
+                 manifest: Mapping[str, Any]) -> None:
+        super().__init__(path=path, index=index, manifest=manifest)
+        self.images = images
 
     # ----------------------------------------------------------------------------------------- loading
     @classmethod
@@ -326,18 +389,10 @@ class ImageArrayDataset:
             dataset.verify_digest()
         return dataset
 
-    def verify_digest(self) -> None:
-        """Re-hash images and index; raise DataError when they no longer match the manifest's digest."""
-        index = {"ids": self.ids, "split": self.split}
-        index.update({LABEL_PREFIX + a: v for a, v in self.labels.items()})
-        actual = compute_digest(images=self.images, index=index)
-        if actual != self.digest:
-            raise DataError(f"dataset {self.path} changed after it was written (digest {actual[:12]} != manifest "
-                            f"{self.digest[:12]}): delete the directory and run `mclpipe run` again to regenerate it")
+    def compute_digest(self) -> str:
+        return compute_digest(images=self.images, index=self.index_arrays())
 
     # ----------------------------------------------------------------------------------------- access
-    def __len__(self) -> int:
-        return int(self.images.shape[0])
 
     def __repr__(self) -> str:
         return (f"ImageArrayDataset({str(self.path)!r}, kind={self.manifest.get('kind')!r}, n={len(self)}, "
@@ -346,14 +401,6 @@ class ImageArrayDataset:
     @property
     def image_size(self) -> int:
         return int(self.images.shape[1])
-
-    def indices(self, split: str) -> np.ndarray:
-        """int64 (n,) row indices of ``split`` ("train", "test" or "all"), ascending."""
-        if split == "all":
-            return np.arange(len(self), dtype=np.int64)
-        if split not in SPLITS:
-            raise ConfigError(f"unknown split {split!r}: use 'train', 'test' or 'all'")
-        return np.flatnonzero(self.split == split).astype(np.int64)
 
     def get_batch(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> torch.Tensor:
         """Gather rows ``indices`` into a uint8 tensor (B, 3, H, W), in the order given.
@@ -367,32 +414,6 @@ class ImageArrayDataset:
         batch = np.empty_like(gathered)
         batch[order] = gathered
         return torch.from_numpy(batch).permute(0, 3, 1, 2).contiguous()
-
-    def verify_ids(self, ids: Sequence[str] | np.ndarray, *, split: str = "all") -> None:
-        """Check that ``ids`` are exactly this dataset's ids of ``split``, in the same order.
-
-        Used to prove that a consumer (training) sees rows in the order a producer (embedding export,
-        clustering) saw them, so labels keyed by position still belong to the same samples.
-
-        Raises:
-            DataError: naming how many ids differ and showing the first mismatch.
-        """
-        expected = self.ids[self.indices(split)]
-        given = np.asarray([str(i) for i in ids], dtype=np.str_)
-        fix = ("the ids were produced from a different dataset or sample order; rerun the stages that produced "
-               "them (`mclpipe run` redoes what is stale)")
-        if given.shape != expected.shape:
-            raise DataError(f"got {given.size} ids but dataset {self.path.name} has {expected.size} in split "
-                            f"{split!r}: {fix}")
-        mismatch = np.flatnonzero(given != expected)
-        if mismatch.size == 0:
-            return
-        first = int(mismatch[0])
-        same_set = bool(np.array_equal(np.sort(given), np.sort(expected)))
-        what = "same ids in a different order" if same_set else "different ids"
-        raise DataError(f"{mismatch.size} of {expected.size} ids differ from dataset {self.path.name} split "
-                        f"{split!r} ({what}; first at position {first}: {given[first]!r} != "
-                        f"{expected[first]!r}): {fix}")
 
 
 def _as_index_array(indices, *, size: int) -> np.ndarray:
@@ -422,7 +443,11 @@ def _load_images(path: Path, *, fix: str) -> np.ndarray:
 
 
 def _load_index(path: Path, *, attributes: list[str], fix: str) -> dict[str, np.ndarray]:
-    names = ["ids", "split"] + [LABEL_PREFIX + a for a in attributes]
+    return load_arrays(path, names=["ids", "split"] + [LABEL_PREFIX + a for a in attributes], fix=fix)
+
+
+def load_arrays(path: Path, *, names: Sequence[str], fix: str) -> dict[str, np.ndarray]:
+    """Arrays ``names`` of the npz ``path`` (DataError naming ``fix`` when one is missing or the file is damaged)."""
     try:
         with np.load(path, allow_pickle=False) as npz:
             missing = [n for n in names if n not in npz.files]

@@ -33,8 +33,8 @@ from typing import IO, Any, ClassVar
 import numpy as np
 import torch
 
-from contrastive.data.dataset import (INDEX_FILE, LABEL_PREFIX, MANIFEST_FILE, ImageArrayDataset, _as_index_array,
-                                      _manifest_fields_ok, read_manifest)
+from contrastive.data.dataset import (INDEX_FILE, LABEL_PREFIX, MANIFEST_FILE, ImageArrayDataset, SampleIndex,
+                                      _as_index_array, _manifest_fields_ok, load_arrays, read_manifest)
 from contrastive.data.image_folder import file_index_digest, load_square_rgb
 from contrastive.data.skips import SkipCounter
 from contrastive.errors import DataError
@@ -50,7 +50,7 @@ IMAGE_SKIP_FIX = ("delete or re-export the unreadable files (or prepare the fold
 _MAX_THREADS = 8  # threads decoding one get_batch call (PIL decodes and resizes outside the GIL)
 
 
-class IndexedImageDataset:
+class IndexedImageDataset(SampleIndex):
     """A prepared index (ids, split, labels; no pixels) whose images are decoded when a row is read.
 
     The same interface as :class:`~contrastive.data.dataset.ImageArrayDataset` where the pipeline uses one
@@ -76,14 +76,7 @@ class IndexedImageDataset:
 
     def __init__(self, *, path: Path, index: Mapping[str, np.ndarray], manifest: Mapping[str, Any],
                  max_skip_fraction: float | None = None) -> None:
-        self.path = Path(path)
-        self.ids: np.ndarray = index["ids"]
-        self.split: np.ndarray = index["split"]
-        self.manifest: dict[str, Any] = dict(manifest)
-        self.class_names: dict[str, list[str]] = {a: list(n) for a, n in manifest["attributes"].items()}
-        self.attributes: list[str] = list(self.class_names)
-        self.labels: dict[str, np.ndarray] = {a: index[LABEL_PREFIX + a] for a in self.attributes}
-        self.digest: str = str(manifest["digest"])
+        super().__init__(path=path, index=index, manifest=manifest)
         if max_skip_fraction is None:
             max_skip_fraction = manifest.get("max_skip_fraction", DEFAULT_MAX_SKIP_FRACTION)
         self.max_skip_fraction = float(max_skip_fraction)
@@ -131,7 +124,7 @@ class IndexedImageDataset:
             raise DataError(f"{path / MANIFEST_FILE} is corrupt, from an incompatible version or not an index of "
                             f"storage {cls.storage!r}: {fix}")
         names = ["ids", "split", *(LABEL_PREFIX + a for a in manifest["attributes"]), *extra_arrays]
-        index = _load_arrays(path / INDEX_FILE, names=names, fix=fix)
+        index = load_arrays(path / INDEX_FILE, names=names, fix=fix)
         n = int(manifest["num_samples"])
         for name, arr in index.items():
             if arr.shape != (n,):
@@ -140,28 +133,7 @@ class IndexedImageDataset:
             raise DataError(f"{path / INDEX_FILE}: sample ids are not unique: {fix}")
         return manifest, index, fix
 
-    def compute_digest(self) -> str:
-        """The digest of this dataset as its preparation computed it (from the index, not the pixels)."""
-        raise NotImplementedError
-
-    def verify_digest(self) -> None:
-        """Re-hash the index (not the images: the digest covers their sources' sizes and mtimes); DataError if
-        changed."""
-        actual = self.compute_digest()
-        if actual != self.digest:
-            raise DataError(f"dataset {self.path} changed after it was written (digest {actual[:12]} != manifest "
-                            f"{self.digest[:12]}): delete the directory and run `mclpipe run` again to regenerate it")
-
-    def index_arrays(self) -> dict[str, np.ndarray]:
-        """ids, split and label_<attr>: the arrays the digests cover."""
-        index = {"ids": self.ids, "split": self.split}
-        index.update({LABEL_PREFIX + a: v for a, v in self.labels.items()})
-        return index
-
     # ----------------------------------------------------------------------------------------- access
-    def __len__(self) -> int:
-        return int(self.ids.shape[0])
-
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({str(self.path)!r}, origin={self.origin!r}, n={len(self)}, "
                 f"image_size={self.image_size}, attributes={self.attributes})")
@@ -174,10 +146,6 @@ class IndexedImageDataset:
     def origin(self) -> str:
         """Where the images are, for messages (a folder, a set of shards)."""
         raise NotImplementedError
-
-    # The same rules as the array dataset: they only use ids, split, len() and path.
-    indices = ImageArrayDataset.indices
-    verify_ids = ImageArrayDataset.verify_ids
 
     def open_image(self, row: int) -> str | os.PathLike | IO[bytes]:
         """The encoded image of ``row``: a path or a binary file object PIL can open. Raises OSError (or any
@@ -253,20 +221,6 @@ class IndexedImageDataset:
                 self._pool = ThreadPoolExecutor(max_workers=min(_MAX_THREADS, os.cpu_count() or 1),
                                                 thread_name_prefix="image-decode")
             return self._pool
-
-
-def _load_arrays(path: Path, *, names: Sequence[str], fix: str) -> dict[str, np.ndarray]:
-    """Arrays ``names`` of the npz ``path`` (DataError when one is missing or the file is damaged)."""
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            missing = [n for n in names if n not in npz.files]
-            if missing:
-                raise DataError(f"{path} lacks arrays {missing}: {fix}")
-            return {n: npz[n] for n in names}
-    except DataError:
-        raise
-    except Exception as err:  # noqa: BLE001 - zipfile.BadZipFile, OSError, ValueError: a damaged file
-        raise DataError(f"{path} is unreadable ({type(err).__name__}: {err}): {fix}") from err
 
 
 class ImageFileDataset(IndexedImageDataset):
