@@ -169,11 +169,9 @@ def export_stage_embeddings(*, dataset_dir: Path, model_path: Path, out_dir: Pat
         barrier()
         if not info.is_main:
             return {}
-        parts = []
-        for rank in range(info.world_size):
-            saved = json.loads((Path(out_dir) / f"rank{rank:03d}.json").read_text())
-            unreadable = unreadable if rank == 0 else unreadable + saved["unreadable"]
-            parts.append({**saved, "ids": np.load(Path(out_dir) / f"rank{rank:03d}-ids.npy")})
+        parts = [{**json.loads((Path(out_dir) / f"rank{rank:03d}.json").read_text()),
+                  "ids": np.load(Path(out_dir) / f"rank{rank:03d}-ids.npy")} for rank in range(info.world_size)]
+        unreadable = sum(part["unreadable"] for part in parts)
     else:
         parts = [part]
     manifest = write_manifest(directory=Path(out_dir), parts=parts)

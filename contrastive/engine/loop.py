@@ -62,7 +62,7 @@ def _wrap(*, task: StageTask, spec: LoopSpec, device: torch.device, info: DistIn
     """The forward module on the device: global batch norm and DDP across ranks, channels_last, compile."""
     module = task.forward_module()
     module = sync_batch_norms(module, device=device) if info.is_distributed else module
-    module.to(device, memory_format=torch.channels_last) if spec.channels_last else module.to(device)
+    module.to(device, memory_format=torch.channels_last if spec.channels_last else torch.preserve_format)
     if spec.compile:
         module = torch.compile(module)
     if info.is_distributed:
