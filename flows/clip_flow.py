@@ -18,6 +18,7 @@ from flows.runner import StepRunner
 from pipeline_config.schema import ClipPipelineConfig, digest_of
 from tasks import clip_tasks as c
 from tasks import mcl_tasks as t
+from tasks.links import publish_links
 from tasks.records import (EvalRecord, ExportRecord, FeaturesRecord, GroupedShardsRecord, ModelRecord,
                            PseudoLabelRecord, TrainRecord)
 
@@ -28,6 +29,7 @@ def clip_train_key(config: ClipPipelineConfig, *, stage: int, data: dict, groupe
         if grouped_key else None
     return digest_of({"step": "clip-train", "model": config.model.content(), "train": config.train.content(),
                       "world_size": config.distributed.nproc_per_node, "local_loss": config.distributed.local_loss,
+                      **({"data_slots": config.distributed.data_slots} if config.distributed.data_slots else {}),
                       "seed": t.stage_seed(config, stage), "data": data["digest"], "grouped": grouped_key,
                       "reader": reader, "shuffle_buffer": config.data.shuffle_buffer,
                       "max_skip_fraction": config.data.max_skip_fraction})
@@ -69,7 +71,7 @@ class ClipStageRunner(StepRunner):
 
     def batches_for(self, *, stage: int, pseudo: PseudoLabelRecord, run_id: str) -> GroupedShardsRecord:
         """Cluster-pure CLIP batches stream from a copy of the training shards sorted by group."""
-        key = digest_of(["clip-reshard", pseudo.key, self.data["digest"], self.config.distributed.nproc_per_node,
+        key = digest_of(["clip-reshard", pseudo.key, self.data["digest"], self.config.distributed.slots(),
                          t.stage_seed(self.config, stage)])
         return self.step(c.reshard_clip_shards, prefix=f"clip-grouped{stage}", key=key, run_id=run_id,
                          what="reshard", stage=stage, pseudo=pseudo, data=self.data)
@@ -99,6 +101,8 @@ def clip_pipeline(config: ClipPipelineConfig) -> dict:
             results["soup"] = runner.soup(trained=outputs.trained)
         summary = c.summarize_clip(config=config, parent_run_id=parent, pipeline_id=pipeline_id, results=results,
                                    cluster_records=outputs.clusters, out_dir=str(pipeline_dir))
+        summary = publish_links(config=config, summary=summary, stage_runs=runner.stage_run_ids(),
+                                opened_runs=list(runner.stage_runs.values()), table=c.clip_results_markdown(results))
         status = "FINISHED"
         return summary
     finally:

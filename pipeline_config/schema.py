@@ -15,11 +15,22 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from contrastive.engine.task import LoopSpec, OptimSpec
-from contrastive.hex import HexSettings
+from contrastive.hex import HexSettings, hex_key_content
 from contrastive.methods.moco import MocoSettings
 from contrastive.methods.nnclr import NnclrSettings
+from contrastive.methods.vicreg import VicregSettings
+from contrastive.methods.barlow import BarlowSettings
+from contrastive.methods.feature_dropout import FdSettings
+from contrastive.methods.ifm import IfmSettings
+from contrastive.methods.temperature_schedule import TsSettings
+from contrastive.methods.amdim import AmdimSettings
+from contrastive.methods.byol import ByolSettings
+from contrastive.methods.cpc import CpcSettings
+from contrastive.methods.parts import (MethodParts, PatchSettings, check_method_config, check_parts_fit_data,
+                                       parts_in_use)
 from contrastive.mcl.steps import KMeansSpec
 from contrastive.errors import ConfigError
+from pipeline_config import datasets as ds
 
 
 # A field that never changes a result (log cadence, thread count, worker count): left out of content keys.
@@ -118,11 +129,18 @@ class ShardsConfig(_Section):
 
 
 class DataConfig(_Section):
-    kind: Literal["trifeature", "image_folder", "shards"] = "trifeature"
+    kind: Literal["trifeature", "image_folder", "shards", "cifar_mnist", "celeba", "stl10", "imagenet",
+                  "trifeature_paper"] = "trifeature"
     cache_dir: Path = Path("data")
     trifeature: TrifeatureConfig = TrifeatureConfig()
     image_folder: ImageFolderConfig = ImageFolderConfig()
     shards: ShardsConfig = ShardsConfig()
+    # The standard datasets read from their on-disk layouts (pipeline_config/datasets.py, docs/datasets.md).
+    cifar_mnist: ds.CifarMnistConfig = ds.CifarMnistConfig()
+    celeba: ds.CelebAConfig = ds.CelebAConfig()
+    stl10: ds.Stl10Config = ds.Stl10Config()
+    imagenet: ds.ImageNetConfig = ds.ImageNetConfig()
+    trifeature_paper: ds.TrifeaturePaperConfig = ds.TrifeaturePaperConfig()
 
     @model_validator(mode="after")
     def _source_given(self) -> "DataConfig":
@@ -136,6 +154,8 @@ class DataConfig(_Section):
                                  f"{'is' if len(unset) == 1 else 'are'} not set: set them with --set "
                                  "data.shards.train_urls=/data/imagenet/train-{0000..1023}.tar (and test_urls "
                                  "for the validation shards)")
+        if self.kind in ds.KINDS:
+            ds.check_source(self.kind, getattr(self, self.kind))
         return self
 
     def image_size(self) -> int:
@@ -148,7 +168,7 @@ class DataConfig(_Section):
         content = super().content()
         if self.kind != "shards":
             content.pop("shards", None)
-        return content
+        return ds.dataset_content(content, kind=self.kind)
 
 
 class ModelConfig(_Section):
@@ -209,12 +229,32 @@ class ModelConfig(_Section):
 
 
 class MethodConfig(_Section):
-    name: Literal["simclr", "moco_v2", "nnclr"] = "simclr"
+    name: Literal["simclr", "moco_v2", "nnclr", "byol", "amdim", "cpc_v2", "yadim", "ifm", "ts", "fd", "vicreg",
+                  "barlow_twins"] = "simclr"
     temperature: float = 0.2
+    # The MCL paper's baselines (contrastive.methods.baselines, docs/datasets.md); in content keys only when in use.
+    ifm: IfmSettings = Field(IfmSettings(), description="IFM: latent margin epsilon, weight alpha")
+    ts: TsSettings = Field(TsSettings(), description="TS: cosine temperature schedule tau_min..tau_max")
+    fd: FdSettings = Field(FdSettings(), description="FD: viewmaker L1 budget and size")
     hex: HexSettings = Field(HexSettings(), description="HEX: negatives in H(i) count with weight Q in the InfoNCE "
                                                         "denominator (contrastive.hex.HexSettings)")
     moco: MocoSettings = MocoSettings()
     nnclr: NnclrSettings = NnclrSettings()
+    # The dimension-contrastive methods (docs/hex.md); in content keys only when in use.
+    vicreg: VicregSettings = Field(VicregSettings(), description="VICReg: invariance / variance / covariance weights")
+    barlow: BarlowSettings = Field(BarlowSettings(), description="Barlow Twins: off-diagonal weight lambda")
+    # The five-part zoo (contrastive.methods.parts, docs/methods.md); counted in content keys only when in use.
+    parts: MethodParts = Field(MethodParts(), description="each of the five parts (augmentation, encoder, "
+                                                          "extraction, similarity, loss); unset: the method's own")
+    byol: ByolSettings = ByolSettings()
+    amdim: AmdimSettings = AmdimSettings()
+    cpc: CpcSettings = CpcSettings()
+    patches: PatchSettings = PatchSettings()
+
+    @model_validator(mode="after")
+    def _parts_combine(self) -> "MethodConfig":
+        check_method_config(name=self.name, parts=self.parts, hex_enabled=self.hex.enabled)
+        return self
 
     @field_validator("temperature")
     @classmethod
@@ -233,12 +273,19 @@ class MethodConfig(_Section):
         a plain run, and plain SimCLR keys are what they were before these sections existed."""
         used = {"name": self.name, "temperature": self.temperature}
         section = self.model_dump(mode="json", include={"hex", "moco", "nnclr"})
-        if self.hex.enabled:
-            used["hex"] = section["hex"]
+        if self.hex.enabled:  # HEX fields added later count only away from their defaults
+            used["hex"] = hex_key_content(section["hex"])
+        if self.name in ("vicreg", "barlow_twins"):
+            key = "vicreg" if self.name == "vicreg" else "barlow"
+            used[key] = self.model_dump(mode="json", include={key})[key]
         if self.name == "moco_v2":
             used["moco"] = section["moco"]
         if self.name == "nnclr":
             used["nnclr"] = section["nnclr"]
+        used.update(parts_in_use(name=self.name, sections=self.model_dump(
+            mode="json", include={"parts", "byol", "amdim", "cpc", "patches"})))
+        if self.name in ("ifm", "ts", "fd"):
+            used[self.name] = self.model_dump(mode="json", include={self.name})[self.name]
         return used
 
 
@@ -348,6 +395,10 @@ class DistributedConfig(_Section):
     rdzv_endpoint: str | None = Field(None, description="host:port of the c10d rendezvous (multi-node); default: "
                                                         "a standalone rendezvous on this node")
 
+    def world_size(self) -> int:
+        """Processes of one stage over all nodes."""
+        return self.nproc_per_node * self.nnodes
+
 
 class StageClusteringConfig(_Section):
     """What MCL's unimodal and CLIP pipelines share: stage count and the k-means between stages."""
@@ -424,6 +475,15 @@ class MclConfig(StageClusteringConfig):
     remainder_policy: Literal["partial", "pool", "drop"] = "partial"
     control: bool = Field(True, description="also train the same number of plain SimCLR stages with random "
                                             "batches and concatenate them, to separate MCL's gain from ensembling")
+    inherit: bool = Field(False, description="naive inheritance (paper Table 5): MCL stage j starts from stage "
+                                             "j-1's trained weights instead of a fresh encoder (an ablation)")
+
+    def content(self) -> dict:
+        """As every section's, but ``inherit`` counts only when on: earlier configs keep their content keys."""
+        content = super().content()
+        if not self.inherit:
+            content.pop("inherit", None)
+        return content
 
 
 class EvalConfig(_Section):
@@ -437,6 +497,11 @@ class TrackingConfig(_Section):
     uri: str | None = Field(None, description="MLflow tracking URI; None = $MLFLOW_TRACKING_URI or "
                                               "sqlite:///mlflow.db in the working directory")
     experiment: str = "mclpipe"
+    system_metrics_seconds: float = Field(10.0, ge=0, description="sample CPU, memory (and GPU) into each training "
+                                                                  "stage's run every N seconds; 0 = off")
+    registered_model: str | None = Field(None, description="MLflow registry name of the pipeline's final encoder "
+                                                           "(alias 'current' = latest finished pipeline); None = "
+                                                           "the config's name")
 
 
 class ScheduleConfig(_Section):
@@ -521,6 +586,12 @@ class PipelineConfig(_PipelineBase):
         return self.for_stage(stage).train.batch_size
 
     @model_validator(mode="after")
+    def _channels_fit_the_images(self) -> "PipelineConfig":
+        if self.data.kind in ds.KINDS:
+            ds.check_channels(self.data.kind, self.model.in_channels)
+        return self
+
+    @model_validator(mode="after")
     def _vit_fits_the_images(self) -> "PipelineConfig":
         if self.model.encoder.startswith("vit_"):
             from contrastive.models.encoders import vit_preset
@@ -532,8 +603,14 @@ class PipelineConfig(_PipelineBase):
         return self
 
     @model_validator(mode="after")
+    def _method_parts_fit_the_images(self) -> "PipelineConfig":
+        check_parts_fit_data(method=self.method.model_dump(mode="json"), model_encoder=self.model.encoder,
+                             image_size=self.data.image_size())
+        return self
+
+    @model_validator(mode="after")
     def _batch_splits(self) -> "PipelineConfig":
-        n = self.distributed.nproc_per_node * self.distributed.nnodes
+        n = self.distributed.world_size()
         if self.train.batch_size % n or self.train.batch_size // n < 2:
             raise ValueError(f"train.batch_size={self.train.batch_size} is the global batch: it must be a multiple "
                              f"of the {n} processes (distributed.nproc_per_node x nnodes) with at least 2 samples "
@@ -616,6 +693,8 @@ def preflight(config: PipelineConfig) -> None:
         if csv is not None and not Path(csv).is_file():
             raise ConfigError(f"data.image_folder.labels_csv {str(csv)!r} does not exist: fix the path or drop "
                               f"the key to use class subfolders as labels")
+    elif data.kind in ds.KINDS:
+        ds.preflight_paths(data.kind, getattr(data, data.kind))
     else:
         check_feasible(config, num_train=data.trifeature.num_train)
 
@@ -683,6 +762,27 @@ class ClipTrainConfig(LoopSettings):
 
 class ClipDistributedConfig(DistributedConfig):
     local_loss: bool = Field(False, description="each rank computes its rows of the logits (O(B*WB) memory)")
+    data_slots: int | None = Field(None, ge=1, description="slots the shards and group re-shards are laid out in "
+                                   "(default: one per process); a multiple of the processes, each reading its share "
+                                   "side by side: the same global batches, hence the same training, whatever the "
+                                   "number of processes, so a rerun on fewer GPUs keeps the data order")
+
+    def slots(self) -> int:
+        return self.data_slots or self.world_size()
+
+    @model_validator(mode="after")
+    def _slots_split(self) -> "ClipDistributedConfig":
+        if self.slots() % self.world_size():
+            raise ValueError(f"distributed.data_slots={self.data_slots} must be a multiple of the "
+                             f"{self.world_size()} processes (nproc_per_node x nnodes)")
+        return self
+
+    def content(self) -> dict:
+        """As every section's, but data_slots counts only when set: earlier configs keep their content keys."""
+        content = super().content()
+        if self.data_slots is None:
+            content.pop("data_slots")
+        return content
 
 
 class ClipMclConfig(StageClusteringConfig):
@@ -726,10 +826,11 @@ class ClipPipelineConfig(_PipelineBase):
 
     @model_validator(mode="after")
     def _batch_splits(self) -> "ClipPipelineConfig":
-        n = self.distributed.nproc_per_node
-        if self.train.global_batch_size % n or self.train.global_batch_size // n < 2:
-            raise ValueError(f"train.global_batch_size={self.train.global_batch_size} must split into "
-                             f"distributed.nproc_per_node={n} equal per-process batches of at least 2")
+        n, slots = self.distributed.world_size(), self.distributed.slots()
+        if self.train.global_batch_size % slots or self.train.global_batch_size // n < 2:
+            raise ValueError(f"train.global_batch_size={self.train.global_batch_size} must split into {n} equal "
+                             f"per-process batches of at least 2 and into distributed.data_slots={slots} equal "
+                             "parts")
         return self
 
 

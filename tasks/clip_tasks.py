@@ -96,7 +96,7 @@ def train_clip_stage(*, config: ClipPipelineConfig, key: str, out_dir: str, stag
         active_streams=m.active_streams, group_shuffle_buffer=m.group_shuffle_buffer,
         shuffle_buffer=config.data.shuffle_buffer, decode_workers=config.data.decode_workers,
         max_skip_fraction=config.data.max_skip_fraction, num_samples=config.data.num_samples,
-        local_loss=config.distributed.local_loss, threads=t.threads)
+        local_loss=config.distributed.local_loss, data_slots=config.distributed.data_slots, threads=t.threads)
     return train_and_record(
         config=config, tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, stage=stage, spec=spec,
         entry="contrastive.clip.stages:train_stage_from_json",
@@ -131,7 +131,7 @@ def reshard_clip_shards(*, config: ClipPipelineConfig, key: str, out_dir: str, s
     tracker = tracker_for(config)
     grouped_dir = str(Path(out_dir) / "grouped")
     manifest = stages.reshard_stage(pseudo_labels_path=pseudo.path, urls=data["train_urls"], out_dir=grouped_dir,
-                                    world_size=config.distributed.nproc_per_node, seed=stage_seed(config, stage),
+                                    slots=config.distributed.slots(), seed=stage_seed(config, stage),
                                     spool_bytes=config.mcl.spool_mb << 20)
     tracker.log_metrics(mlflow_run_id, {f"reshard/{k}": v for k, v in manifest.items()
                                         if isinstance(v, (int, float)) and k != "seed"})

@@ -33,6 +33,7 @@ import torch
 import webdataset as wds
 from PIL import Image
 
+from contrastive.clip.keyed_transform import KeyedTransform
 from contrastive.data.skips import SkipCounter
 from contrastive.errors import ConfigError, DataError
 
@@ -256,12 +257,19 @@ class Decoded:
     text: str
 
 
-def make_decoder(*, transform: Callable, counter: SkipCounter) -> Callable[[dict], Decoded | None]:
-    """raw sample -> Decoded (image transformed), or None after counting why it was skipped."""
+def make_decoder(*, transform: Callable, counter: SkipCounter, seed: int | None = None,
+                 epoch: int = 0) -> Callable[[dict], Decoded | None]:
+    """raw sample -> Decoded (image transformed), or None after counting why it was skipped.
+
+    seed: training decoders pass the stage seed, so each sample's augmentation is drawn from (seed, epoch, key)
+    (:class:`contrastive.clip.keyed_transform.KeyedTransform`), whatever the process or thread that decodes it.
+    None (export, evaluation): the transform is deterministic and runs as it is."""
+    keyed = KeyedTransform(transform, seed=seed, epoch=epoch) if seed is not None else None
+
     def decode(sample: dict) -> Decoded | None:
         try:
             image, text = decode_image_text(sample)
-            tensor = transform(image)
+            tensor = keyed(image, sample["__key__"]) if keyed else transform(image)
         except BadSample as bad:
             counter.skip(reason=bad.reason, key=sample.get("__key__", "?"), url=sample.get("__url__", ""),
                          detail=bad.detail)
@@ -273,6 +281,16 @@ def make_decoder(*, transform: Callable, counter: SkipCounter) -> Callable[[dict
         counter.ok()
         return Decoded(key=sample["__key__"], image=tensor, text=text)
     return decode
+
+
+def concat_batches(parts: Sequence[ClipBatch]) -> ClipBatch:
+    """One batch of the parts in order (a rank's data slots side by side; see ``stream_batches``)."""
+    if len(parts) == 1:
+        return parts[0]
+    if len({p.group for p in parts}) != 1:
+        raise ValueError(f"slot batches of one step come from different groups {[p.group for p in parts]}")
+    return ClipBatch(images=torch.cat([p.images for p in parts]), texts=[t for p in parts for t in p.texts],
+                     keys=[k for p in parts for k in p.keys], group=parts[0].group)
 
 
 def collate(items: list[Decoded], *, group: int = -1) -> ClipBatch:
@@ -296,25 +314,27 @@ def batched(decoded: Iterable[Decoded | None], *, batch_size: int, keep_last: bo
 
 
 def stream_batches(*, urls: Sequence[str], batch_size: int, transform: Callable, counter: SkipCounter, seed: int,
-                   epoch: int, rank: int = 0, world_size: int = 1, shuffle_buffer: int = 1000,
+                   epoch: int, slot: int = 0, slots: int = 1, shuffle_buffer: int = 1000,
                    workers: int = 0) -> Iterator[ClipBatch]:
-    """Random batches for stage 0 (no pseudo-labels): this rank's shards in a per-epoch order, a seeded shuffle
-    buffer, decoding on ``workers`` threads.
+    """Random batches of one data slot for stage 0 (no pseudo-labels): the slot's shards in a per-epoch order, a
+    seeded shuffle buffer, decoding on ``workers`` threads, augmentation drawn per sample key.
 
-    Shards are split across ranks (shard i goes to rank i % world_size after a shuffle seeded by (seed, epoch)
-    that every rank computes identically), so ranks read disjoint samples. Ranks may hold a few samples more or
-    less; the training loop ends the epoch for all ranks when the first one runs dry.
+    The data is laid out in ``slots`` slots (by default one per process; a process may read several, side by side,
+    see ``contrastive.clip.stages``): shard i goes to slot i % slots after a shuffle seeded by (seed, epoch) that
+    every process computes identically, so slots hold disjoint samples and a global batch is the same whatever the
+    number of processes. Slots may hold a few samples more or less; the training loop ends the epoch for all ranks
+    when the first one runs dry.
     """
-    if len(urls) < world_size:
-        raise DataError(f"{len(urls)} shards cannot be split over {world_size} ranks: use at least one shard per "
-                        "rank (img2dataset --number_sample_per_shard smaller) or fewer processes")
+    if len(urls) < slots:
+        raise DataError(f"{len(urls)} shards cannot be split over {slots} data slots (processes): use at least one "
+                        "shard per slot (img2dataset --number_sample_per_shard smaller) or fewer processes")
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(len(urls))
-    mine = [urls[i] for i in order[rank::world_size]]
-    sample_rng = np.random.default_rng([seed, epoch, rank])
+    mine = [urls[i] for i in order[slot::slots]]
+    sample_rng = np.random.default_rng([seed, epoch, slot])
     raw = shuffled(iter_raw_samples(mine, counter=counter), buffer=shuffle_buffer, rng=sample_rng)
-    yield from batched(bounded_map(make_decoder(transform=transform, counter=counter), raw, workers=workers),
-                       batch_size=batch_size)
+    decode = make_decoder(transform=transform, counter=counter, seed=seed, epoch=epoch)
+    yield from batched(bounded_map(decode, raw, workers=workers), batch_size=batch_size)
 
 
 def iter_decoded(*, urls: Sequence[str], transform: Callable, counter: SkipCounter, batch_size: int,

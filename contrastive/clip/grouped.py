@@ -6,17 +6,19 @@ all shards. Design chosen here (docs/clip.md, "Reader design"):
 
 1. **Re-shard once per stage** (:func:`reshard_by_group`). One sequential pass over the source shards copies the
    raw bytes of every labelled sample (no decoding) into ``g<group>-r<slot>.tar``. Samples of a group are dealt
-   round-robin over ``world_size`` slots, so each rank later owns a disjoint, equal-sized (+-1) part of every
-   group. Writes go through a spool of at most ``spool_bytes``: when full, the largest per-file buffers are
+   round-robin over ``slots`` data slots (by default one per training process), so each slot holds a disjoint,
+   equal-sized (+-1) part of every group. Writes go through a spool of at most ``spool_bytes``: when full, the largest per-file buffers are
    shuffled and appended to their files (a tar is a concatenation of members, so appending needs no open
    handles; at most one file is open at a time, whatever the number of groups). Cost: one copy of the data per
    stage on local disk, written sequentially.
-2. **Read group streams** (:class:`GroupedBatchReader`). Per epoch, every rank computes the same batch plan with
-   ``plan_batches(world_size, rank)`` (how many batches each group yields, their per-rank sizes, what is dropped),
-   and the same schedule: groups in a random order, at most ``active_streams`` groups in progress, each step takes
-   the next batch of a randomly chosen active group. A batch is the next ``b`` samples of that group's stream on
-   this rank (its ``r<rank>`` file, read sequentially through a seeded shuffle buffer). Every batch is group-pure,
-   every planned sample is read exactly once per epoch, ranks never overlap.
+2. **Read group streams** (:class:`GroupedBatchReader`, one per slot). Per epoch, every slot computes the same
+   batch plan with ``plan_batches(world_size=slots, rank=slot)`` (how many batches each group yields, their
+   per-slot sizes, what is dropped), and the same schedule: groups in a random order, at most ``active_streams``
+   groups in progress, each step takes the next batch of a randomly chosen active group. A batch is the next ``b``
+   samples of that group's stream in this slot (its ``r<slot>`` file, read sequentially through a seeded shuffle
+   buffer). Every batch is group-pure, every planned sample is read exactly once per epoch, slots never overlap.
+   A process reads one slot or several side by side, so a global batch is the same whatever the number of
+   processes that share the slots.
 
 Memory is bounded independently of the dataset size: the spool while re-sharding, and while reading
 ``active_streams x shuffle_buffer`` raw samples plus one open file per active stream; only the labels (M int64 and
@@ -117,7 +119,7 @@ class _Spool:
             self.flush(name)
 
 
-def reshard_by_group(*, urls: Sequence[str], keys: np.ndarray, groups: np.ndarray, out_dir: Path, world_size: int,
+def reshard_by_group(*, urls: Sequence[str], keys: np.ndarray, groups: np.ndarray, out_dir: Path, slots: int,
                      seed: int, spool_bytes: int = 256 << 20, counter: SkipCounter | None = None) -> dict:
     """Copy every labelled sample of ``urls`` into group-sorted tars ``g<group>-r<slot>.tar`` (one pass, no decode).
 
@@ -126,14 +128,14 @@ def reshard_by_group(*, urls: Sequence[str], keys: np.ndarray, groups: np.ndarra
     A labelled key that is absent from the shards raises DataError (the shards changed since the export).
     Writes ``grouped.json`` last (atomic directory rename). Returns the manifest.
     """
-    if world_size < 1:
-        raise ConfigError(f"world_size must be >= 1, got {world_size}")
+    if slots < 1:
+        raise ConfigError(f"slots must be >= 1, got {slots}")
     out_dir = Path(out_dir)
     if (out_dir / MANIFEST).is_file():
         return json.loads((out_dir / MANIFEST).read_text())
     table = _KeyTable(keys=keys, groups=groups)
     num_groups = int(table.groups.max()) + 1 if table.groups.size else 0
-    counts = np.zeros((num_groups, world_size), dtype=np.int64)
+    counts = np.zeros((num_groups, slots), dtype=np.int64)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     spool = _Spool(directory=tmp, budget=spool_bytes, rng=np.random.default_rng([seed, 7]))
@@ -145,7 +147,7 @@ def reshard_by_group(*, urls: Sequence[str], keys: np.ndarray, groups: np.ndarra
                 unlabelled += 1
                 continue
             dealt = counts[group].sum()
-            slot = int(dealt % world_size)
+            slot = int(dealt % slots)
             counts[group, slot] += 1
             blob = sample_members({k: v for k, v in sample.items() if k == "__key__" or k in KEEP_FIELDS})
             copied_bytes += len(blob)
@@ -160,7 +162,7 @@ def reshard_by_group(*, urls: Sequence[str], keys: np.ndarray, groups: np.ndarra
             with open(tmp / name, "ab") as handle:
                 handle.write(TAR_END)
         seconds = time.perf_counter() - started
-        manifest = {"world_size": world_size, "num_groups": num_groups, "counts": counts.tolist(),
+        manifest = {"slots": slots, "num_groups": num_groups, "counts": counts.tolist(),
                     "samples": written, "unlabelled_skipped": unlabelled, "bytes": copied_bytes,
                     "files": len(os.listdir(tmp)), "spool_bytes": spool_bytes, "spool_flushes": spool.flushes,
                     "seconds": seconds, "samples_per_s": written / max(seconds, 1e-9), "seed": seed}
@@ -174,6 +176,11 @@ def reshard_by_group(*, urls: Sequence[str], keys: np.ndarray, groups: np.ndarra
     return manifest
 
 
+def manifest_slots(manifest: dict) -> int:
+    """The number of data slots of a re-shard (manifests written before slots were named call it world_size)."""
+    return int(manifest.get("slots", manifest.get("world_size", 1)))
+
+
 # ---------------------------------------------------------------------------------------------------- reading
 @dataclass
 class RawBatch:
@@ -182,15 +189,15 @@ class RawBatch:
 
 
 class GroupedBatchReader:
-    """Cluster-pure batches of one rank from a directory written by :func:`reshard_by_group`.
+    """Cluster-pure batches of one data slot from a directory written by :func:`reshard_by_group`.
 
-    batch_size: per-rank batch b (a global batch holds world_size * b samples of one group).
+    batch_size: per-slot batch b (a global batch holds slots * b samples of one group).
     remainder_policy: "partial" or "drop", as in plan_batches ("pool" would mix groups and needs random access).
     active_streams: groups in progress at once (bounds open files and buffers). shuffle_buffer: raw samples
     buffered per stream for an extra within-group shuffle (0 = file order, already shuffled when written).
     """
 
-    def __init__(self, *, directory: Path, batch_size: int, rank: int, world_size: int, seed: int,
+    def __init__(self, *, directory: Path, batch_size: int, slot: int, seed: int,
                  remainder_policy: str = "partial", active_streams: int = 16, shuffle_buffer: int = 0):
         self.directory = Path(directory)
         manifest_path = self.directory / MANIFEST
@@ -198,43 +205,42 @@ class GroupedBatchReader:
             raise DataError(f"no finished group re-shard in {self.directory} ({MANIFEST} missing); rerun the "
                             "pipeline to re-shard this stage")
         self.manifest = json.loads(manifest_path.read_text())
-        if self.manifest["world_size"] != world_size:
-            raise DataError(f"{self.directory} was re-sharded for {self.manifest['world_size']} ranks but training "
-                            f"runs on {world_size}: launch with distributed.nproc_per_node="
-                            f"{self.manifest['world_size']} or rerun so the re-shard matches")
+        slots = manifest_slots(self.manifest)
+        if not 0 <= slot < slots:
+            raise ConfigError(f"slot {slot} is outside the {slots} slots of the re-shard in {self.directory}")
         if remainder_policy not in ("partial", "drop"):
             raise ConfigError(f"remainder_policy {remainder_policy!r} is not supported over shards (pooled batches "
                               "mix groups); use partial or drop")
         if active_streams < 1:
             raise ConfigError(f"active_streams must be >= 1, got {active_streams}")
-        self.counts = np.asarray(self.manifest["counts"], dtype=np.int64).reshape(-1, world_size)
-        self.batch_size, self.rank, self.world_size, self.seed = batch_size, rank, world_size, seed
+        self.counts = np.asarray(self.manifest["counts"], dtype=np.int64).reshape(-1, slots)
+        self.batch_size, self.slot, self.slots, self.seed = batch_size, slot, slots, seed
         self.remainder_policy, self.active_streams, self.shuffle_buffer = remainder_policy, active_streams, \
             shuffle_buffer
         self._plans: dict[int, tuple[list[tuple[int, int]], dict]] = {}
 
     # ------------------------------------------------------------------------------------------------ planning
     def schedule(self, epoch: int) -> tuple[list[tuple[int, int]], dict]:
-        """[(group, batch size on this rank)] in reading order, and the plan's stats; identical on all ranks
-        up to the rank's sizes (which plan_batches makes equal)."""
+        """[(group, batch size in this slot)] in reading order, and the plan's stats; identical in all slots
+        (plan_batches makes the slots' sizes equal)."""
         if epoch in self._plans:
             return self._plans[epoch]
         sizes = self.counts.sum(axis=1)
         plan = plan_batches(groups=np.repeat(np.arange(sizes.size, dtype=np.int64), sizes),
-                            batch_size=self.batch_size, seed=self.seed, epoch=epoch, world_size=self.world_size,
-                            rank=self.rank, remainder_policy=self.remainder_policy)
+                            batch_size=self.batch_size, seed=self.seed, epoch=epoch, world_size=self.slots,
+                            rank=self.slot, remainder_policy=self.remainder_policy)
         per_batch = np.diff(plan.offsets)
         pending: dict[int, list[int]] = {}
         for group, size in zip(plan.group_of_batch.tolist(), per_batch.tolist()):
             pending.setdefault(group, []).append(size)
         used = {g: sum(s) for g, s in pending.items()}
         for group, total in used.items():
-            if total > self.counts[group, self.rank]:  # cannot happen with round-robin slots; guards edits
-                raise DataError(f"group {group} needs {total} samples on rank {self.rank} but its file holds "
-                                f"{self.counts[group, self.rank]}; rerun the re-shard")
+            if total > self.counts[group, self.slot]:  # cannot happen with round-robin slots; guards edits
+                raise DataError(f"group {group} needs {total} samples in slot {self.slot} but its file holds "
+                                f"{self.counts[group, self.slot]}; rerun the re-shard")
         order = self._windowed_order(pending=pending, rng=np.random.default_rng([self.seed, epoch, 1]))
         stats = {**plan.stats, "active_streams": self.active_streams,
-                 "samples_unread_on_rank": int(self.counts[:, self.rank].sum() - per_batch.sum())}
+                 "samples_unread_in_slot": int(self.counts[:, self.slot].sum() - per_batch.sum())}
         self._plans = {epoch: (order, stats)}
         return order, stats
 
@@ -258,13 +264,13 @@ class GroupedBatchReader:
 
     # ------------------------------------------------------------------------------------------------ reading
     def _open(self, group: int, epoch: int) -> Iterator[dict]:
-        path = self.directory / group_file(group=group, slot=self.rank)
+        path = self.directory / group_file(group=group, slot=self.slot)
         samples = iter_raw_samples([str(path)])
         rng = np.random.default_rng([self.seed, epoch, 2, group])
         return iter(shuffled(samples, buffer=self.shuffle_buffer, rng=rng))
 
     def raw_batches(self, *, epoch: int, start: int = 0) -> Iterator[RawBatch]:
-        """Raw (undecoded) batches of this rank for ``epoch``, skipping the first ``start`` (resumption: skipped
+        """Raw (undecoded) batches of this slot for ``epoch``, skipping the first ``start`` (resumption: skipped
         batches are read but not decoded)."""
         order, _ = self.schedule(epoch)
         remaining = {}
@@ -284,7 +290,7 @@ class GroupedBatchReader:
     def batches(self, *, epoch: int, transform: Callable, counter: SkipCounter, start: int = 0,
                 workers: int = 0) -> Iterator[ClipBatch]:
         """Decoded cluster-pure batches (``ClipBatch.group`` set); decoding runs on ``workers`` threads."""
-        decode = make_decoder(transform=transform, counter=counter)
+        decode = make_decoder(transform=transform, counter=counter, seed=self.seed, epoch=epoch)
 
         def flat() -> Iterator[tuple[int, int, dict]]:
             for number, raw in enumerate(self.raw_batches(epoch=epoch, start=start)):
@@ -327,13 +333,12 @@ def measure_reader_throughput(*, urls: Sequence[str], batch_size: int, grouped_d
         base = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="mclpipe-reader-bench-"))
         cleanup = None if work_dir else base
         manifest = reshard_by_group(urls=urls, keys=np.asarray(keys), groups=groups, out_dir=base / "grouped",
-                                    world_size=1, seed=seed)
+                                    slots=1, seed=seed)
         reshard_rate = manifest["samples_per_s"]
         grouped_dir = base / "grouped"
     try:
-        reader = GroupedBatchReader(directory=Path(grouped_dir), batch_size=batch_size, rank=0,
-                                    world_size=json.loads((Path(grouped_dir) / MANIFEST).read_text())["world_size"],
-                                    seed=seed, active_streams=active_streams)
+        reader = GroupedBatchReader(directory=Path(grouped_dir), batch_size=batch_size, slot=0, seed=seed,
+                                    active_streams=active_streams)
         limit = max_samples or int(reader.counts[:, 0].sum())
 
         def consume(samples: Iterator[dict]) -> tuple[int, float]:

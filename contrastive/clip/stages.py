@@ -13,6 +13,7 @@ Nothing here knows about Prefect or MLflow; under torchrun, :mod:`contrastive.en
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,12 +23,12 @@ import numpy as np
 import torch
 
 from contrastive.engine.checkpoint import write_json
-from contrastive.clip.data import (count_samples, iter_decoded, stream_batches, write_tiny_shards)
+from contrastive.clip.data import (concat_batches, count_samples, iter_decoded, stream_batches, write_tiny_shards)
 from contrastive.data.skips import SkipCounter
 from contrastive.engine.distributed import DistInfo, device_for, per_rank_batch
 from contrastive.clip.evaluate import (average_state_dicts, concat_stage_features, encode_images, encode_texts,
                                        retrieval_recall)
-from contrastive.clip.grouped import GroupedBatchReader, reshard_by_group
+from contrastive.clip.grouped import MANIFEST, GroupedBatchReader, manifest_slots, reshard_by_group
 from contrastive.engine.precision import check_precision
 from contrastive.clip.model import (ClipSpec, create_clip, load_stage_model, load_stage_states,
                                     save_stage_model)
@@ -38,7 +39,7 @@ from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
 from contrastive.engine.loop import TrainCallback, release_device_memory, train
 from contrastive.engine.task import StageSpec
 from contrastive.embeddings import save_embeddings
-from contrastive.errors import DataError
+from contrastive.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +84,11 @@ class ClipStageSpec(StageSpec):
     """One CLIP fine-tuning stage, built by the config schema (JSON-able for torchrun).
 
     clip: the model spec (``ClipSpec.to_dict``); urls: the training shards; grouped_dir: the group-sorted re-shard of
-    a cluster-pure stage (None: random batches, stage 0); global_batch_size: over all ranks. The reader settings
-    are ``contrastive.clip.grouped.GroupedBatchReader``'s and ``stream_batches``'.
+    a cluster-pure stage (None: random batches, stage 0); global_batch_size: over all ranks. data_slots: how many
+    slots the data is laid out in (None: one per process; a cluster-pure stage takes its re-shard's); each
+    process reads ``data_slots / world_size`` of them side by side, so the global batches, and with them the
+    training, are the same whatever the number of processes. The reader settings are
+    ``contrastive.clip.grouped.GroupedBatchReader``'s and ``stream_batches``'.
     """
     clip: dict
     urls: list[str]
@@ -99,6 +103,7 @@ class ClipStageSpec(StageSpec):
     max_skip_fraction: float = 0.01
     num_samples: int | None = None
     local_loss: bool = False
+    data_slots: int | None = None
 
 
 def train_stage_from_json(*, spec: dict, info: DistInfo | None = None) -> dict:
@@ -115,6 +120,24 @@ def train_stage(spec: ClipStageSpec, *, info: DistInfo | None = None, callbacks:
     return summary
 
 
+def data_slots(spec: ClipStageSpec, *, world_size: int) -> int:
+    """The slots a stage's data is laid out in: the re-shard's for a cluster-pure stage, else spec.data_slots or
+    one per process; a multiple of the number of processes, splitting the global batch evenly."""
+    slots = spec.data_slots or world_size
+    if spec.grouped_dir is not None:
+        manifest = Path(spec.grouped_dir) / MANIFEST
+        if manifest.is_file():
+            slots = manifest_slots(json.loads(manifest.read_text()))
+    if slots % world_size:
+        raise ConfigError(f"the data is laid out in {slots} slots, which {world_size} processes cannot share evenly: "
+                          f"run a divisor of {slots} processes (distributed.nproc_per_node x nnodes), or set "
+                          "distributed.data_slots to a multiple of the processes and rerun the re-shard")
+    if spec.global_batch_size % slots:
+        raise ConfigError(f"train.global_batch_size={spec.global_batch_size} does not split into {slots} data slots: "
+                          "use a multiple of distributed.data_slots")
+    return slots
+
+
 def _train_stage(spec: ClipStageSpec, *, info: DistInfo, callbacks: list[TrainCallback],
                  stop_after_steps: int | None) -> dict:
     """Fine-tune one stage from the shared init; writes checkpoints/last.pt, model/model.pt, train_summary.json.
@@ -128,7 +151,10 @@ def _train_stage(spec: ClipStageSpec, *, info: DistInfo, callbacks: list[TrainCa
         torch.set_num_threads(spec.threads)
     stage = Path(spec.stage_dir)
     torch_device = device_for(name=spec.device, info=info)
-    batch = per_rank_batch(global_batch_size=spec.global_batch_size, world_size=info.world_size)
+    slots = data_slots(spec, world_size=info.world_size)
+    mine = range(info.rank * slots // info.world_size, (info.rank + 1) * slots // info.world_size)
+    slot_batch = per_rank_batch(global_batch_size=spec.global_batch_size, world_size=slots)
+    batch = slot_batch * len(mine)
     bundle = create_clip(spec=ClipSpec.from_dict(spec.clip), device="cpu")
     if spec.grad_checkpointing:
         bundle.model.set_grad_checkpointing(True)
@@ -138,23 +164,24 @@ def _train_stage(spec: ClipStageSpec, *, info: DistInfo, callbacks: list[TrainCa
         steps_per_epoch = max(1, total // spec.global_batch_size)
 
         def batches(epoch: int, start: int):
-            stream = stream_batches(urls=spec.urls, batch_size=batch, transform=bundle.train_transform,
-                                    counter=counter, seed=spec.seed, epoch=epoch, rank=info.rank,
-                                    world_size=info.world_size, shuffle_buffer=spec.shuffle_buffer,
-                                    workers=spec.decode_workers)
-            return itertools.islice(stream, start, None)
+            streams = [itertools.islice(stream_batches(
+                urls=spec.urls, batch_size=slot_batch, transform=bundle.train_transform, counter=counter,
+                seed=spec.seed, epoch=epoch, slot=slot, slots=slots, shuffle_buffer=spec.shuffle_buffer,
+                workers=spec.decode_workers), start, None) for slot in mine]
+            return map(concat_batches, zip(*streams))
         plan_stats: dict = {"cluster_pure": 0}
     else:
-        reader = GroupedBatchReader(directory=Path(spec.grouped_dir), batch_size=batch, rank=info.rank,
-                                    world_size=info.world_size, seed=spec.seed,
-                                    remainder_policy=spec.remainder_policy, active_streams=spec.active_streams,
-                                    shuffle_buffer=spec.group_shuffle_buffer)
-        steps_per_epoch = len(reader)
+        readers = [GroupedBatchReader(directory=Path(spec.grouped_dir), batch_size=slot_batch, slot=slot,
+                                      seed=spec.seed, remainder_policy=spec.remainder_policy,
+                                      active_streams=spec.active_streams, shuffle_buffer=spec.group_shuffle_buffer)
+                   for slot in mine]
+        steps_per_epoch = len(readers[0])
 
         def batches(epoch: int, start: int):
-            return reader.batches(epoch=epoch, start=start, transform=bundle.train_transform, counter=counter,
-                                  workers=spec.decode_workers)
-        plan_stats = {"cluster_pure": 1, **reader.schedule(0)[1]}
+            return map(concat_batches, zip(*(reader.batches(epoch=epoch, start=start, transform=bundle.train_transform,
+                                                            counter=counter, workers=spec.decode_workers)
+                                             for reader in readers)))
+        plan_stats = {"cluster_pure": 1, **readers[0].schedule(0)[1]}
     metrics_file = JsonlMetrics(stage / "train_metrics.jsonl")
     recorder = KeyRecorder()
     torch.manual_seed(spec.seed)
@@ -174,7 +201,7 @@ def _train_stage(spec: ClipStageSpec, *, info: DistInfo, callbacks: list[TrainCa
                "resumed_from_step": result.resumed_from_step, "seconds": result.seconds,
                "samples_per_second": result.samples_per_second, "trimmed_samples": result.trimmed_samples,
                "epochs_ended_early": result.epochs_ended_early, "steps_per_epoch_planned": steps_per_epoch,
-               "world_size": info.world_size, "per_rank_batch": batch, "batch_plan": plan_stats,
+               "world_size": info.world_size, "data_slots": slots, "per_rank_batch": batch, "batch_plan": plan_stats,
                "data": counter.stats(), "model_path": str(model_path)}
     if info.is_main:
         save_stage_model(model=bundle.model, spec=bundle.spec, path=model_path, weights_file=bundle.weights_file)
@@ -221,7 +248,7 @@ def export_stage(*, model_path: str, urls: list[str], out_dir: str, batch_size: 
     return {"dir": str(out_dir), "num_samples": manifest["num_samples"], "dim": manifest["dim"], "data": stats}
 
 
-def reshard_stage(*, pseudo_labels_path: str, urls: list[str], out_dir: str, world_size: int, seed: int,
+def reshard_stage(*, pseudo_labels_path: str, urls: list[str], out_dir: str, slots: int, seed: int,
                   spool_bytes: int) -> dict:
     """Group-sorted copy of the training shards for a cluster-pure stage (contrastive.clip.grouped)."""
     path = Path(pseudo_labels_path)
@@ -229,7 +256,7 @@ def reshard_stage(*, pseudo_labels_path: str, urls: list[str], out_dir: str, wor
         raise DataError(f"pseudo-labels {path} are missing: rerun the pipeline so the clustering step writes them")
     with np.load(path, allow_pickle=False) as stored:
         keys, groups = stored["ids"], stored["groups"]
-    return reshard_by_group(urls=urls, keys=keys, groups=groups, out_dir=Path(out_dir), world_size=world_size,
+    return reshard_by_group(urls=urls, keys=keys, groups=groups, out_dir=Path(out_dir), slots=slots,
                             seed=seed, spool_bytes=spool_bytes)
 
 

@@ -26,6 +26,7 @@ def test_presets_load_with_the_papers_settings():
     ("mcl.clusters=[4]", "one K per stage"),
     ("mcl.remainder_policy=pool", "mcl.remainder_policy"),
     ("train.precision=fp8", "train.precision"),
+    ("distributed.data_slots=3", "multiple of the 1 processes|data_slots=3 equal"),
 ])
 def test_bad_clip_configs_name_the_fix(override, fix):
     with pytest.raises(ConfigError, match=fix):
@@ -38,3 +39,15 @@ def test_capacity_rule_uses_the_global_batch():
         check_clip_feasible(config, num_train=400)  # 16 groups > 400 / 32
     assert config.config_hash() == load_config("clip_tiny", ["mcl.num_stages=3", "mcl.clusters=4",
                                                              "name=other", "output_dir=/tmp/x"]).config_hash()
+
+
+def test_data_slots_enter_the_keys_only_when_set():
+    from flows.clip_flow import clip_train_key
+    data = {"digest": "d"}
+    plain, slotted = load_config("clip_tiny"), load_config("clip_tiny", ["distributed.data_slots=2"])
+    assert plain.distributed.slots() == 1 and slotted.distributed.slots() == 2
+    assert "data_slots" not in plain.distributed.content() and plain.config_hash() != slotted.config_hash()
+    assert clip_train_key(plain, stage=0, data=data, grouped_key=None) != \
+        clip_train_key(slotted, stage=0, data=data, grouped_key=None)
+    with pytest.raises(ConfigError, match="multiple of the 2 processes"):
+        load_config("clip_tiny", ["distributed.nproc_per_node=2", "distributed.data_slots=3"])

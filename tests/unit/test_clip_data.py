@@ -78,19 +78,19 @@ def test_pipe_urls_and_tar_members_read_back(shards, tmp_path):
         assert tar.getnames() == ["k1.txt", "k1.jpg"] and tar.extractfile("k1.txt").read() == b"hello"
 
 
-def test_stage0_stream_splits_shards_across_ranks(shards, transform):
+def test_stage0_stream_splits_shards_across_slots(shards, transform):
     seen = []
     for rank in range(2):
         counter = SkipCounter(max_skip_fraction=0.1)
         batches = list(stream_batches(urls=shards["urls"], batch_size=4, transform=transform, counter=counter, seed=0,
-                                      epoch=0, rank=rank, world_size=2, shuffle_buffer=8))
+                                      epoch=0, slot=rank, slots=2, shuffle_buffer=8))
         assert all(len(b) == 4 for b in batches)
         seen.append({k for b in batches for k in b.keys})
     assert not seen[0] & seen[1]
     assert len(seen[0] | seen[1]) >= 38 - 2 * 3  # each rank drops at most its last partial batch
-    with pytest.raises(DataError, match="one shard per rank"):
+    with pytest.raises(DataError, match="one shard per slot"):
         next(stream_batches(urls=shards["urls"][:1], batch_size=4, transform=transform,
-                            counter=SkipCounter(max_skip_fraction=0.1), seed=0, epoch=0, rank=0, world_size=2))
+                            counter=SkipCounter(max_skip_fraction=0.1), seed=0, epoch=0, slot=0, slots=2))
 
 
 def test_bounded_map_keeps_order_on_threads():

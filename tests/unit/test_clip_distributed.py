@@ -59,7 +59,7 @@ def ddp_run(tmp_path_factory):
     keys = np.array([s["__key__"] for s in iter_raw_samples(shards["urls"])])
     keys = keys[~np.isin(keys, shards["corrupt_keys"])]
     groups = np.arange(keys.size) % 3
-    reshard_by_group(urls=shards["urls"], keys=keys, groups=groups, out_dir=tmp / "grouped", world_size=WORLD, seed=0)
+    reshard_by_group(urls=shards["urls"], keys=keys, groups=groups, out_dir=tmp / "grouped", slots=WORLD, seed=0)
     run_gloo_ranks(_worker, str(tmp), str(tmp / "grouped"), shards["urls"], world=WORLD)
     return tmp, dict(zip(keys.tolist(), groups.tolist()))
 

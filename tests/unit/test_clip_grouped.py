@@ -21,9 +21,8 @@ def source(tmp_path_factory):
     return shards, good, groups
 
 
-def _read_all(directory, *, rank, world_size, batch_size, epoch=0, **kw):
-    reader = GroupedBatchReader(directory=directory, batch_size=batch_size, rank=rank, world_size=world_size, seed=3,
-                                **kw)
+def _read_all(directory, *, slot, batch_size, epoch=0, **kw):
+    reader = GroupedBatchReader(directory=directory, batch_size=batch_size, slot=slot, seed=3, **kw)
     return reader, list(reader.raw_batches(epoch=epoch))
 
 
@@ -31,13 +30,13 @@ def _read_all(directory, *, rank, world_size, batch_size, epoch=0, **kw):
 def test_every_batch_is_group_pure_and_every_sample_read_once(tmp_path, source, world_size):
     shards, keys, groups = source
     manifest = reshard_by_group(urls=shards["urls"], keys=keys, groups=groups, out_dir=tmp_path / "g",
-                                world_size=world_size, seed=0, spool_bytes=4096)  # tiny spool: many flushes
+                                slots=world_size, seed=0, spool_bytes=4096)  # tiny spool: many flushes
     assert manifest["samples"] == keys.size and manifest["unlabelled_skipped"] == 2
     assert manifest["spool_flushes"] > manifest["files"]
     group_of = dict(zip(keys.tolist(), groups.tolist()))
     seen_by_rank = []
     for rank in range(world_size):
-        reader, batches = _read_all(tmp_path / "g", rank=rank, world_size=world_size, batch_size=6, active_streams=2)
+        reader, batches = _read_all(tmp_path / "g", slot=rank, batch_size=6, active_streams=2)
         assert len(batches) == len(reader)
         for batch in batches:
             assert {group_of[s["__key__"]] for s in batch.samples} == {batch.group}
@@ -51,17 +50,16 @@ def test_every_batch_is_group_pure_and_every_sample_read_once(tmp_path, source, 
     assert not set.intersection(*seen_by_rank) or world_size == 1
     assert sum(len(s) for s in seen_by_rank) == stats["samples_planned_global"]
     # Same batch counts on every rank (DDP lockstep) and a different order in the next epoch.
-    lengths = {len(GroupedBatchReader(directory=tmp_path / "g", batch_size=6, rank=r, world_size=world_size,
-                                      seed=3)) for r in range(world_size)}
+    lengths = {len(GroupedBatchReader(directory=tmp_path / "g", batch_size=6, slot=r, seed=3)) for r in range(world_size)}
     assert len(lengths) == 1
-    _, next_epoch = _read_all(tmp_path / "g", rank=0, world_size=world_size, batch_size=6, epoch=1, active_streams=2)
+    _, next_epoch = _read_all(tmp_path / "g", slot=0, batch_size=6, epoch=1, active_streams=2)
     assert [b.group for b in next_epoch] != [b.group for b in batches] or len(batches) < 3
 
 
 def test_drop_policy_and_windowed_schedule_bounds_open_groups(tmp_path, source):
     shards, keys, groups = source
-    reshard_by_group(urls=shards["urls"], keys=keys, groups=groups, out_dir=tmp_path / "g", world_size=1, seed=0)
-    reader, batches = _read_all(tmp_path / "g", rank=0, world_size=1, batch_size=8, remainder_policy="drop",
+    reshard_by_group(urls=shards["urls"], keys=keys, groups=groups, out_dir=tmp_path / "g", slots=1, seed=0)
+    reader, batches = _read_all(tmp_path / "g", slot=0, batch_size=8, remainder_policy="drop",
                                 active_streams=2)
     assert all(len(b.samples) == 8 for b in batches)
     # At any point at most 2 groups have started but not finished.
@@ -70,17 +68,15 @@ def test_drop_policy_and_windowed_schedule_bounds_open_groups(tmp_path, source):
     first = {g: min(i for i, x in enumerate(order) if x == g) for g in set(order)}
     assert max(sum(first[g] <= i <= last[g] for g in first) for i in range(len(order))) <= 2
     with pytest.raises(ConfigError, match="partial or drop"):
-        GroupedBatchReader(directory=tmp_path / "g", batch_size=8, rank=0, world_size=1, seed=0,
-                           remainder_policy="pool")
-    with pytest.raises(DataError, match="nproc_per_node=1"):
-        GroupedBatchReader(directory=tmp_path / "g", batch_size=8, rank=0, world_size=2, seed=0)
+        GroupedBatchReader(directory=tmp_path / "g", batch_size=8, slot=0, seed=0, remainder_policy="pool")
+    with pytest.raises(ConfigError, match="outside the 1 slots"):
+        GroupedBatchReader(directory=tmp_path / "g", batch_size=8, slot=1, seed=0)
 
 
 def test_resume_skips_batches_and_decoding_yields_tensors(tmp_path, source):
     shards, keys, groups = source
-    reshard_by_group(urls=shards["urls"], keys=keys, groups=groups, out_dir=tmp_path / "g", world_size=1, seed=0)
-    reader = GroupedBatchReader(directory=tmp_path / "g", batch_size=6, rank=0, world_size=1, seed=3,
-                                shuffle_buffer=4)
+    reshard_by_group(urls=shards["urls"], keys=keys, groups=groups, out_dir=tmp_path / "g", slots=1, seed=0)
+    reader = GroupedBatchReader(directory=tmp_path / "g", batch_size=6, slot=0, seed=3, shuffle_buffer=4)
     full = [[s["__key__"] for s in b.samples] for b in reader.raw_batches(epoch=0)]
     tail = [[s["__key__"] for s in b.samples] for b in reader.raw_batches(epoch=0, start=3)]
     assert tail == full[3:]
@@ -94,12 +90,12 @@ def test_resume_skips_batches_and_decoding_yields_tensors(tmp_path, source):
 def test_missing_labelled_samples_and_duplicate_keys_fail_clearly(tmp_path, source):
     shards, keys, groups = source
     with pytest.raises(DataError, match="shards changed"):
-        reshard_by_group(urls=shards["urls"][:2], keys=keys, groups=groups, out_dir=tmp_path / "g", world_size=1,
+        reshard_by_group(urls=shards["urls"][:2], keys=keys, groups=groups, out_dir=tmp_path / "g", slots=1,
                          seed=0)
     assert not (tmp_path / "g").exists() and not [p for p in os.listdir(tmp_path) if p.startswith(".g")]
     with pytest.raises(DataError, match="not unique"):
         reshard_by_group(urls=shards["urls"], keys=np.r_[keys, keys[:1]], groups=np.r_[groups, groups[:1]],
-                         out_dir=tmp_path / "g", world_size=1, seed=0)
+                         out_dir=tmp_path / "g", slots=1, seed=0)
 
 
 def test_throughput_measurement_reports_both_readers(tmp_path, source):

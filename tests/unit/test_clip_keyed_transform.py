@@ -1,0 +1,78 @@
+"""Per-sample augmentation: a function of (seed, epoch, key) only, on any thread, in any order."""
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision import transforms as T
+
+from contrastive.clip.data import SkipCounter, bounded_map, stream_batches, write_tiny_shards
+from contrastive.clip.keyed_transform import KeyedTransform, crop_box, sample_generator
+
+
+def _image(seed: int = 0, size: int = 48) -> Image.Image:
+    pixels = np.random.default_rng(seed).integers(0, 256, (size, size + 16, 3), dtype=np.uint8)
+    return Image.fromarray(pixels)
+
+
+def test_crop_box_stays_inside_the_image_and_within_scale():
+    generator = np.random.default_rng(0)
+    for _ in range(200):
+        top, left, h, w = crop_box(height=40, width=60, scale=(0.3, 0.9), ratio=(3 / 4, 4 / 3), generator=generator)
+        assert 0 <= top and top + h <= 40 and 0 <= left and left + w <= 60
+        assert 0.3 * 2400 * 0.8 <= h * w <= 0.9 * 2400 * 1.2  # rounding of sides moves the area a little
+
+
+def test_impossible_ratio_falls_back_to_the_largest_centre_crop():
+    box = crop_box(height=10, width=100, scale=(0.99, 1.0), ratio=(1.0, 1.0), generator=np.random.default_rng(0))
+    assert box == (0, 45, 10, 10)
+
+
+def test_same_key_same_view_other_key_or_epoch_other_view():
+    compose = T.Compose([T.RandomResizedCrop(24, scale=(0.2, 1.0)), T.ColorJitter(0.4, 0.4, 0.4),
+                         T.RandomGrayscale(0.5), T.ToTensor()])
+    image = _image()
+    first = KeyedTransform(compose, seed=1, epoch=0)
+    assert torch.equal(first(image, "a"), first(image, "a"))
+    assert torch.equal(first(image, "a"), KeyedTransform(compose, seed=1, epoch=0)(image, "a"))
+    assert not torch.equal(first(image, "a"), first(image, "b"))
+    assert not torch.equal(first(image, "a"), KeyedTransform(compose, seed=1, epoch=1)(image, "a"))
+    torch.manual_seed(123)
+    before = torch.rand(3)
+    torch.manual_seed(123)
+    first(image, "a")
+    assert torch.equal(torch.rand(3), before)  # the caller's global generator is left as it was
+
+
+def test_threads_and_their_order_do_not_change_the_views():
+    compose = T.Compose([T.RandomResizedCrop(16, scale=(0.2, 1.0)), T.RandomHorizontalFlip(), T.ToTensor()])
+    keyed = KeyedTransform(compose, seed=0, epoch=3)
+    items = [(str(i), _image(i)) for i in range(40)]
+    inline = list(bounded_map(lambda kv: keyed(kv[1], kv[0]), items, workers=0))
+    threaded = list(bounded_map(lambda kv: keyed(kv[1], kv[0]), items, workers=4, prefetch=16))
+    assert all(torch.equal(a, b) for a, b in zip(inline, threaded))
+    draws = {key: sample_generator(seed=0, epoch=3, key=key).random(2).tolist() for key in ("7", "8")}
+    assert draws["7"] == sample_generator(seed=0, epoch=3, key="7").random(2).tolist() != draws["8"]
+
+
+def test_stage0_batches_equal_with_and_without_decode_threads(tmp_path):
+    shards = write_tiny_shards(directory=tmp_path / "shards", num_samples=24, samples_per_shard=8, seed=1)
+    transform = T.Compose([T.RandomResizedCrop(16, scale=(0.5, 1.0)), T.ToTensor()])
+
+    def read(workers: int) -> list:
+        return list(stream_batches(urls=shards["urls"], batch_size=4, transform=transform,
+                                   counter=SkipCounter(max_skip_fraction=0.5), seed=2, epoch=0, shuffle_buffer=6,
+                                   workers=workers))
+    inline, threaded = read(0), read(3)
+    assert [b.keys for b in inline] == [b.keys for b in threaded] and len(inline) >= 4
+    assert all(torch.equal(a.images, b.images) for a, b in zip(inline, threaded))
+
+
+@pytest.mark.parametrize("size", [8, 31])
+def test_matches_torchvision_resized_crop_for_the_drawn_box(size):
+    image = _image(size=40)
+    op = T.RandomResizedCrop(size, scale=(0.3, 1.0))
+    got = KeyedTransform(T.Compose([op, T.PILToTensor()]), seed=4, epoch=0)(image, "k")
+    top, left, h, w = crop_box(height=40, width=56, scale=op.scale, ratio=op.ratio,
+                               generator=sample_generator(seed=4, epoch=0, key="k"))
+    expected = T.PILToTensor()(T.functional.resized_crop(image, top, left, h, w, [size, size], op.interpolation))
+    assert torch.equal(got, expected)
