@@ -7,7 +7,6 @@ from typing import Callable, Iterable
 
 import numpy as np
 import torch
-from torch import nn
 
 from contrastive.engine.checkpoint import atomic_write_bytes
 from contrastive.errors import DataError
@@ -93,11 +92,6 @@ def compute_embeddings(*, encode: Callable[[torch.Tensor], torch.Tensor],
         if progress is not None:
             progress(len(planned))
     return missing
-
-
-def encoder_of(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    model.eval()
-    return model.embed
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:

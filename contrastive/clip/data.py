@@ -23,7 +23,7 @@ import tarfile
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -450,17 +450,3 @@ def write_tiny_shards(*, directory: Path, num_samples: int, samples_per_shard: i
     directory.parent.mkdir(parents=True, exist_ok=True)
     os.replace(tmp, directory)
     return record
-
-
-@dataclass
-class ShardSet:
-    """Resolved shards: urls, counts and a fingerprint for content keys."""
-
-    urls: list[str]
-    count: SampleCount
-    fingerprint: list = field(default_factory=list)
-
-
-def resolve_shards(*, spec: str | Sequence[str], num_samples: int | None = None) -> ShardSet:
-    urls = expand_urls(spec)
-    return ShardSet(urls=urls, count=count_samples(urls, num_samples=num_samples), fingerprint=data_fingerprint(urls))
