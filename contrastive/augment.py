@@ -305,8 +305,3 @@ class TwoViewAugment:
         rows = None if global_batch is None else slice(offset, offset + images.shape[0])
         return (self.view(images, generator, global_batch=global_batch, rows=rows, index=0),
                 self.view(images, generator, global_batch=global_batch, rows=rows, index=1))
-
-
-def to_float(images_uint8: torch.Tensor) -> torch.Tensor:
-    """uint8 (B, 3, H, W) -> float (B, 3, H, W) in [0, 1], the encoder's input range (evaluation path)."""
-    return images_uint8.float().div_(255.0)
