@@ -18,7 +18,7 @@ from contrastive.augment import TwoViewAugment
 from contrastive.data.loading import iter_batches, load_dataset
 from contrastive.embeddings import EmbeddingWriter, compute_embeddings, load_embeddings, write_manifest
 from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
-from contrastive.engine.checkpoint import write_json
+from contrastive.engine.checkpoint import save_torch, write_json
 from contrastive.engine.distributed import DistInfo, barrier, current_info, device_for, per_rank_batch
 from contrastive.engine.loop import TrainCallback, release_device_memory, train
 from contrastive.engine.rng import seed_everything
@@ -48,6 +48,8 @@ class ImageStageSpec(StageSpec):
     batch_size: int
     remainder_policy: str
     workers: int = 0
+    #: model.pt of an earlier stage to start from (naive inheritance, paper Table 5); None = a fresh encoder.
+    init_model_path: str | None = None
 
 
 def train_stage(spec: ImageStageSpec, *, info: DistInfo | None = None, callbacks: list[TrainCallback] = (),
@@ -73,13 +75,17 @@ def train_stage(spec: ImageStageSpec, *, info: DistInfo | None = None, callbacks
                                   remainder_policy=spec.remainder_policy)
     seed_everything(spec.seed)
     method = build_method(model_kwargs=spec.model, method_kwargs=spec.method)
+    if spec.init_model_path is not None:  # a resume's checkpoint still wins: the engine loads it over these
+        method.load_state_dict(torch.load(spec.init_model_path, map_location="cpu", weights_only=False)["state_dict"])
     torch_device = device_for(name=spec.device, info=info)
+    task = ImageContrastiveTask(method=method, augment=TwoViewAugment(**spec.augment), seed=spec.seed,
+                                channels_last=spec.loop.channels_last, epochs=spec.loop.epochs)
     source = ImageBatchSource(
         sampler=sampler, ids=dataset.ids[train_indices], groups=groups, info=info,
         read_batches=lambda planned: read_image_batches(dataset=dataset, rows_in_split=train_indices,
-                                                        planned=planned, workers=spec.workers))
-    task = ImageContrastiveTask(method=method, augment=TwoViewAugment(**spec.augment), seed=spec.seed,
-                                channels_last=spec.loop.channels_last)
+                                                        planned=planned, workers=spec.workers),
+        # On the CPU a background thread augments the next batches while the step runs; a GPU augments in it.
+        prepare=task.prepare if torch_device.type == "cpu" else None)
     recorder = KeyRecorder()
     # Under torchrun the flow reads the metrics from this file once the launch ends.
     extra = [JsonlMetrics(stage_dir / "train_metrics.jsonl")] if info.is_distributed else []
@@ -100,11 +106,8 @@ def train_stage(spec: ImageStageSpec, *, info: DistInfo | None = None, callbacks
                "batch_plan": sampler.stats, "cluster_pure_batches": groups is not None,
                "model_path": str(model_path)}
     if info.is_main:
-        model_path.parent.mkdir(parents=True, exist_ok=True)
-        buffer_path = model_path.with_suffix(".tmp")
-        torch.save({"state_dict": method.state_dict(), "model_kwargs": spec.model, "method_kwargs": spec.method},
-                   buffer_path)
-        buffer_path.replace(model_path)
+        save_torch({"state_dict": method.state_dict(), "model_kwargs": spec.model, "method_kwargs": spec.method},
+                   model_path, what="the stage's final model")
         write_json(stage_dir / "train_summary.json", summary)
     del task, method, source
     release_device_memory(torch_device)

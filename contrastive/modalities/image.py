@@ -2,9 +2,12 @@
 
 A batch plan (``contrastive.mcl.sampler.ClusterBatchSampler``: cluster-pure batches for MCL stages >= 1, random
 batches otherwise) gives this rank its rows of every global batch; the images are read as uint8 (from the
-in-memory array, or decoded from files in DataLoader workers), moved to the device and augmented there. Every
-random draw of the augmentation is made for the GLOBAL batch and the rank applies its own rows, so W ranks
-reproduce the crops of one process on the whole batch.
+in-memory array, or decoded from files in DataLoader workers) and augmented: on a GPU in the training step, on
+the CPU by a background thread a batch or two ahead of it (``contrastive.data.prefetch``), so the augmentation
+overlaps the step on another core. Every random draw of the augmentation is made for the GLOBAL batch and the
+rank applies its own rows, so W ranks reproduce the crops of one process on the whole batch; the draws come from a
+generator keyed by (seed, epoch, batch index), so they do not depend on when or on which thread they are made, and
+a resumed stage needs no augmentation state to draw what an uninterrupted one draws.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from contrastive.data.prefetch import prefetched
 from contrastive.engine.distributed import DistInfo
 from contrastive.engine.task import StageTask
 
@@ -23,13 +27,17 @@ from contrastive.engine.task import StageTask
 class ImageBatch:
     """rows: int64 (b,) positions in the training split; images: uint8 (b, C, H, W); groups: int64 (b,) pseudo-label
     of each sample or None; ids: the samples' stable ids; global_size / offset: the global batch this is a slice of
-    (rows [offset, offset + b) of it)."""
+    (rows [offset, offset + b) of it); epoch / index: which batch of which epoch (the augmentation's key);
+    views: the two augmented float views when they were made ahead of the step (CPU), else None."""
     rows: np.ndarray
     images: torch.Tensor
     groups: torch.Tensor | None
     ids: np.ndarray
     global_size: int
     offset: int
+    epoch: int = 0
+    index: int = 0
+    views: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __len__(self) -> int:
         return int(self.rows.shape[0])
@@ -37,7 +45,8 @@ class ImageBatch:
     def take(self, n: int) -> "ImageBatch":
         return ImageBatch(rows=self.rows[:n], images=self.images[:n],
                           groups=None if self.groups is None else self.groups[:n], ids=self.ids[:n],
-                          global_size=self.global_size, offset=self.offset)
+                          global_size=self.global_size, offset=self.offset, epoch=self.epoch, index=self.index,
+                          views=None if self.views is None else (self.views[0][:n], self.views[1][:n]))
 
     @property
     def keys(self) -> list[str]:
@@ -48,17 +57,21 @@ class ImageBatchSource:
     """This rank's batches of the training split, planned by ``sampler`` and read by ``read_batches``.
 
     read_batches(iterable of row arrays) -> iterator of (rows kept, uint8 images), in order; rows of unreadable
-    images are dropped from a batch (the loop's lockstep trims the other ranks to match).
+    images are dropped from a batch (the loop's lockstep trims the other ranks to match). prepare: work done on
+    each batch by a background thread up to ``prefetch`` batches ahead of the training step (the CPU
+    augmentation, ``ImageContrastiveTask.prepare``); None: batches go to the step as read.
     """
 
     def __init__(self, *, sampler, ids: np.ndarray, groups: np.ndarray | None,
                  read_batches: Callable[[Iterator[np.ndarray]], Iterator[tuple[np.ndarray, torch.Tensor]]],
-                 info: DistInfo):
+                 info: DistInfo, prepare: Callable[[ImageBatch], ImageBatch] | None = None, prefetch: int = 2):
         self.sampler = sampler
         self.ids = ids
         self.groups = groups
         self.read_batches = read_batches
         self.info = info
+        self.prepare = prepare
+        self.prefetch = prefetch
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -69,11 +82,22 @@ class ImageBatchSource:
             yield np.asarray(batch, dtype=np.int64)
 
     def batches(self, *, epoch: int, start: int) -> Iterator[ImageBatch]:
-        for rows, images in self.read_batches(self._planned(epoch=epoch, start=start)):
+        read = self._read(epoch=epoch, start=start)
+        return read if self.prepare is None else prefetched(read, fn=self.prepare, depth=self.prefetch)
+
+    def _read(self, *, epoch: int, start: int) -> Iterator[ImageBatch]:
+        for index, (rows, images) in enumerate(self.read_batches(self._planned(epoch=epoch, start=start)),
+                                               start=start):
             local = len(rows)
             groups = None if self.groups is None else torch.from_numpy(self.groups[rows].astype(np.int64))
             yield ImageBatch(rows=rows, images=images, groups=groups, ids=self.ids[rows],
-                             global_size=local * self.info.world_size, offset=local * self.info.rank)
+                             global_size=local * self.info.world_size, offset=local * self.info.rank, epoch=epoch,
+                             index=index)
+
+
+def augment_seed(*, seed: int, epoch: int, index: int) -> int:
+    """The augmentation generator's seed for batch ``index`` of ``epoch``: a 64-bit hash of the three."""
+    return int(np.random.SeedSequence([seed, epoch, index]).generate_state(1, np.uint64)[0])
 
 
 class TwoViewStep(nn.Module):
@@ -91,28 +115,43 @@ class ImageContrastiveTask(StageTask):
     """A two-view method (SimCLR, MoCo-v2, NNCLR, with or without HEX) on augmented images.
 
     method: a ``contrastive.methods.base.ContrastiveMethod``; augment(uint8 (b, C, H, W), generator, global_batch=,
-    offset=) -> two float views; seed: the augmentation generator's seed (checkpointed with the stage).
+    offset=) -> two float views; seed: the augmentation's seed (batch i of epoch e draws from a generator keyed by
+    (seed, e, i)); epochs: the run's epochs (told to the method with the run's steps).
     """
 
     views_per_sample = 2
 
-    def __init__(self, *, method: nn.Module, augment, seed: int, channels_last: bool):
+    def __init__(self, *, method: nn.Module, augment, seed: int, channels_last: bool, epochs: int | None = None):
         self.model = method
+        self.epochs = epochs  # the run's epochs, for schedules counted in epochs (HEX's warm-up)
         self.augment = augment
-        self.generator = torch.Generator().manual_seed(seed)
-        self.generators = {"augment": self.generator}
+        self.seed = seed
         self.channels_last = channels_last
 
     def forward_module(self) -> nn.Module:
         return TwoViewStep(self.model)
 
-    def inputs(self, batch: ImageBatch, *, device: torch.device, step: int) -> dict:
+    def views(self, batch: ImageBatch, *, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The two float views (b, C, H, W) of the batch's images on ``device``."""
         images = batch.images.to(device, non_blocking=True)
+        generator = torch.Generator().manual_seed(augment_seed(seed=self.seed, epoch=batch.epoch, index=batch.index))
         # Draws for the global batch, applying this rank's rows (a single process: the batch itself).
         part = {} if batch.global_size == len(batch) else {"global_batch": batch.global_size, "offset": batch.offset}
-        view1, view2 = self.augment(images, self.generator, **part)
+        view1, view2 = self.augment(images, generator, **part)
         if self.channels_last:
             view1, view2 = (v.contiguous(memory_format=torch.channels_last) for v in (view1, view2))
+        return view1, view2
+
+    def prepare(self, batch: ImageBatch) -> ImageBatch:
+        """The CPU views made ahead of the step (on ``ImageBatchSource``'s background thread)."""
+        batch.views = self.views(batch, device=torch.device("cpu"))
+        return batch
+
+    def inputs(self, batch: ImageBatch, *, device: torch.device, step: int) -> dict:
+        if batch.views is not None:
+            view1, view2 = (v.to(device, non_blocking=True) for v in batch.views)
+        else:
+            view1, view2 = self.views(batch, device=device)
         groups = None
         if batch.groups is not None and self.model.wants_groups:
             groups = batch.groups.to(device)
@@ -124,7 +163,7 @@ class ImageContrastiveTask(StageTask):
         return [{"params": [p for p in self.model.parameters() if p.requires_grad], "weight_decay": weight_decay}]
 
     def on_train_start(self, *, total_steps: int) -> None:
-        self.model.on_train_start(total_steps=total_steps)
+        self.model.on_train_start(total_steps=total_steps, epochs=self.epochs)
 
     def after_step(self, *, step: int) -> None:
         self.model.after_optimizer_step(step=step)
