@@ -10,7 +10,7 @@ export MLFLOW_TRACKING_URI ?= sqlite:///$(CURDIR)/mlflow.db
 CONFIG ?= pipeline_config/presets/trifeature_mcl.yaml
 SEEDS ?= 0,1,2
 
-.PHONY: install run test test-slow test-all reproduce bench ui-mlflow ui-prefect clean
+.PHONY: install run test test-slow test-all reproduce bench ui-mlflow ui-prefect clean stack stack-stop ui-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,21 @@ ui-mlflow: $(STAMP)
 
 ui-prefect: $(STAMP)
 	$(BIN)/prefect server start
+
+# The team stack without Docker: PostgreSQL + an MLflow server and a Prefect server on it (docs/tracking.md).
+stack: $(STAMP)
+	bash .ci/stack.sh start
+
+stack-stop:
+	bash .ci/stack.sh stop
+
+# A real browser (Debian's chromium) through the MLflow and Prefect UIs after a tiny pipeline on the team stack;
+# screenshots in $(UI_CHECK_DIR).
+UI_CHECK_DIR ?= $(CURDIR)/runs/ui-check
+ui-check: $(STAMP)
+	bash .ci/setup-postgres.sh
+	bash .ci/setup-browser.sh
+	MCLPIPE_UI_SCREENSHOTS=$(UI_CHECK_DIR) $(BIN)/python -m pytest -q -m slow tests/e2e/test_ui_browser.py
 
 clean:
 	rm -rf runs mlflow.db .prefect

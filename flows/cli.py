@@ -10,6 +10,10 @@ import os
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # The temporary local Prefect server can take longer than its 20 s default to start on a loaded 2-core machine.
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+# One Prefect home for `make run` and `.venv/bin/mclpipe run` (the Makefile's), so `make ui-prefect` shows runs started
+# either way; a team server given by PREFECT_API_URL keeps the user's own home and profile.
+if "PREFECT_API_URL" not in os.environ:
+    os.environ.setdefault("PREFECT_HOME", os.path.join(os.getcwd(), ".prefect"))
 
 import json  # noqa: E402
 import statistics  # noqa: E402
@@ -21,7 +25,9 @@ import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from contrastive.errors import MclpipeError  # noqa: E402
+from contrastive.errors import MclpipeError, StageInterrupted  # noqa: E402
+from flows import shutdown  # noqa: E402
+from flows.local_server import start_local_server  # noqa: E402
 from pipeline_config.loader import dump_config, load_config, preset_names  # noqa: E402
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -36,6 +42,22 @@ SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="overri
 def fail(message: str) -> None:
     err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code=2)
+
+
+def interrupted(exc: StageInterrupted, config, *, rerun_from: int | None = None, command: str | None = None) -> None:
+    """Ctrl-C or SIGTERM: one line (what stopped, the checkpoint kept, the resume command), exit 128 + signal."""
+    message = shutdown.interrupted_message(exc, config, rerun_from=rerun_from, command=command)
+    err_console.print(f"[bold yellow]interrupted:[/] {message}", highlight=False, soft_wrap=True)
+    shutdown.exit_now(exc.exit_code)
+
+
+def fail_disk_full(exc: OSError) -> None:
+    """A full disk met outside the steps (Prefect's result store, a summary): one line naming the directory."""
+    from contrastive.engine.checkpoint import disk_full_error, is_disk_full
+    if not is_disk_full(exc):
+        raise exc
+    where = Path(exc.filename).parent if exc.filename else Path.cwd()
+    fail(str(disk_full_error(directory=where, what="the pipeline's records")))
 
 
 def load_or_fail(config: str, overrides: list[str] | None):
@@ -71,10 +93,22 @@ def run_pipeline(config, rerun_from: int | None = None) -> dict:
     if config.pipeline == "clip":
         check_clip_pretrained(config)
         tracker_for(config)
+        start_local_server()
+        shutdown.quiet_user_tracebacks()
         from flows.clip_flow import clip_pipeline
         return clip_pipeline(config)
+    if config.pipeline == "text":  # MCL over SimCSE stages on sentences (docs/text.md)
+        from pipeline_config.text import preflight_text
+        preflight_text(config)
+        tracker_for(config)
+        start_local_server()
+        shutdown.quiet_user_tracebacks()
+        from flows.text_flow import text_pipeline
+        return text_pipeline(config, rerun_from=rerun_from)
     preflight(config)
     tracker_for(config)
+    start_local_server()
+    shutdown.quiet_user_tracebacks()
     from flows.mcl_flow import mcl_pipeline
     return mcl_pipeline(config, rerun_from=rerun_from)
 
@@ -89,11 +123,19 @@ def run(config: ConfigArg, overrides: SetOpt = None, rerun_from: RerunOpt = None
 
 
 def run_and_report(make_config, *, rerun_from: int | None) -> None:
-    """Load the config, run its pipeline and print the report; user mistakes end in one line."""
+    """Load the config, run its pipeline and print the report; user mistakes end in one line, and so do Ctrl-C,
+    SIGTERM (exit 130 / 143, see ``flows.shutdown``) and a full disk."""
+    cfg = None
     try:
         cfg = make_config()
         started = time.perf_counter()
         summary = run_pipeline(cfg, rerun_from=rerun_from)
+    except StageInterrupted as exc:
+        interrupted(exc, cfg, rerun_from=rerun_from)
+        return
+    except OSError as exc:
+        fail_disk_full(exc)
+        return
     except MclpipeError as exc:
         fail(str(exc))
         return
@@ -154,16 +196,48 @@ def deploy(config: ConfigArg, work_pool: Annotated[str, typer.Option(help="Prefe
 def report(cfg, summary: dict, elapsed: float) -> None:
     """The results table, the wall time, where the files are and how to open MLflow on the run."""
     print_tables(cfg, summary)
-    console.print(f"wall time {elapsed / 60:.1f} min; results in {summary['dir']}")
-    console.print(f"MLflow: {summary['tracking_hint']}")
+    console.print(f"wall time {elapsed / 60:.1f} min; results in {summary['dir']}", soft_wrap=True)
+    print_links(cfg, summary)
     console.print(f"pipeline id {summary.get('pipeline_id', '')}: `mclpipe resume` it after a crash, "
-                  f"`mclpipe results` to see this table again")
+                  f"`mclpipe results` to see this table again", soft_wrap=True)
+
+
+def print_links(cfg, summary: dict) -> None:
+    """Where the runs are, as commands that work as printed and URLs on lines of their own (never wrapped by the
+    terminal table, so a terminal keeps them clickable)."""
+    from tasks.tracking import default_tracking_uri, ui_command
+    command = ui_command(cfg.tracking.uri or default_tracking_uri())
+    url = summary.get("mlflow_url")
+    if url is None:  # a summary written before the links existed
+        console.print(f"MLflow parent run: {summary.get('mlflow_run_id')}", soft_wrap=True)
+        return
+    console.print(f"MLflow: {'`' + command + '`, then open' if command else 'open'} the pipeline run", soft_wrap=True)
+    console.print(url, soft_wrap=True, highlight=False, style="link " + url)
+    for label, run in summary.get("stage_runs", {}).items():
+        console.print(f"  {label}: {run['url']}", soft_wrap=True, highlight=False)
+    if summary.get("model", {}).get("registered_uri"):
+        console.print(f"model: mlflow.pyfunc.load_model(\"{summary['model']['registered_uri']}\")", soft_wrap=True,
+                      highlight=False)
+    if summary.get("prefect_flow_run_url"):
+        import sys
+        prefect_bin = Path(sys.executable).with_name("prefect")
+        command = "make ui-prefect" if Path("Makefile").exists() and "PREFECT_API_URL" not in os.environ \
+            else f"PREFECT_HOME={os.environ.get('PREFECT_HOME', '~/.prefect')} {prefect_bin} server start"
+        if "PREFECT_API_URL" in os.environ:
+            console.print("Prefect: open the flow run", soft_wrap=True)
+        else:
+            console.print(f"Prefect: `{command}`, then open the flow run", soft_wrap=True)
+        console.print(summary["prefect_flow_run_url"], soft_wrap=True, highlight=False)
 
 
 def print_tables(cfg, summary: dict) -> None:
     if getattr(cfg, "pipeline", "mcl") == "clip":  # CLIP MCL reports MMVP pair accuracy and retrieval recall (%)
         console.print(results_table(f"{cfg.name}: MMVP-VLM pair accuracy (%)", summary["results"], metric="mmvp"))
         console.print(results_table("zero-shot retrieval recall (%)", summary["results"], metric="retrieval"))
+    elif getattr(cfg, "pipeline", "mcl") == "text":  # probes, kNN, STS Spearman and Hyper-CL (flows/text_flow.py)
+        from flows.text_flow import text_tables
+        for table in text_tables(cfg, summary, results_table=results_table):
+            console.print(table)
     else:
         console.print(results_table(f"{cfg.name}: linear-probe accuracy (held-out split)", summary["results"]))
         console.print(results_table("kNN accuracy", summary["results"], metric="knn"))
@@ -180,10 +254,14 @@ def reproduce(config: ConfigArg, seeds: Annotated[str, typer.Option(help="comma-
         return
     per_seed: list[dict[str, dict[str, float]]] = []
     started = time.perf_counter()
+    cfg = None
     try:
         for seed in seed_list:
             cfg = load_config(config, [*(overrides or []), f"seed={seed}"])
             per_seed.append(run_pipeline(cfg)["results"])
+    except StageInterrupted as exc:  # the seeds that finished are reused when the same command runs again
+        interrupted(exc, cfg, command=shutdown.command_line())
+        return
     except MclpipeError as exc:
         fail(str(exc))
         return
@@ -219,6 +297,35 @@ def aggregate_seeds(per_seed: list[dict[str, dict[str, float]]], metric: str = "
 
 
 @app.command()
+def sweep(config: ConfigArg,
+          grid: Annotated[Optional[list[str]], typer.Option(
+              "--grid", "-g", help="KEY=V1,V2,... (repeatable): the values to sweep; list values: KEY=[4,2],[8,2]; "
+                                   "adds to / replaces the keys of the config's sweep: section")] = None,
+          seeds: Annotated[Optional[str], typer.Option(help="comma-separated seeds, each point runs once per seed "
+                                                            "(default: the sweep: section's, else 0)")] = None,
+          overrides: SetOpt = None) -> None:
+    """Run the pipeline at every combination of --grid values and seed as child Prefect flow runs of one sweep
+    flow (shared steps computed once, a rerun redoes only what did not finish); print and write the comparison."""
+    try:
+        seed_list = None if seeds is None else [int(s) for s in seeds.split(",") if s.strip()]
+    except ValueError:
+        fail(f"--seeds must be comma-separated integers, got {seeds!r}")
+        return
+    started = time.perf_counter()
+    try:
+        from flows.sweep_flow import mcl_sweep, plan_sweep, sweep_configs
+        parsed, seed_list = plan_sweep(config=config, grid=list(grid or []), seeds=seed_list)
+        sweep_configs(config=config, grid=parsed, seeds=seed_list, overrides=list(overrides or []))  # fail fast
+        summary = mcl_sweep(config=config, grid=parsed, seeds=seed_list, overrides=list(overrides or []))
+    except MclpipeError as exc:
+        fail(str(exc))
+        return
+    console.print(summary["table"], markup=False)
+    console.print(f"sweep wall time {(time.perf_counter() - started) / 60:.1f} min; comparison in {summary['dir']} "
+                  f"(comparison.md, comparison.csv, accuracy_vs_*.png); {summary['tracking_hint']}")
+
+
+@app.command()
 def results(config: ConfigArg, overrides: SetOpt = None) -> None:
     """Print the results of the last finished run of a config (nothing is computed) and where its files are."""
     cfg = load_or_fail(config, overrides)
@@ -229,8 +336,8 @@ def results(config: ConfigArg, overrides: SetOpt = None) -> None:
         return
     summary = json.loads(summary_path.read_text())
     print_tables(cfg, summary)
-    console.print(f"files: {summary_path.parent}")
-    console.print(f"MLflow parent run: {summary.get('mlflow_run_id')}")
+    console.print(f"files: {summary_path.parent}", soft_wrap=True)
+    print_links(cfg, summary)
 
 
 @app.command("show-config")
@@ -249,6 +356,7 @@ def presets() -> None:
 
 
 def main() -> None:
+    shutdown.install()
     app()
 
 

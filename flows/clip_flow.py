@@ -18,7 +18,7 @@ from flows.runner import StepRunner
 from pipeline_config.schema import ClipPipelineConfig, digest_of
 from tasks import clip_tasks as c
 from tasks import mcl_tasks as t
-from tasks.links import publish_links
+from tasks.links import pipeline_run_name, publish_links
 from tasks.records import (EvalRecord, ExportRecord, FeaturesRecord, GroupedShardsRecord, ModelRecord,
                            PseudoLabelRecord, TrainRecord)
 
@@ -84,7 +84,7 @@ class ClipStageRunner(StepRunner):
         return self.score(name="soup", features=[features], run_id=self.parent_run_id).metrics
 
 
-@flow(name="clip-mcl-pipeline", log_prints=True)
+@flow(name="clip-mcl-pipeline", flow_run_name=pipeline_run_name, log_prints=True)
 def clip_pipeline(config: ClipPipelineConfig) -> dict:
     """CLIP multistage contrastive learning end to end; returns {"results", "dir", "tracking_hint", ...}."""
     pipeline_id = config.config_hash()

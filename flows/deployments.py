@@ -15,13 +15,17 @@ from pipeline_config.loader import load_config, preset_names
 from pipeline_config.schema import PipelineConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-ENTRYPOINTS = {"mcl": "flows/mcl_flow.py:mcl_pipeline", "clip": "flows/clip_flow.py:clip_pipeline"}
+ENTRYPOINTS = {"mcl": "flows/mcl_flow.py:mcl_pipeline", "clip": "flows/clip_flow.py:clip_pipeline",
+               "text": "flows/text_flow.py:text_pipeline"}
 
 
 def flow_for(config: PipelineConfig):
     if config.pipeline == "clip":
         from flows.clip_flow import clip_pipeline
         return clip_pipeline
+    if config.pipeline == "text":
+        from flows.text_flow import text_pipeline
+        return text_pipeline
     from flows.mcl_flow import mcl_pipeline
     return mcl_pipeline
 

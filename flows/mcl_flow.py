@@ -15,19 +15,24 @@ from pathlib import Path
 from prefect import flow
 from prefect.runtime import flow_run
 
-from flows.runner import StageOutputs, StepRunner
+from flows.runner import RunRef, StageOutputs, StepRunner
 from pipeline_config.schema import PipelineConfig, digest_of
 from tasks import mcl_tasks as t
 from tasks.diagnostics_tasks import diagnose
+from tasks.links import log_pipeline_model, pipeline_run_name, publish_links
 from tasks.records import (ClusterRecord, DiagnosisRecord, EvalRecord, ExportRecord, PseudoLabelRecord,
                            TrainRecord)
 
-def train_key(config: PipelineConfig, *, stage: int, data: dict, pseudo_key: str | None) -> str:
-    return digest_of({"step": "train", "model": config.model.content(), "method": config.method.in_use(),
-                      "augment": config.augment.content(), "train": config.train.content(),
-                      "seed": t.stage_seed(config, stage), "data": data["digest"], "pseudo_labels": pseudo_key,
-                      "remainder_policy": config.mcl.remainder_policy if pseudo_key else None,
-                      "processes": config.distributed.nproc_per_node * config.distributed.nnodes})
+def train_key(config: PipelineConfig, *, stage: int, data: dict, pseudo_key: str | None,
+              inherit_key: str | None = None) -> str:
+    content = {"step": "train", "model": config.model.content(), "method": config.method.in_use(),
+               "augment": config.augment.content(), "train": config.train.content(),
+               "seed": t.stage_seed(config, stage), "data": data["digest"], "pseudo_labels": pseudo_key,
+               "remainder_policy": config.mcl.remainder_policy if pseudo_key else None,
+               "processes": config.distributed.nproc_per_node * config.distributed.nnodes}
+    if inherit_key is not None:  # mcl.inherit: the weights it starts from; absent otherwise (keys unchanged)
+        content["inherit_from"] = inherit_key
+    return digest_of(content)
 
 
 class ImageStageRunner(StepRunner):
@@ -36,38 +41,48 @@ class ImageStageRunner(StepRunner):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.dataset_dir = self.data["dir"]  # MCL clusters the training split; its attributes score the clusters
+        self.mcl_trained: dict[int, TrainRecord] = {}  # what mcl.inherit starts stage j + 1 from
 
     def train_and_export(self, *, kind: str, stage: int,
                          batches: PseudoLabelRecord | None) -> tuple[TrainRecord, ExportRecord]:
         run_id = self.stage_run(kind=kind, stage=stage)
+        # Naive inheritance (paper Table 5) applies to MCL's stages only; the control stays fresh stages.
+        init_from = self.mcl_trained.get(stage - 1) if kind == "mcl" and self.config.mcl.inherit else None
         key = train_key(self.config.for_stage(stage), stage=stage, data=self.data,
-                        pseudo_key=batches.key if batches else None)
+                        pseudo_key=batches.key if batches else None, inherit_key=init_from.key if init_from else None)
         trained = self.step(t.train_stage, prefix=f"train{stage}", key=key, run_id=run_id, what="train",
-                            stage=stage, data=self.data, pseudo_labels=batches)
+                            stage=stage, data=self.data, pseudo_labels=batches,
+                            **({"init_from": init_from} if init_from is not None else {}))
+        if kind == "mcl":
+            self.mcl_trained[stage] = trained
         exported = self.step(t.export_embeddings, prefix=f"export{stage}", key=digest_of(["export", key]),
                              run_id=run_id, what="export", stage=stage, trained=trained, data=self.data)
         return trained, exported
 
-    def evaluate(self, *, name: str, exports: list[ExportRecord], run_id: str, stage: int) -> EvalRecord:
+    def evaluate(self, *, name: str, exports: list[ExportRecord], run_id: RunRef, stage: int) -> EvalRecord:
         key = digest_of(["eval", [e.key for e in exports], self.config.eval.content(), self.config.seed])
         return self.step(t.evaluate, prefix="eval", key=key, run_id=run_id, what=f"eval.{name}", stage=stage,
                          name=name, exports=exports, data=self.data)
 
     def evaluate_stage(self, *, stage: int, trained: TrainRecord, exported: ExportRecord,
-                       run_id: str) -> tuple[dict, ExportRecord]:
+                       run_id: RunRef) -> tuple[dict, ExportRecord]:
         return self.evaluate(name=f"stage{stage}", exports=[exported], run_id=run_id, stage=stage).metrics, exported
 
-    def evaluate_concat(self, *, name: str, evaluated: list[ExportRecord], run_id: str) -> dict:
+    def evaluate_concat(self, *, name: str, evaluated: list[ExportRecord], run_id: RunRef) -> dict:
         return self.evaluate(name=name, exports=evaluated, run_id=run_id,
                              stage=self.config.mcl.num_stages - 1).metrics
 
-    def after_stage(self, *, stage: int, outputs: StageOutputs, run_id: str) -> None:
+    def after_stage(self, *, stage: int, outputs: StageOutputs, run_id: RunRef) -> None:
         clusters = outputs.clusters[stage] if stage < len(outputs.clusters) else None
         self.diagnose(name=f"stage{stage}", trained=outputs.trained[stage], exported=outputs.exports[stage],
                       clusters=clusters, run_id=run_id, stage=stage)
+        if self.config.mcl.cumulative_concat and 0 < stage < self.config.mcl.num_stages - 1:
+            # Learning dynamics (paper Fig. 5): stages 0..j concatenated; the last j is "MCL concat" itself.
+            outputs.results[f"MCL concat 0-{stage}"] = self.evaluate(
+                name=f"mcl_concat_0_{stage}", exports=outputs.exports[:stage + 1], run_id=run_id, stage=stage).metrics
 
     def diagnose(self, *, name: str, trained: TrainRecord, exported: ExportRecord, clusters: ClusterRecord | None,
-                 run_id: str, stage: int) -> DiagnosisRecord:
+                 run_id: RunRef, stage: int) -> DiagnosisRecord:
         """Embedding diagnostics of one stage (cosine distributions, anisotropy, rank, alignment/uniformity)."""
         key = digest_of(["diagnose", exported.key, clusters.key if clusters else None,
                          self.config.for_stage(stage).augment.content(), self.config.seed])
@@ -92,7 +107,7 @@ def without_hex(config: PipelineConfig) -> PipelineConfig:
     return control
 
 
-@flow(name="mcl-pipeline", log_prints=True)
+@flow(name="mcl-pipeline", flow_run_name=pipeline_run_name, log_prints=True)
 def mcl_pipeline(config: PipelineConfig, rerun_from: int | None = None) -> dict:
     """Multistage contrastive learning (MCL) end to end; returns the summary record (paths and accuracies).
 
@@ -111,6 +126,11 @@ def mcl_pipeline(config: PipelineConfig, rerun_from: int | None = None) -> dict:
         results = {**outputs.results, **run_control(runner, mcl_exports=outputs.exports)}
         summary = t.summarize(config=config, parent_run_id=parent, pipeline_id=pipeline_id, results=results,
                               cluster_records=outputs.clusters, out_dir=str(runner.root / "pipelines" / pipeline_id))
+        model = log_pipeline_model(config=config, parent_run_id=parent, trained=outputs.trained,
+                                   exports=outputs.exports)
+        summary = publish_links(config=config, summary=summary, stage_runs=runner.stage_run_ids(),
+                                opened_runs=list(runner.stage_runs.values()),
+                                table=t.results_table_markdown(results), model=model)
         status = "FINISHED"
         return summary
     finally:

@@ -12,10 +12,18 @@ pseudo-label steps between stages are the same tasks for every modality.
 
 Every step's output directory is named by a content key (digest of the typed config it reads and of the keys of
 what it consumes), so identical steps are shared and a rerun skips whatever already finished.
+
+MLflow runs: a stage's run is the run that computed its steps. A stage run is opened only when one of its steps
+runs; a step reused from an earlier invocation leaves its results where they are (in the run that made them), and
+this invocation links to that run (``stage_run_ids``, then the parent's tags and description) instead of opening an
+empty copy. Later steps a rerun still has to compute for such a stage (an evaluation) are logged into that same run;
+a training always gets a run of its own. The k-means of stage j and the pseudo-labels made from it are logged into
+stage j + 1's run, the stage that trains on them.
 """
 from __future__ import annotations
 
 import inspect
+import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,9 +32,12 @@ from typing import Any
 from prefect import get_run_logger
 from prefect.runtime import flow_run
 
+from contrastive.engine.checkpoint import disk_full_error, is_disk_full
+from contrastive.errors import StageInterrupted
+from flows.locks import step_lock
 from pipeline_config.schema import digest_of
 from tasks import mcl_tasks as t
-from tasks.records import ClusterRecord, ExportRecord, PseudoLabelRecord, StepRecord, TrainRecord
+from tasks.records import RECORD, ClusterRecord, ExportRecord, PseudoLabelRecord, StepRecord, TrainRecord
 
 RESULT_STORE = "prefect-results"
 
@@ -35,18 +46,57 @@ def run_step(step, *, storage: Path, force: bool = False, **kwargs) -> StepRecor
     """Call a cached task; if its cached record points at files that were deleted, recompute it.
 
     ``force`` recomputes even a finished step: its old output directory is kept beside the new one as
-    ``<dir>.replaced-<time>`` (nothing computed is deleted).
+    ``<dir>.replaced-<time>`` (nothing computed is deleted); an unfinished one (a recompute that was interrupted)
+    is continued, so repeating an interrupted ``--rerun-from`` command resumes its stage from its checkpoint.
+
+    Two pipelines sharing the step take turns (``flows.locks``): the second waits and reuses the first one's
+    result. A full disk anywhere in the step ends in one ``DiskFullError`` naming the directory.
     """
+    out_dir = Path(kwargs["out_dir"])
+    with step_lock(out_dir, on_wait=lambda message: get_run_logger().warning(message)):
+        try:
+            return _run_locked_step(step, storage=storage, force=force, **kwargs)
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            where = Path(exc.filename).parent if exc.filename else out_dir
+            raise disk_full_error(directory=where, what=f"the outputs of step {out_dir.name}",
+                                  kept="finished steps and the last checkpoint of a stage in progress are kept"
+                                  ) from exc
+
+
+def _run_locked_step(step, *, storage: Path, force: bool, **kwargs) -> StepRecord:
     bound = step.with_options(result_storage=storage)
     if force:
         out_dir = Path(kwargs["out_dir"])
-        if out_dir.exists():
+        if (out_dir / RECORD).exists():
             out_dir.rename(out_dir.with_name(f"{out_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"))
         return bound.with_options(refresh_cache=True)(**kwargs)
     record = bound(**kwargs)
     if not record.is_on_disk():
         record = bound.with_options(refresh_cache=True)(**kwargs)
     return record
+
+
+@dataclass(frozen=True)
+class StageRun:
+    """The MLflow run of one stage of one kind (mcl, control), resolved when a step logs into it (see the module
+    docstring): what the runner's methods pass where a step takes ``run_id``."""
+    kind: str
+    stage: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} stage {self.stage}"
+
+
+RunRef = StageRun | str  # a stage's run, or a plain run id (the parent's)
+
+
+def recorded_run(out_dir: str) -> str | None:
+    """The MLflow run that made the finished step in ``out_dir`` (None when it has not finished there)."""
+    path = Path(out_dir) / RECORD
+    return json.loads(path.read_text()).get("mlflow_run_id") if path.exists() else None
 
 
 @dataclass
@@ -77,33 +127,82 @@ class StepRunner:
         self.flow_run_id = flow_run.id
         self.root = Path(config.output_dir).resolve()
         self.storage = self.root / RESULT_STORE
-        self.stage_runs: dict[tuple[str, int], str] = {}
+        self.stage_runs: dict[StageRun, str] = {}  # the runs this invocation opened (closed at the end)
+        self.linked_runs: dict[StageRun, str] = {}  # earlier invocations' runs that hold reused stages
+        self._tracker = None
 
-    def stage_run(self, *, kind: str, stage: int) -> str:
-        if (kind, stage) not in self.stage_runs:
-            self.stage_runs[(kind, stage)] = t.open_stage_run(
-                config=self.config, parent_run_id=self.parent_run_id, stage=stage, kind=kind,
-                pipeline_id=self.pipeline_id, flow_run_id=self.flow_run_id)
-        return self.stage_runs[(kind, stage)]
+    @property
+    def tracker(self):
+        if self._tracker is None:
+            self._tracker = t.tracker_for(self.config)
+        return self._tracker
 
-    def step(self, task_fn, *, prefix: str, key: str, run_id: str, what: str, stage: int | None = None,
+    def stage_run(self, *, kind: str, stage: int) -> StageRun:
+        """The MLflow run of a stage, opened when a step first logs into it."""
+        return StageRun(kind=kind, stage=stage)
+
+    def stage_run_ids(self) -> dict[str, str]:
+        """{"mcl stage 0": run id, ...}: the run holding each stage's results, opened now or by an earlier run."""
+        runs = {**self.linked_runs, **self.stage_runs}
+        return {run.label: runs[run] for run in sorted(runs, key=lambda r: (r.kind != "mcl", r.kind, r.stage))}
+
+    def resolve_run(self, run: RunRef, *, what: str, source: str | None) -> str:
+        """The run id a step gets: the run that made it when it is reused (``source``), else this stage's run
+        (module docstring). A plain id (the parent run) is used as it is."""
+        if isinstance(run, str):
+            return run
+        if source is not None and self.tracker.run_exists(source):
+            if run not in self.stage_runs:
+                self.linked_runs.setdefault(run, source)
+            return source  # the task returns its finished record and logs nothing
+        if run in self.stage_runs:
+            return self.stage_runs[run]
+        if run in self.linked_runs and what != "train":
+            return self.linked_runs[run]
+        self.stage_runs[run] = t.open_stage_run(
+            config=self.config, parent_run_id=self.parent_run_id, stage=run.stage, kind=run.kind,
+            pipeline_id=self.pipeline_id, flow_run_id=self.flow_run_id)
+        return self.stage_runs[run]
+
+    def step(self, task_fn, *, prefix: str, key: str, run_id: RunRef, what: str, stage: int | None = None,
              **kwargs: Any) -> StepRecord:
         """Run one cached step of ``stage``; with ``rerun_from``, steps of that stage and later are recomputed."""
         out_dir = str(self.root / "steps" / f"{prefix}-{key}")
         if stage is not None and "stage" in inspect.signature(task_fn.fn).parameters:
             kwargs["stage"] = stage
         force = None not in (self.rerun_from, stage) and stage >= self.rerun_from
+        run_id = self.resolve_run(run_id, what=what, source=None if force else recorded_run(out_dir))
         if force and what == "train":
             t.note_rerun(config=self.config, mlflow_run_id=run_id, rerun_from=self.rerun_from)
-        record = run_step(task_fn, storage=self.storage, force=force, config=self.config, key=key,
-                          out_dir=out_dir, mlflow_run_id=run_id, **kwargs)
-        if record.mlflow_run_id != run_id:
+        try:
+            record = run_step(task_fn, storage=self.storage, force=force, config=self.config, key=key,
+                              out_dir=out_dir, mlflow_run_id=run_id, **kwargs)
+        except StageInterrupted as exc:  # say which step the signal stopped
+            exc.what = exc.what or f"the {what} step" + (f" of stage {stage}" if stage is not None else "")
+            raise
+        if record.mlflow_run_id != run_id:  # made by a run this tracking store does not hold
             t.record_reuse(config=self.config, mlflow_run_id=run_id, record=record, what=what)
+        elif what == "train" and run_id in self.stage_runs.values():
+            self.log_inputs(run_id=run_id, stage=record.stage, inputs=kwargs)
         return record
+
+    def log_inputs(self, *, run_id: str, stage: int, inputs: dict[str, Any]) -> None:
+        """The datasets a stage trained on, as the run's MLflow inputs: the pipeline's data and, for a cluster-pure
+        stage, the pseudo-labels (or their re-shard) its batches came from."""
+        data = self.data
+        self.tracker.log_dataset(run_id, name=Path(data["dir"]).name, digest=data["digest"], source=data["dir"],
+                                 context="train", profile={"split": "train", "num_samples": data["num_train"]})
+        for value in inputs.values():
+            if isinstance(value, StepRecord):
+                source = getattr(value, "path", None) or getattr(value, "grouped_dir", None) or value.dir
+                profile = {k: v for k, v in getattr(value, "stats", {}).items() if isinstance(v, (int, float))}
+                self.tracker.log_dataset(run_id, name=f"pseudo_labels_stage{stage}", digest=value.key,
+                                         source=str(source), context="pseudo_labels",
+                                         profile={"split": "train", **profile})
 
     # ------------------------------------------------------------------------------------------ between stages
     def cluster(self, *, stage: int, exported: ExportRecord, earlier: list[ClusterRecord],
-                run_id: str) -> ClusterRecord:
+                run_id: RunRef) -> ClusterRecord:
         """k-means on stage ``stage``'s export (same task for every modality)."""
         spec = self.config.mcl.kmeans_spec(stage, seed=t.stage_seed(self.config, stage))
         key = digest_of(["cluster", exported.key, asdict(spec), self.dataset_dir is not None,
@@ -112,7 +211,7 @@ class StepRunner:
                          stage=stage, exported=exported, earlier=list(earlier), dataset_dir=self.dataset_dir)
 
     def pseudo_labels(self, *, for_stage: int, clusters: list[ClusterRecord], exports: list[ExportRecord],
-                      run_id: str) -> PseudoLabelRecord:
+                      run_id: RunRef) -> PseudoLabelRecord:
         """Pseudo-labels of ``for_stage`` from ALL earlier stages' clusterings (same task for every modality)."""
         key = digest_of(["pseudo", [c.key for c in clusters], self.config.mcl.small_group_policy,
                          self.config.global_batch_size(for_stage)])
@@ -127,19 +226,19 @@ class StepRunner:
         raise NotImplementedError
 
     def evaluate_stage(self, *, stage: int, trained: TrainRecord, exported: ExportRecord,
-                       run_id: str) -> tuple[dict, StepRecord]:
+                       run_id: RunRef) -> tuple[dict, StepRecord]:
         """(metrics of stage ``stage`` alone, the handle ``evaluate_concat`` combines)."""
         raise NotImplementedError
 
-    def evaluate_concat(self, *, name: str, evaluated: list[StepRecord], run_id: str) -> dict:
+    def evaluate_concat(self, *, name: str, evaluated: list[StepRecord], run_id: RunRef) -> dict:
         """Metrics of the concatenation of several stages' representations."""
         raise NotImplementedError
 
-    def batches_for(self, *, stage: int, pseudo: PseudoLabelRecord, run_id: str) -> StepRecord:
+    def batches_for(self, *, stage: int, pseudo: PseudoLabelRecord, run_id: RunRef) -> StepRecord:
         """What the training of cluster-pure stage ``stage`` reads: the pseudo-labels themselves by default."""
         return pseudo
 
-    def after_stage(self, *, stage: int, outputs: StageOutputs, run_id: str) -> None:
+    def after_stage(self, *, stage: int, outputs: StageOutputs, run_id: RunRef) -> None:
         """Extra per-stage steps (the unimodal pipeline's embedding diagnostics)."""
 
     # ------------------------------------------------------------------------------------------ the loop
@@ -156,11 +255,13 @@ class StepRunner:
             out.evaluated.append(handle)
             out.results[f"stage {stage}"] = metrics
             if stage + 1 < self.config.mcl.num_stages:
+                # What stage + 1 trains on is logged in its run: the k-means of this stage, the pseudo-labels.
+                next_run = self.stage_run(kind="mcl", stage=stage + 1)
                 out.clusters.append(self.cluster(stage=stage, exported=exported, earlier=out.clusters,
-                                                 run_id=run_id))
+                                                 run_id=next_run))
                 pseudo = self.pseudo_labels(for_stage=stage + 1, clusters=out.clusters, exports=out.exports,
-                                            run_id=run_id)
-                batches = self.batches_for(stage=stage + 1, pseudo=pseudo, run_id=run_id)
+                                            run_id=next_run)
+                batches = self.batches_for(stage=stage + 1, pseudo=pseudo, run_id=next_run)
             self.after_stage(stage=stage, outputs=out, run_id=run_id)
             logger.info("stage %d done: %s", stage, metrics)
         if self.config.mcl.num_stages > 1:

@@ -75,8 +75,11 @@ def config_schema_for(raw: dict):
     if kind == "clip":
         from pipeline_config.schema import ClipPipelineConfig
         return ClipPipelineConfig
+    if kind == "text":
+        from pipeline_config.text import TextPipelineConfig
+        return TextPipelineConfig
     if kind != "mcl":
-        raise ConfigError(f"pipeline: {kind!r} is not a pipeline kind; use mcl or clip")
+        raise ConfigError(f"pipeline: {kind!r} is not a pipeline kind; use mcl, clip or text")
     return PipelineConfig
 
 
@@ -95,6 +98,7 @@ def load_config(name_or_path: str | Path, overrides: list[str] | None = None) ->
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path} must hold a mapping of sections (data:, train:, mcl:, ...)")
+    raw.pop("sweep", None)  # the grid `mclpipe sweep` reads (contrastive.sweep.sweep_section); not a pipeline's
     return config_from_dict(apply_overrides(raw, overrides or []))
 
 

@@ -10,12 +10,13 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from contrastive.engine.task import LoopSpec, OptimSpec
 from contrastive.hex import HexSettings, hex_key_content
+from contrastive.data.hierarchical import HierarchySpec
 from contrastive.methods.moco import MocoSettings
 from contrastive.methods.nnclr import NnclrSettings
 from contrastive.methods.vicreg import VicregSettings
@@ -31,6 +32,7 @@ from contrastive.methods.parts import (MethodParts, PatchSettings, check_method_
 from contrastive.mcl.steps import KMeansSpec
 from contrastive.errors import ConfigError
 from pipeline_config import datasets as ds
+from pipeline_config.launcher import LauncherConfig, check_launcher
 
 
 # A field that never changes a result (log cadence, thread count, worker count): left out of content keys.
@@ -64,6 +66,16 @@ class TrifeatureConfig(_Section):
     num_shapes: int = Field(10, ge=2, le=10)
     num_textures: int = Field(10, ge=2, le=10)
     seed: int = 0
+    hierarchy: HierarchySpec | None = Field(None, description="draw the two-level hierarchy instead "
+                                            "(contrastive.data.hierarchical: families sharing texture and close "
+                                            "hues; labels fine / coarse / shape); num_colors/shapes/textures unused")
+
+    def content(self) -> dict:
+        """As every section's, but ``hierarchy`` counts only when set: earlier configs keep their content keys."""
+        content = super().content()
+        if self.hierarchy is None:
+            content.pop("hierarchy")
+        return content
 
 
 class ImageFolderConfig(_Section):
@@ -154,8 +166,6 @@ class DataConfig(_Section):
                                  f"{'is' if len(unset) == 1 else 'are'} not set: set them with --set "
                                  "data.shards.train_urls=/data/imagenet/train-{0000..1023}.tar (and test_urls "
                                  "for the validation shards)")
-        if self.kind in ds.KINDS:
-            ds.check_source(self.kind, getattr(self, self.kind))
         return self
 
     def image_size(self) -> int:
@@ -256,6 +266,13 @@ class MethodConfig(_Section):
         check_method_config(name=self.name, parts=self.parts, hex_enabled=self.hex.enabled)
         return self
 
+    @model_validator(mode="after")
+    def _dimension_hex(self) -> "MethodConfig":
+        if self.name in ("vicreg", "barlow_twins"):  # their HEX term takes one scalar Q per step
+            from contrastive.methods.dimension_hex import check_dimension_hex
+            check_dimension_hex(self.hex.rule(), method=self.name)
+        return self
+
     @field_validator("temperature")
     @classmethod
     def _positive_temperature(cls, value: float) -> float:
@@ -266,6 +283,21 @@ class MethodConfig(_Section):
     def queue_size(self) -> int | None:
         """Entries in the method's queue (MoCo negatives, NNCLR support set); None for SimCLR."""
         return {"moco_v2": self.moco.queue_size, "nnclr": self.nnclr.queue_size}.get(self.name)
+
+    #: The sections of the first version; every later one enters content() only away from its defaults.
+    FIRST_SECTIONS: ClassVar[tuple[str, ...]] = ("name", "temperature", "hex", "moco", "nnclr")
+
+    def content(self) -> dict:
+        """As every section's (the pipeline's config hash reads it), but the method sections added after the first
+        version, and HEX's later fields, count only when they differ from their defaults: earlier configs keep
+        their config hash (and so their pipeline id)."""
+        content = super().content()
+        defaults = type(self)(name=self.name).model_dump(mode="json")
+        for name in list(content):
+            if name not in self.FIRST_SECTIONS and content[name] == defaults.get(name):
+                content.pop(name)
+        content["hex"] = hex_key_content(content["hex"])
+        return content
 
     def in_use(self) -> dict:
         """JSON of the settings that change training, for cache keys: other methods' sections and HEX's
@@ -477,12 +509,16 @@ class MclConfig(StageClusteringConfig):
                                             "batches and concatenate them, to separate MCL's gain from ensembling")
     inherit: bool = Field(False, description="naive inheritance (paper Table 5): MCL stage j starts from stage "
                                              "j-1's trained weights instead of a fresh encoder (an ablation)")
+    cumulative_concat: bool = Field(False, description="also evaluate stages 0..j concatenated for every j "
+                                                       "(learning dynamics, paper Fig. 5)")
 
     def content(self) -> dict:
-        """As every section's, but ``inherit`` counts only when on: earlier configs keep their content keys."""
+        """As every section's, but ``inherit`` and ``cumulative_concat`` count only when on: earlier configs keep
+        their content keys."""
         content = super().content()
-        if not self.inherit:
-            content.pop("inherit", None)
+        for name in ("inherit", "cumulative_concat"):
+            if not getattr(self, name):
+                content.pop(name, None)
         return content
 
 
@@ -531,6 +567,12 @@ class _PipelineBase(_Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     output_dir: Path = Field(Path("runs"), **NOT_IN_KEY)
 
+    @model_validator(mode="after")
+    def _launcher_fits(self) -> "_PipelineBase":
+        if hasattr(self, "launcher"):
+            check_launcher(self)
+        return self
+
     def for_stage(self, stage: int) -> "_PipelineBase":
         """The config stage ``stage`` runs with: this one (PipelineConfig applies its stage_overrides)."""
         return self
@@ -562,6 +604,7 @@ class PipelineConfig(_PipelineBase):
     mcl: MclConfig = MclConfig()
     eval: EvalConfig = EvalConfig()
     distributed: DistributedConfig = DistributedConfig()
+    launcher: LauncherConfig = Field(LauncherConfig(), **NOT_IN_KEY)  # where stages run, never what they compute
     stage_overrides: dict[int, dict[str, Any]] = Field(
         default_factory=dict,
         description="per-stage changes to the model, method, augment and train sections, e.g. "
@@ -589,6 +632,15 @@ class PipelineConfig(_PipelineBase):
     def _channels_fit_the_images(self) -> "PipelineConfig":
         if self.data.kind in ds.KINDS:
             ds.check_channels(self.data.kind, self.model.in_channels)
+        return self
+
+    @model_validator(mode="after")
+    def _hex_warmup_fits(self) -> "PipelineConfig":
+        hex_settings = self.method.hex
+        if hex_settings.enabled and hex_settings.warmup_epochs >= self.train.epochs:
+            raise ValueError(f"method.hex.warmup_epochs={hex_settings.warmup_epochs} is not below train.epochs="
+                             f"{self.train.epochs}: HEX would never start; lower method.hex.warmup_epochs or raise "
+                             "train.epochs")
         return self
 
     @model_validator(mode="after")
@@ -818,6 +870,7 @@ class ClipPipelineConfig(_PipelineBase):
     distributed: ClipDistributedConfig = ClipDistributedConfig()
     mcl: ClipMclConfig = ClipMclConfig()
     eval: ClipEvalConfig = ClipEvalConfig()
+    launcher: LauncherConfig = Field(LauncherConfig(), **NOT_IN_KEY)  # where stages run, never what they compute
     tracking: TrackingConfig = Field(TrackingConfig(), **NOT_IN_KEY)
     schedule: ScheduleConfig = Field(ScheduleConfig(), **NOT_IN_KEY)
 

@@ -21,16 +21,17 @@ from prefect.context import TaskRunContext
 from contrastive import stages
 from contrastive.mcl import steps
 from contrastive.engine.checkpoint import write_json
-from contrastive.engine.launch import run_under_torchrun
 from contrastive.data.loading import load_dataset
 from contrastive.data.image_folder import prepare_image_folder
 from contrastive.data.trifeature import prepare_trifeature
+from pipeline_config import datasets
 from contrastive.evaluate import plot_attribute_accuracy, plot_cluster_sizes
 from pipeline_config.loader import dump_config
 from pipeline_config.schema import ClipPipelineConfig, PipelineConfig, check_feasible
 from tasks.records import (ClusterRecord, EvalRecord, ExportRecord, PseudoLabelRecord, StepRecord, TrainRecord,
                            finished_record)
-from tasks.tracking import MetricBuffer, Tracker
+from tasks.launching import gpu_slot, run_stage_processes, uses_processes
+from tasks.tracking import MetricBuffer, Tracker, log_encoder
 
 # ---------------------------------------------------------------------------------------------------- helpers
 def cache_key_from_parameters(context: TaskRunContext, parameters: dict[str, Any]) -> str:
@@ -113,8 +114,17 @@ def finish_eval_record(*, tracker: Tracker, mlflow_run_id: str, key: str, out_di
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     write_json(Path(out_dir) / "metrics.json", {"name": name, "metrics": metrics, **(details or {})})
     tracker.log_metrics(mlflow_run_id, {f"eval/{name}/{k}": v for k, v in metrics.items()})
+    tracker.set_description(mlflow_run_id, f"## {name}\n\n| metric | value |\n|---|---|\n" + "".join(
+        f"| {k} | {v:.4f} |\n" for k, v in sorted(metrics.items()) if isinstance(v, (int, float))))
     tracker.log_artifact(mlflow_run_id, Path(out_dir) / "metrics.json", artifact_path=f"eval/{name}")
     return EvalRecord(key=key, dir=out_dir, name=name, metrics=metrics, mlflow_run_id=mlflow_run_id).save()
+
+
+def result_slug(name: str) -> str:
+    """The name the evaluation of a results-table row logs under: "stage 0" -> stage0, "MCL concat" -> mcl_concat,
+    "control (no HEX) stage 1" -> control_stage1, "soup" -> soup."""
+    words = name.lower().replace("(no hex)", "").split()
+    return "_".join(words).replace("stage_", "stage")
 
 
 def publish_summary(*, config: PipelineConfig | ClipPipelineConfig, tracker: Tracker, parent_run_id: str,
@@ -134,7 +144,11 @@ def publish_summary(*, config: PipelineConfig | ClipPipelineConfig, tracker: Tra
     for path in paths:
         tracker.log_artifact(parent_run_id, path, artifact_path="eval")
     tracker.log_artifact(parent_run_id, out / "summary.json", artifact_path="eval")
-    tracker.log_metrics(parent_run_id, {f"{name}/{k}": v for name, m in results.items() for k, v in m.items()})
+    # One name per metric: each result under the name its evaluation logged it with (eval/<representation>/...);
+    # the concatenations' evaluations already logged theirs on this run.
+    logged = tracker.client.get_run(parent_run_id).data.metrics
+    tracker.log_metrics(parent_run_id, {key: v for name, m in results.items() for k, v in m.items()
+                                        if (key := f"eval/{result_slug(name)}/{k}") not in logged})
     create_markdown_artifact(markdown=f"# {config.name}: {heading}\n\n{table}", key=f"{artifact_key}-{pipeline_id[:8]}",
                              description=description)
     return {**summary, "dir": str(out), "tracking_hint": tracker.run_url_hint(parent_run_id)}
@@ -197,11 +211,23 @@ def train_and_record(*, config: PipelineConfig | ClipPipelineConfig, tracker: Tr
     get_run_logger().info("training stage %d of the %s pipeline (%s batches, %d x %d processes) into %s", stage,
                           config.pipeline, "cluster-pure" if batches_from else "random", d.nnodes, d.nproc_per_node,
                           out_dir)
-    if d.nproc_per_node > 1 or d.nnodes > 1:
-        summary = run_under_torchrun(entry=entry, kwargs={"spec": spec.to_json()}, stage_dir=Path(out_dir),
-                                     nproc_per_node=d.nproc_per_node, backend=d.backend,
-                                     log_path=Path(out_dir) / "torchrun.log", nnodes=d.nnodes,
-                                     rdzv_endpoint=d.rdzv_endpoint)
+    with gpu_slot(config), \
+            tracker.system_metrics(mlflow_run_id, seconds=config.tracking.system_metrics_seconds):
+        summary = _train(config=config, tracker=tracker, mlflow_run_id=mlflow_run_id, out_dir=out_dir, spec=spec, entry=entry,
+                         train_here=train_here, total_steps=total_steps, description=description)
+    return finish_train_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, stage=stage,
+                               summary=summary, extra_metrics={
+                                   "train/samples_per_second": summary["samples_per_second"],
+                                   "train/trimmed_samples": summary["trimmed_samples"], **extra_metrics(summary)})
+
+
+def _train(*, config, tracker: Tracker, mlflow_run_id: str, out_dir: str, spec, entry: str, train_here,
+           total_steps: int, description: str) -> dict:
+    """train_and_record's training: as processes where config.launcher says (torchrun here, a Slurm or Kubernetes
+    job: tasks/launching.py), or here with metrics streamed to MLflow."""
+    if uses_processes(config):
+        summary = run_stage_processes(config=config, what="train", entry=entry, kwargs={"spec": spec.to_json()},
+                                      stage_dir=out_dir)
         metrics_file = Path(out_dir) / "train_metrics.jsonl"
         history = [json.loads(line) for line in metrics_file.read_text().splitlines()] if metrics_file.exists() \
             else []
@@ -215,10 +241,7 @@ def train_and_record(*, config: PipelineConfig | ClipPipelineConfig, tracker: Tr
         finally:
             terminal.close()
         buffer.flush(final=True)
-    return finish_train_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, stage=stage,
-                               summary=summary, extra_metrics={
-                                   "train/samples_per_second": summary["samples_per_second"],
-                                   "train/trimmed_samples": summary["trimmed_samples"], **extra_metrics(summary)})
+    return summary
 
 
 # ---------------------------------------------------------------------------------------------------- tasks
@@ -226,7 +249,12 @@ def train_and_record(*, config: PipelineConfig | ClipPipelineConfig, tracker: Tr
 def prepare_data(*, config: PipelineConfig) -> dict:
     """Generate (or find) the dataset and check the config against its size before any training."""
     data = config.data
-    if data.kind == "trifeature":
+    if data.kind == "trifeature" and data.trifeature.hierarchy is not None:  # families for HEX (docs/hex.md)
+        from contrastive.data.hierarchical import prepare_hierarchical
+        t = data.trifeature
+        path = prepare_hierarchical(root=data.cache_dir, num_train=t.num_train, num_test=t.num_test,
+                                    spec=t.hierarchy, image_size=t.image_size, seed=t.seed)
+    elif data.kind == "trifeature":
         t = data.trifeature
         path = prepare_trifeature(root=data.cache_dir, num_train=t.num_train, num_test=t.num_test,
                                   image_size=t.image_size, num_colors=t.num_colors, num_shapes=t.num_shapes,
@@ -237,6 +265,8 @@ def prepare_data(*, config: PipelineConfig) -> dict:
         path = prepare_shards(train_urls=s.train_urls, test_urls=s.test_urls, root=data.cache_dir,
                               image_size=s.image_size, label_fields=s.label_fields,
                               max_skip_fraction=s.max_skip_fraction)
+    elif data.kind in datasets.KINDS:  # CIFAR-MNIST, CelebA, STL-10, ImageNet, balanced Trifeature
+        path = datasets.prepare(data.kind, getattr(data, data.kind), cache_dir=data.cache_dir)
     else:
         f = data.image_folder
         path = prepare_image_folder(source=f.source, root=data.cache_dir, image_size=f.image_size,
@@ -290,8 +320,10 @@ def open_stage_run(*, config: PipelineConfig, parent_run_id: str, stage: int, ki
 
 @cached_task("train-stage")
 def train_stage(*, config: PipelineConfig, key: str, out_dir: str, stage: int, data: dict,
-                pseudo_labels: PseudoLabelRecord | None, mlflow_run_id: str) -> TrainRecord:
-    """Train a fresh encoder for one stage; resumes from ``out_dir/checkpoints/last.pt`` if a run was killed."""
+                pseudo_labels: PseudoLabelRecord | None, mlflow_run_id: str,
+                init_from: TrainRecord | None = None) -> TrainRecord:
+    """Train a fresh encoder for one stage (or, with ``init_from``, one that starts from that stage's weights:
+    mcl.inherit); resumes from ``out_dir/checkpoints/last.pt`` if a run was killed."""
     if (done := finished_record(out_dir, TrainRecord)) is not None:
         return done
     tracker = tracker_for(config)
@@ -303,7 +335,8 @@ def train_stage(*, config: PipelineConfig, key: str, out_dir: str, stage: int, d
         model=config.model.model_dump(mode="json"), method=config.method.model_dump(mode="json"),
         augment=config.augment.model_dump(), batch_size=t.batch_size, seed=seed, device=config.device,
         remainder_policy=config.mcl.remainder_policy, optim=t.optim_spec(),
-        loop=t.loop_spec(), threads=t.threads, workers=t.workers)
+        loop=t.loop_spec(), threads=t.threads, workers=t.workers,
+        init_model_path=init_from.model_path if init_from is not None else None)
     return train_and_record(
         config=config, tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, stage=stage, spec=spec,
         entry="contrastive.stages:train_stage_from_json",
@@ -322,16 +355,17 @@ def export_embeddings(*, config: PipelineConfig, key: str, out_dir: str, trained
     export = {"dataset_dir": data["dir"], "model_path": trained.model_path,
               "out_dir": str(Path(out_dir) / "embeddings"), "batch_size": 512, "device": config.device,
               "workers": config.train.workers}
-    d = config.distributed
-    if d.nproc_per_node > 1 or d.nnodes > 1:  # each rank embeds its share of the samples into its own shards
-        result = run_under_torchrun(entry="contrastive.stages:export_stage_from_json", kwargs={"export": export},
-                                    stage_dir=Path(export["out_dir"]), nproc_per_node=d.nproc_per_node,
-                                    backend=d.backend, log_path=Path(out_dir) / "torchrun.log", nnodes=d.nnodes,
-                                    rdzv_endpoint=d.rdzv_endpoint, result_file=stages.EXPORT_SUMMARY)
-    else:
-        result = stages.export_stage_embeddings(**export)
+    with gpu_slot(config):
+        if uses_processes(config):  # each rank embeds its share of the samples into its own shards
+            result = run_stage_processes(config=config, what="export",
+                                         entry="contrastive.stages:export_stage_from_json", kwargs={"export": export}, stage_dir=export["out_dir"],
+                                         result_file=stages.EXPORT_SUMMARY, log_path=Path(out_dir) / "torchrun.log")
+        else:
+            result = stages.export_stage_embeddings(**export)
     tracker.log_metrics(mlflow_run_id, {"export/unreadable": result["unreadable"]})
     tracker.log_artifact(mlflow_run_id, Path(out_dir) / "embeddings", artifact_path="embeddings")
+    log_encoder(tracker, mlflow_run_id, name=f"stage{trained.stage}-encoder", model_paths=[trained.model_path],
+                dims=[result["dim"]], tags={"stage": str(trained.stage), "train_key": trained.key})
     return ExportRecord(key=key, dir=out_dir, embeddings_dir=result["dir"], num_samples=result["num_samples"],
                         dim=result["dim"], mlflow_run_id=mlflow_run_id).save()
 
@@ -339,10 +373,11 @@ def export_embeddings(*, config: PipelineConfig, key: str, out_dir: str, trained
 def sample_scope(dataset_dir: str | None) -> tuple[np.ndarray | None, dict[str, np.ndarray] | None]:
     """Which samples MCL clusters and which attributes the clusters are compared with: the training split of an
     image dataset (ids, labels aligned to them), or every exported sample without labels (``dataset_dir`` None:
-    the CLIP pipeline's shards)."""
+    the CLIP pipeline's shards). A text dataset (the text pipeline's sentences) has the same index."""
     if dataset_dir is None:
         return None, None
-    dataset = load_dataset(dataset_dir)
+    from contrastive.text.dataset import is_text_dataset, load_text_dataset
+    dataset = load_text_dataset(dataset_dir) if is_text_dataset(dataset_dir) else load_dataset(dataset_dir)
     train = dataset.indices("train")
     return dataset.ids[train], {name: labels[train] for name, labels in dataset.labels.items()}
 

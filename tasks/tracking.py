@@ -6,16 +6,24 @@ unreachable a :class:`TrackingError` says so and where the computed results are 
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
+import shutil
+import sys
 import time
+import warnings
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
+from urllib.parse import unquote, urlparse
 
 import mlflow
-from mlflow.entities import Metric, Param, RunTag
+import mlflow.pyfunc
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from contrastive.engine.checkpoint import disk_full_error, is_disk_full
 from contrastive.errors import MclpipeError
 
 log = logging.getLogger(__name__)
@@ -23,10 +31,48 @@ log = logging.getLogger(__name__)
 # MLflow's HTTP client retries for minutes on its own; Tracker retries with its own backoff and then says what to do.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # bars of 1-file downloads in the run's log
 T = TypeVar("T")
 
 PARENT_TAG = "mlflow.parentRunId"
+DESCRIPTION_TAG = "mlflow.note.content"  # the run's description in the MLflow UI (markdown)
+# MLflow 3.x's UI opens an experiment in its training view (runs, charts, models) rather than its GenAI view
+# (traces, evaluations) when the experiment carries this tag.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+# MLflow 3.17's UI has a global "GenAI | Model training" switch (default GenAI) that overrides the experiment's kind;
+# a link carrying this query opens in the training view (runs, charts, models) whatever the switch was on.
+TRAINING_VIEW = "?workflowType=machine_learning"
 MAX_PARAM_LENGTH = 6000
+ANSWERS = ("RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS", "INVALID_PARAMETER_VALUE")  # not retried
+# What a run never uploads: the previous checkpoint kept for a torn write, digests and half-written files are there
+# for resuming on the machine that trained, not for a person reading the run.
+NOT_UPLOADED = (".prev", ".sha256", ".tmp")
+LOCAL_UI = "http://127.0.0.1:5000"  # where `make ui-mlflow` serves a local store
+
+
+@contextlib.contextmanager
+def store_init_lock(uri: str) -> Iterator[None]:
+    """Hold a file lock beside a local sqlite store while it is opened (created or migrated) and the experiment
+    made, so two pipelines started together in a fresh directory do not race on the schema (MLflow's migration
+    fails with "duplicate column name"). Other stores handle concurrency themselves."""
+    if not uri.startswith("sqlite:///") or uri == "sqlite:///:memory:":
+        yield
+        return
+    from filelock import FileLock, Timeout
+
+    database = Path(unquote(uri.removeprefix("sqlite:///")).split("?", 1)[0])
+    database.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(database) + ".lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log.warning("waiting for another mclpipe run to finish creating the MLflow store %s", database)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 class TrackingError(MclpipeError):
@@ -35,6 +81,51 @@ class TrackingError(MclpipeError):
 
 def default_tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+
+
+def is_remote(uri: str) -> bool:
+    """A tracking server (artifacts go over HTTP to its store) rather than a local database or folder."""
+    return uri.startswith(("http://", "https://", "databricks"))
+
+
+def ui_base(uri: str) -> str:
+    """Where a person opens the MLflow UI of ``uri``: the server itself, or the local UI of `make ui-mlflow`
+    (``MCLPIPE_MLFLOW_UI`` when served elsewhere)."""
+    return uri.rstrip("/") if is_remote(uri) else os.environ.get("MCLPIPE_MLFLOW_UI", LOCAL_UI).rstrip("/")
+
+
+def ui_command(uri: str) -> str | None:
+    """A command that opens the MLflow UI on a local store, working as printed: `make ui-mlflow` from the checkout
+    whose Makefile serves this store, else the mlflow executable of this interpreter's environment (not on PATH
+    outside the venv). None for a tracking server (its URL is the UI)."""
+    if is_remote(uri):
+        return None
+    mlflow_bin = Path(sys.executable).with_name("mlflow")
+    if uri == f"sqlite:///{Path.cwd() / 'mlflow.db'}" and (Path.cwd() / "Makefile").exists() \
+            and Path(sys.executable).parent.parent.resolve() == (Path.cwd() / ".venv").resolve():
+        return "make ui-mlflow"
+    return f"{mlflow_bin} ui --backend-store-uri {uri} --port 5000"
+
+
+def uploaded_files(path: Path) -> list[tuple[Path, str]]:
+    """(file, path relative to ``path``) for every file of a directory (or the file itself) a run uploads."""
+    path = Path(path)
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else []
+    return [(f, f.name if f == path else str(f.relative_to(path))) for f in files
+            if not f.name.endswith(NOT_UPLOADED) and ".prev." not in f.name]
+
+
+def link_or_copy(source: Path, target: Path) -> None:
+    """One copy of the bytes: a hard link into a local artifact store on the same file system (a step's outputs are
+    not held twice), a copy where links cannot be made. Step files are replaced by rename, never rewritten in place,
+    so a link keeps the content the run logged."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+        target.unlink()
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, str]:
@@ -55,8 +146,11 @@ class Tracker:
         self.uri = uri or default_tracking_uri()
         self.retries = retries
         self.backoff_seconds = backoff_seconds
-        self.client = MlflowClient(tracking_uri=self.uri)
-        self.experiment_id = self._call("open the experiment", self._experiment_id, experiment, artifact_root)
+        # Creating a local store migrates its schema; two pipelines starting together must not both do it.
+        with store_init_lock(self.uri):
+            self.client = MlflowClient(tracking_uri=self.uri)
+            self.experiment_id = self._call("open the experiment", self._experiment_id, experiment, artifact_root)
+        self._artifact_dirs: dict[str, Path | None] = {}
 
     # ------------------------------------------------------------------------------------------------ plumbing
     def _call(self, what: str, fn: Callable[..., T], *args, **kwargs) -> T:
@@ -67,6 +161,11 @@ class Tracker:
             except mlflow.exceptions.RestException:
                 raise
             except Exception as exc:  # connection errors surface as several exception types
+                if getattr(exc, "error_code", None) in ANSWERS:  # the store answered; asking again changes nothing
+                    raise
+                if is_disk_full(exc):  # a local store on a full disk: retrying does not help
+                    where = Path(exc.filename).parent if exc.filename else Path(self.uri.removeprefix("sqlite:///"))
+                    raise disk_full_error(directory=where, what=f"MLflow's records ({what})") from exc
                 if attempt == self.retries:
                     raise TrackingError(
                         f"MLflow tracking at {self.uri} failed to {what} after {self.retries + 1} tries "
@@ -81,17 +180,32 @@ class Tracker:
     def _experiment_id(self, name: str, artifact_root: Path | None) -> str:
         experiment = self.client.get_experiment_by_name(name)
         if experiment is not None:
+            if experiment.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:  # made by an earlier version
+                self.client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
             return experiment.experiment_id
         location = None
-        if artifact_root is not None and not self.uri.startswith(("http://", "https://", "databricks")):
+        if artifact_root is not None and not is_remote(self.uri):
             location = Path(artifact_root).resolve().as_uri()
         try:
-            return self.client.create_experiment(name, artifact_location=location)
+            experiment_id = self.client.create_experiment(name, artifact_location=location,
+                                                          tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
         except mlflow.exceptions.MlflowException as exc:
             # Two pipelines starting at once both saw no experiment; the loser uses the winner's.
             if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
             return self.client.get_experiment_by_name(name).experiment_id
+        self._drop_empty_default()
+        return experiment_id
+
+    def _drop_empty_default(self) -> None:
+        """A new local store is created with an empty ``Default`` experiment that nothing of ours uses; delete it
+        (soft: the store keeps it, the UI no longer lists it) while it holds no run. A team server's is left alone."""
+        if is_remote(self.uri):
+            return
+        default = self.client.get_experiment("0")
+        if default.name == "Default" and default.lifecycle_stage == "active" and not self.client.search_runs(
+                ["0"], max_results=1, run_view_type=mlflow.entities.ViewType.ALL):
+            self.client.delete_experiment("0")
 
     # ------------------------------------------------------------------------------------------------ runs
     def find_run(self, *, tags: dict[str, str], parent_run_id: str | None = None) -> str | None:
@@ -144,19 +258,75 @@ class Tracker:
         for start in range(0, len(batch), 1000):
             self._call("log metrics", self.client.log_batch, run_id, metrics=batch[start:start + 1000])
 
+    def local_artifact_dir(self, run_id: str) -> Path | None:
+        """The run's artifact folder when its artifact store is a local folder (None for a server's store)."""
+        if run_id not in self._artifact_dirs:
+            uri = self._call("read a run", self.client.get_run, run_id).info.artifact_uri
+            parsed = urlparse(uri)
+            local = parsed.scheme in ("", "file") and not is_remote(self.uri)
+            self._artifact_dirs[run_id] = Path(unquote(parsed.path)) if local else None
+        return self._artifact_dirs[run_id]
+
     def log_artifact(self, run_id: str, path: Path, *, artifact_path: str | None = None) -> None:
+        """Log a file or a folder's files (without ``NOT_UPLOADED`` ones) under ``artifact_path``: hard links into a
+        local artifact store, uploads to a server's."""
         path = Path(path)
-        if path.is_dir():
-            self._call("upload artifacts", self.client.log_artifacts, run_id, str(path), artifact_path)
-        elif path.exists():
-            self._call("upload an artifact", self.client.log_artifact, run_id, str(path), artifact_path)
+        files = uploaded_files(path)
+        local = self.local_artifact_dir(run_id) if files else None
+        for source, relative in files:
+            parts = [part for part in (artifact_path, str(Path(relative).parent)) if part and part != "."]
+            target = "/".join(parts) or None
+            if local is not None:
+                link_or_copy(source, local / (artifact_path or "") / relative)
+            else:
+                self._call("upload an artifact", self.client.log_artifact, run_id, str(source), target)
 
     def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
         self._call("upload an artifact", self.client.log_text, run_id, text, artifact_file)
 
+    def set_description(self, run_id: str, markdown: str) -> None:
+        """The run's description (rendered as markdown at the top of its page in the MLflow UI)."""
+        self.set_tags(run_id, {DESCRIPTION_TAG: markdown})
+
+    def log_dataset(self, run_id: str, *, name: str, digest: str, source: str, context: str,
+                    profile: dict[str, Any]) -> None:
+        """Record a dataset the run read (shown under the run's "Datasets"): ``context`` says what for (train,
+        pseudo_labels, eval), ``profile`` holds its size and split."""
+        dataset = Dataset(name=name, digest=digest[:36], source_type="local", source=json.dumps({"uri": source}),
+                          profile=json.dumps(profile))
+        self._call("log a dataset", self.client.log_inputs, run_id,
+                   [DatasetInput(dataset, [InputTag("mlflow.data.context", context)])])
+
+    def run_exists(self, run_id: str) -> bool:
+        try:
+            return self._call("read a run", self.client.get_run, run_id).info.lifecycle_stage == "active"
+        except mlflow.exceptions.MlflowException:
+            return False
+
+    def run_url(self, run_id: str) -> str:
+        return f"{ui_base(self.uri)}/#/experiments/{self.experiment_id}/runs/{run_id}{TRAINING_VIEW}"
+
+    def experiment_url(self) -> str:
+        return f"{ui_base(self.uri)}/#/experiments/{self.experiment_id}/runs{TRAINING_VIEW}"
+
     def run_url_hint(self, run_id: str) -> str:
-        return (f"mlflow ui --backend-store-uri {self.uri}  (then open http://127.0.0.1:5000/#/experiments/"
-                f"{self.experiment_id}/runs/{run_id})")
+        command = ui_command(self.uri)
+        return self.run_url(run_id) if command is None else f"{command}  then open  {self.run_url(run_id)}"
+
+    @contextlib.contextmanager
+    def system_metrics(self, run_id: str, *, seconds: float) -> Iterator[None]:
+        """Sample CPU, memory, disk, network (and GPU with pynvml) every ``seconds`` into ``system/*`` metrics of
+        the run while the block runs; ``seconds`` 0 switches it off."""
+        if seconds <= 0:
+            yield
+            return
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+        monitor = SystemMetricsMonitor(run_id, sampling_interval=seconds, tracking_uri=self.uri)
+        monitor.start()
+        try:
+            yield
+        finally:
+            monitor.finish()
 
 
 def _metric_key(key: str) -> str:
@@ -198,3 +368,107 @@ class MetricBuffer:
             if final:
                 raise
             log.warning("MLflow unreachable; keeping %d metric points to send later", len(self.pending))
+
+
+# ---------------------------------------------------------------------------------------------------- models
+MODEL_ALIAS = "current"  # the registered model's alias for the encoder of the latest finished pipeline
+
+
+class EncoderModel(mlflow.pyfunc.PythonModel):
+    """A pipeline's representation as an MLflow model: uint8 images (n, C, H, W) in, float32 embeddings out.
+
+    One stage: that stage's encoder output (what its export wrote, shape (n, D)). Several stages: MCL's integration,
+    concat(normalize(z_0), ..., normalize(z_{N-1})) of shape (n, sum D_j). The input transform is the export's:
+    pixels / 255 on the stage encoders' own ``embed``.
+    """
+
+    _skip_type_hint_validation = True  # the signature logged with the model validates inputs, not type hints
+
+    def load_context(self, context) -> None:
+        import torch
+
+        from contrastive.stages import load_trained_model
+        names = sorted(context.artifacts, key=lambda name: int(name.removeprefix("stage")))
+        self.encoders = [load_trained_model(model_path=Path(context.artifacts[n]), device=torch.device("cpu"))
+                         for n in names]
+
+    def predict(self, context, model_input, params=None):
+        import numpy as np
+        import torch
+
+        from contrastive.integrate import concat_normalized
+        images = torch.as_tensor(np.asarray(model_input)).float().div_(255.0)
+        with torch.no_grad():
+            embeddings = [encoder.embed(images).float().numpy() for encoder in self.encoders]
+        return embeddings[0] if len(embeddings) == 1 else concat_normalized(stage_embeddings=embeddings)
+
+
+def encoder_signature(*, dims: list[int]):
+    import numpy as np
+    from mlflow.models.signature import ModelSignature
+    from mlflow.types.schema import Schema, TensorSpec
+    out = dims[0] if len(dims) == 1 else sum(dims)
+    # Unnamed tensors: predict receives and returns plain arrays.
+    return ModelSignature(inputs=Schema([TensorSpec(np.dtype(np.uint8), (-1, -1, -1, -1))]),
+                          outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, out))]))
+
+
+@contextlib.contextmanager
+def quiet_model_saving() -> Iterator[None]:
+    """MLflow's advice while saving EncoderModel does not apply: its warning on pickled models (the class is importable
+    project code) and on a missing input example (the signature gives the shapes)."""
+    pyfunc_log = logging.getLogger("mlflow.pyfunc")
+    level = pyfunc_log.level
+    pyfunc_log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            yield
+    finally:
+        pyfunc_log.setLevel(level)
+
+
+def log_encoder(tracker: Tracker, run_id: str, *, name: str, model_paths: list[str], dims: list[int],
+                registered_name: str | None = None, tags: dict[str, str] | None = None) -> dict[str, str]:
+    """Log ``model_paths`` (one stage's ``model.pt``, or every stage's for the integrated representation) as an
+    MLflow logged model of the run, loadable with ``mlflow.pyfunc.load_model``; with ``registered_name``, register
+    it and point the alias ``current`` at it. Returns {"model_id", "model_uri"[, "version", "registered_uri"]}."""
+    import tempfile
+
+    import mlflow.pyfunc
+    from mlflow.entities import LoggedModelOutput
+    with tempfile.TemporaryDirectory() as tmp:
+        local = Path(tmp) / "model"
+        # pip_requirements given: inferring them starts a subprocess that imports the model (slow, and needless
+        # here: the model runs in this project's environment).
+        with quiet_model_saving():
+            mlflow.pyfunc.save_model(str(local), python_model=EncoderModel(),
+                                     artifacts={f"stage{i}": str(p) for i, p in enumerate(model_paths)},
+                                     signature=encoder_signature(dims=dims), pip_requirements=["mclpipe", "torch"])
+        model = tracker._call("create a logged model", tracker.client.create_logged_model, tracker.experiment_id,
+                              name=name, source_run_id=run_id, model_type="encoder", tags=tags or {})
+        tracker._call("upload a model", tracker.client.log_model_artifacts, model.model_id, str(local))
+    tracker._call("finish a model", tracker.client.finalize_logged_model, model.model_id, "READY")
+    tracker._call("link a model", tracker.client.log_outputs, run_id, [LoggedModelOutput(model.model_id, step=0)])
+    out = {"model_id": model.model_id, "model_uri": f"models:/{model.model_id}"}
+    if registered_name:
+        _ensure_registered_model(tracker, registered_name)
+        version = tracker._call("register a model version", tracker.client.create_model_version, registered_name,
+                                model.artifact_location, run_id=run_id, model_id=model.model_id)
+        tracker._call("set a model alias", tracker.client.set_registered_model_alias, registered_name, MODEL_ALIAS,
+                      version.version)
+        out |= {"version": str(version.version), "registered_uri": f"models:/{registered_name}@{MODEL_ALIAS}"}
+    return out
+
+
+def _ensure_registered_model(tracker: Tracker, name: str) -> None:
+    """Create the registered model unless it exists (two pipelines registering at once: the loser uses it)."""
+    try:
+        tracker._call("read a registered model", tracker.client.get_registered_model, name)
+        return
+    except mlflow.exceptions.MlflowException:
+        pass
+    try:
+        tracker._call("register a model", tracker.client.create_registered_model, name)
+    except mlflow.exceptions.MlflowException:
+        tracker._call("read a registered model", tracker.client.get_registered_model, name)

@@ -233,8 +233,10 @@ def _build_index(*, ids, split, labels, attributes, num_samples: int) -> dict[st
 
 
 def _check_images_array(images: np.ndarray, *, where: str) -> None:
-    if images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8:
-        raise DataError(f"{where} holds {images.dtype} {tuple(images.shape)}, expected uint8 (N, H, W, 3)")
+    # 4 channels: CIFAR-MNIST (RGB + a digit), read by encoders built with model.in_channels=4.
+    if images.ndim != 4 or images.shape[-1] not in (3, 4) or images.dtype != np.uint8:
+        raise DataError(f"{where} holds {images.dtype} {tuple(images.shape)}, expected uint8 (N, H, W, 3) (or 4 "
+                        "channels)")
 
 
 def read_manifest(directory: Path) -> dict[str, Any] | None:

@@ -3,18 +3,28 @@
 ``save_checkpoint`` writes ``<name>.tmp``, fsyncs, renames over ``<name>`` (after moving the previous good file to
 ``<name>.prev``) and records a SHA-256 beside it. ``load_checkpoint`` verifies the digest and falls back to the
 previous good checkpoint, with a warning, when the newest one is truncated or corrupt.
+
+A full disk (ENOSPC, or EDQUOT over quota) while writing raises :class:`~contrastive.errors.DiskFullError` naming
+the directory that filled up and what was being written; the partial temporary file is removed and nothing
+written before is touched (a new checkpoint is written in full before the previous ones are rotated).
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
 import os
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from contrastive.errors import DiskFullError
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
 def _digest_path(path: Path) -> Path:
@@ -25,35 +35,85 @@ def _previous_path(path: Path) -> Path:
     return path.with_name(path.name + ".prev")
 
 
-def atomic_write_bytes(path: Path, payload: bytes) -> None:
-    """Write then rename, so a reader never sees a half-written file."""
+def is_disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
+
+
+def disk_full_error(*, directory: Path, what: str, kept: str | None = None) -> DiskFullError:
+    """The one-line message for a write that found its filesystem full: where, what, what is kept, the fix."""
+    directory = Path(directory)
+    existing = next((p for p in (directory, *directory.parents) if p.exists()), directory)
+    try:
+        free = f"{shutil.disk_usage(existing).free / 2**20:.1f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    kept = f"; {kept}" if kept else "; everything written before is kept"
+    return DiskFullError(f"disk full: no space left in {directory} ({free}) while writing {what}{kept}. Free space "
+                         f"there (or point output_dir at a larger disk) and rerun the same command: finished steps "
+                         f"are reused and a stage in progress resumes from its last checkpoint")
+
+
+def _write_temporary(path: Path, payload: bytes, *, what: str) -> Path:
+    """``payload`` fsynced into a temporary file beside ``path``; on a full disk the partial file is removed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        handle.write(payload)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)  # a partial file would only hold on to the space that ran out
+        if is_disk_full(exc):
+            raise disk_full_error(directory=path.parent, what=f"{what} ({path.name})") from exc
+        raise
+    return tmp
+
+
+def atomic_write_bytes(path: Path, payload: bytes, *, what: str = "a file") -> None:
+    """Write then rename, so a reader never sees a half-written file."""
+    path = Path(path)
+    os.replace(_write_temporary(path, payload, what=what), path)
 
 
 def write_json(path: Path, value: dict) -> None:
     """A JSON record written atomically (write, then rename)."""
-    atomic_write_bytes(Path(path), json.dumps(value, indent=2, default=str).encode())
+    atomic_write_bytes(Path(path), json.dumps(value, indent=2, default=str).encode(), what="a JSON record")
+
+
+def save_torch(obj: Any, path: Path, *, what: str) -> None:
+    """``torch.save`` written atomically, with the disk-full message (torch's own writer reports ENOSPC as a bare
+    RuntimeError)."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    atomic_write_bytes(path, buffer.getvalue(), what=what)
 
 
 def save_checkpoint(state: dict[str, Any], path: Path) -> str:
-    """Serialise ``state`` with torch.save; returns its SHA-256 hex digest."""
+    """Serialise ``state`` with torch.save; returns its SHA-256 hex digest.
+
+    The new file is written in full before the newest good one becomes ``.prev``, so a full disk leaves both
+    earlier checkpoints as they were.
+    """
     path = Path(path)
     buffer = io.BytesIO()
     torch.save(state, buffer)
     payload = buffer.getvalue()
     digest = hashlib.sha256(payload).hexdigest()
-    if path.exists() and _verified(path):
+    kept = next((c for c in (path, _previous_path(path)) if _verified(c)), None)
+    try:
+        tmp = _write_temporary(path, payload, what="a training checkpoint")
+    except DiskFullError as exc:
+        note = f"the previous checkpoint {kept} is kept" if kept else "no earlier checkpoint of this stage exists"
+        raise disk_full_error(directory=path.parent, what=f"a training checkpoint ({path.name})", kept=note) \
+            from exc.__cause__
+    if kept == path:
         os.replace(path, _previous_path(path))
         if _digest_path(path).exists():
             os.replace(_digest_path(path), _digest_path(_previous_path(path)))
-    atomic_write_bytes(path, payload)
-    atomic_write_bytes(_digest_path(path), digest.encode())
+    os.replace(tmp, path)
+    # Without its digest (the disk filled up just now) the new file reads as corrupt and .prev is used instead.
+    atomic_write_bytes(_digest_path(path), digest.encode(), what="a checkpoint digest")
     return digest
 
 

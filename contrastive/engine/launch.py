@@ -18,8 +18,10 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from contrastive.engine.checkpoint import load_checkpoint
 from contrastive.engine.distributed import device_for, dist_from_env, init_process_group
-from contrastive.errors import MclpipeError
+from contrastive.engine.signals import graceful_stop, set_parent_death_signal, wait_forwarding_stop
+from contrastive.errors import MclpipeError, StageInterrupted
 
 SUMMARY = "train_summary.json"
 
@@ -39,19 +41,36 @@ def run_under_torchrun(*, entry: str, kwargs: dict, stage_dir: Path, nproc_per_n
                        result_file: str = SUMMARY) -> dict:
     """Write the arguments beside the step's outputs, run torchrun, return what rank 0 wrote to ``result_file``."""
     stage_dir = Path(stage_dir)
-    stage_dir.mkdir(parents=True, exist_ok=True)
-    args_path = stage_dir / f"{Path(result_file).stem}_args.json"
-    args_path.write_text(json.dumps({"entry": entry, "kwargs": kwargs, "backend": backend}, indent=2, default=str))
+    args_path = write_launch_args(entry=entry, kwargs=kwargs, backend=backend, stage_dir=stage_dir,
+                                  result_file=result_file)
     command = torchrun_command(args_path=args_path, nproc_per_node=nproc_per_node, nnodes=nnodes,
                                rdzv_endpoint=rdzv_endpoint)
-    with open(log_path, "ab") as log:
-        completed = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False)
-    if completed.returncode != 0:
+    # Its own session, so a terminal's Ctrl-C reaches only this process, which forwards one SIGTERM (the ranks then
+    # finish their step and checkpoint); SIGTERM on this process's death, so a killed pipeline leaves no ranks.
+    with open(log_path, "ab") as log, graceful_stop():
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                   preexec_fn=set_parent_death_signal)
+        stopped_by = wait_forwarding_stop(process)
+    if stopped_by is not None:
+        checkpoint = stage_dir / "checkpoints" / "last.pt"
+        state = load_checkpoint(checkpoint)
+        raise StageInterrupted(signum=stopped_by, checkpoint=str(checkpoint) if state else None,
+                               step=state["step"] if state else None)
+    if process.returncode != 0:
         tail = Path(log_path).read_text(errors="replace").splitlines()[-15:]
-        raise MclpipeError(f"torchrun training of {stage_dir.name} failed (exit {completed.returncode}); its last "
+        raise MclpipeError(f"torchrun training of {stage_dir.name} failed (exit {process.returncode}); its last "
                            "lines:\n  " + "\n  ".join(tail) + f"\nFull log: {log_path}. Rerunning resumes from "
                            f"{stage_dir / 'checkpoints' / 'last.pt'}")
     return json.loads((stage_dir / result_file).read_text())
+
+
+def write_launch_args(*, entry: str, kwargs: dict, backend: str, stage_dir: Path, result_file: str = SUMMARY) -> Path:
+    """The JSON every process of a launch reads (here, or on a cluster's nodes through the shared filesystem)."""
+    stage_dir = Path(stage_dir)
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    args_path = stage_dir / f"{Path(result_file).stem}_args.json"
+    args_path.write_text(json.dumps({"entry": entry, "kwargs": kwargs, "backend": backend}, indent=2, default=str))
+    return args_path
 
 
 def resolve_entry(entry: str):

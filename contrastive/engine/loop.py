@@ -11,6 +11,10 @@ torch, CUDA and the task's own generators), the epoch and the number of batches 
 mid-way resumes on exactly the batches and augmentations an uninterrupted run would have seen. Rank 0 writes it,
 every rank reads it.
 
+Stopping: SIGINT (Ctrl-C) or SIGTERM during training lets the step in progress finish, writes a checkpoint and
+raises ``StageInterrupted`` (``engine.signals``); under torchrun the ranks agree on it after every step. A second
+signal stops at once, keeping the last periodic checkpoint.
+
 Lockstep: before every micro-batch the ranks agree (one all-reduce of an int) on the smallest local batch; a rank
 whose source ran dry reports 0 and every rank ends the epoch there, so DDP never hangs on uneven data; a shorter
 batch on one rank (an unreadable image skipped) trims the others to match. Both are counted in the result.
@@ -33,8 +37,9 @@ from contrastive.engine.distributed import (DistInfo, all_reduce_max, all_reduce
 from contrastive.engine.optim import build_optimizer, lr_multiplier
 from contrastive.engine.precision import autocast_context, check_precision, grad_scaler
 from contrastive.engine.rng import capture_rng, restore_rng
+from contrastive.engine.signals import consume, graceful_stop, stop_requested
 from contrastive.engine.task import BatchSource, LoopSpec, OptimSpec, StageTask
-from contrastive.errors import ConfigError, MclpipeError
+from contrastive.errors import ConfigError, MclpipeError, StageInterrupted
 
 
 class TrainCallback(Protocol):
@@ -132,82 +137,98 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
                          seconds=0.0, samples_per_second=0.0)
     started, samples = time.perf_counter(), 0
     module.train()
-    for epoch in range(start_epoch, loop.epochs):
-        position = consumed if epoch == start_epoch else 0
-        iterator = iter(source.batches(epoch=epoch, start=position))
-        epoch_losses, window_start, window_samples = [], time.perf_counter(), 0
-        metrics: dict[str, float] = {}
-        while loop.max_steps_per_epoch is None or position < loop.max_steps_per_epoch * loop.grad_accumulation:
-            step_loss, step_samples, dry = 0.0, 0, False
-            for micro in range(loop.grad_accumulation):
-                batch = next(iterator, None)
-                local = len(batch) if batch is not None else 0
-                size = all_reduce_min(local, device=device)
-                if size < 2:  # some rank ran dry (or a batch of 1 has no negatives): the epoch ends for all ranks
-                    if local > 0:  # this rank still had data: count what the early end left unread in this batch
-                        result.epochs_ended_early += 1
-                        result.trimmed_samples += local
-                    dry = True
+
+    def name_last_checkpoint(exc: StageInterrupted) -> None:
+        # A second signal stops mid-step: what survives is the last checkpoint written.
+        if exc.checkpoint is None and checkpoint_path.exists():
+            exc.checkpoint = str(checkpoint_path)
+            exc.step = last_saved["at"][0] if last_saved["at"] else resumed_from
+
+    with graceful_stop(on_interrupt=name_last_checkpoint):
+        for epoch in range(start_epoch, loop.epochs):
+            position = consumed if epoch == start_epoch else 0
+            iterator = iter(source.batches(epoch=epoch, start=position))
+            epoch_losses, window_start, window_samples = [], time.perf_counter(), 0
+            metrics: dict[str, float] = {}
+            while loop.max_steps_per_epoch is None or position < loop.max_steps_per_epoch * loop.grad_accumulation:
+                step_loss, step_samples, dry = 0.0, 0, False
+                for micro in range(loop.grad_accumulation):
+                    batch = next(iterator, None)
+                    local = len(batch) if batch is not None else 0
+                    size = all_reduce_min(local, device=device)
+                    # some rank ran dry (or a batch of 1 has no negatives): the epoch ends for all ranks
+                    if size < 2:
+                        if local > 0:  # this rank still had data: count what the early end left unread in it
+                            result.epochs_ended_early += 1
+                            result.trimmed_samples += local
+                        dry = True
+                        break
+                    if size < local:
+                        result.trimmed_samples += local - size
+                        batch = batch.take(size)
+                    for hook in batch_hooks:
+                        hook.on_batch(step=step, batch=batch)
+                    inputs = task.inputs(batch, device=device, step=step)
+                    last_micro = micro == loop.grad_accumulation - 1
+                    sync = contextlib.nullcontext() if last_micro or not info.is_distributed else module.no_sync()
+                    with sync:
+                        with autocast_context(precision=loop.precision, device=device):
+                            loss, metrics = module(**inputs)
+                        diverged = all_reduce_max(int(not bool(torch.isfinite(loss))), device=device)
+                        if diverged:
+                            raise MclpipeError(
+                                f"training diverged at step {step} (loss {loss.item()}): lower train.lr, or use "
+                                f"precision fp32/bf16; the last good checkpoint is kept at {checkpoint_path}")
+                        scaler.scale(loss / loop.grad_accumulation).backward()
+                    step_loss += loss.item() / loop.grad_accumulation
+                    step_samples += size * info.world_size
+                    position += 1
+                if dry:
+                    # A partial accumulation ran its backward without the gradient all-reduce: drop it.
+                    opt.zero_grad(set_to_none=True)
                     break
-                if size < local:
-                    result.trimmed_samples += local - size
-                    batch = batch.take(size)
-                for hook in batch_hooks:
-                    hook.on_batch(step=step, batch=batch)
-                inputs = task.inputs(batch, device=device, step=step)
-                last_micro = micro == loop.grad_accumulation - 1
-                sync = contextlib.nullcontext() if last_micro or not info.is_distributed else module.no_sync()
-                with sync:
-                    with autocast_context(precision=loop.precision, device=device):
-                        loss, metrics = module(**inputs)
-                    diverged = all_reduce_max(int(not bool(torch.isfinite(loss))), device=device)
-                    if diverged:
-                        raise MclpipeError(
-                            f"training diverged at step {step} (loss {loss.item()}): lower train.lr, or use "
-                            f"precision fp32/bf16; the last good checkpoint is kept at {checkpoint_path}")
-                    scaler.scale(loss / loop.grad_accumulation).backward()
-                step_loss += loss.item() / loop.grad_accumulation
-                step_samples += size * info.world_size
-                position += 1
-            if dry:
-                # A partial accumulation ran its backward without the gradient all-reduce: drop it, and count it.
+                if loop.grad_clip_norm:
+                    scaler.unscale_(opt)
+                    torch.nn.utils.clip_grad_norm_(trained, loop.grad_clip_norm)
+                scaler.step(opt)
+                scaler.update()
                 opt.zero_grad(set_to_none=True)
-                break
-            if loop.grad_clip_norm:
-                scaler.unscale_(opt)
-                torch.nn.utils.clip_grad_norm_(trained, loop.grad_clip_norm)
-            scaler.step(opt)
-            scaler.update()
-            opt.zero_grad(set_to_none=True)
-            scheduler.step()
-            task.after_step(step=step)
-            step += 1
-            result.final_loss = step_loss
-            epoch_losses.append(step_loss)
-            samples += step_samples
-            window_samples += step_samples
-            if step % loop.log_every_steps == 0:
-                elapsed = max(time.perf_counter() - window_start, 1e-9)
-                logged = {"train/loss": step_loss, "train/lr": scheduler.get_last_lr()[0],
-                          "train/samples_per_s": window_samples / elapsed,
-                          "train/views_per_s": task.views_per_sample * window_samples / elapsed,
-                          "train/epoch": float(epoch), **metrics, **task.log_metrics()}
-                result.history.append({"step": float(step), **logged})
-                if info.is_main:
-                    for callback in callbacks:
-                        callback.on_step(step=step, epoch=epoch, metrics=logged)
-                window_start, window_samples = time.perf_counter(), 0
-            if step % loop.checkpoint_every_steps == 0:
-                save(epoch, position)
-            if stop_after_steps is not None and step >= stop_after_steps:
-                save(epoch, position)
-                return _finish(result, step=step, epoch=epoch, started=started, samples=samples)
-        save(epoch + 1, 0)
-        if info.is_main:
-            for callback in callbacks:
-                callback.on_epoch_end(epoch=epoch, metrics={
-                    "train/epoch_loss": float(np.mean(epoch_losses)) if epoch_losses else float("nan")})
-    return _finish(result, step=step, epoch=loop.epochs, started=started, samples=samples)
+                scheduler.step()
+                task.after_step(step=step)
+                step += 1
+                result.final_loss = step_loss
+                epoch_losses.append(step_loss)
+                samples += step_samples
+                window_samples += step_samples
+                if step % loop.log_every_steps == 0:
+                    elapsed = max(time.perf_counter() - window_start, 1e-9)
+                    logged = {"train/loss": step_loss, "train/lr": scheduler.get_last_lr()[0],
+                              "train/samples_per_s": window_samples / elapsed,
+                              "train/views_per_s": task.views_per_sample * window_samples / elapsed,
+                              "train/epoch": float(epoch), **metrics, **task.log_metrics()}
+                    result.history.append({"step": float(step), **logged})
+                    if info.is_main:
+                        for callback in callbacks:
+                            callback.on_step(step=step, epoch=epoch, metrics=logged)
+                    window_start, window_samples = time.perf_counter(), 0
+                if step % loop.checkpoint_every_steps == 0:
+                    save(epoch, position)
+                signum = stop_requested() or 0
+                if info.is_distributed:  # all ranks stop after the same step, or the rest would wait in a collective
+                    signum = all_reduce_max(signum, device=device)
+                if signum:  # SIGINT / SIGTERM arrived during this step: keep it, then stop
+                    save(epoch, position)
+                    consume(signum)
+                    raise StageInterrupted(signum=signum, checkpoint=str(checkpoint_path), step=step)
+                if stop_after_steps is not None and step >= stop_after_steps:
+                    save(epoch, position)
+                    return _finish(result, step=step, epoch=epoch, started=started, samples=samples)
+            save(epoch + 1, 0)
+            if info.is_main:
+                for callback in callbacks:
+                    callback.on_epoch_end(epoch=epoch, metrics={
+                        "train/epoch_loss": float(np.mean(epoch_losses)) if epoch_losses else float("nan")})
+        return _finish(result, step=step, epoch=loop.epochs, started=started, samples=samples)
 
 
 def _finish(result: TrainResult, *, step: int, epoch: int, started: float, samples: int) -> TrainResult:

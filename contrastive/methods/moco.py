@@ -10,7 +10,7 @@ from torch import nn
 from contrastive.engine.distributed import gather_with_grad
 from contrastive.errors import ConfigError
 from contrastive.hex import STRICT, HexRule
-from contrastive.losses import cosine_matrix, queue_info_nce
+from contrastive.losses import queue_info_nce
 from contrastive.methods.base import ContrastiveMethod
 
 
@@ -58,16 +58,12 @@ class MoCoV2(ContrastiveMethod):
             parameter.requires_grad_(False)
         self.temperature = temperature
         self.momentum = momentum
-        self.hex_rule = hex_rule
+        self.set_hex(hex_rule, dim=dim)
         # Random unit vectors, as in the official implementation: the first K / 2B steps see near-orthogonal
         # negatives, which cost little and need no validity mask.
         self.register_buffer("queue", F.normalize(torch.randn(queue_size, dim), dim=1))
         self.register_buffer("queue_groups", torch.full((queue_size,), -1, dtype=torch.long))
         self.register_buffer("queue_ptr", torch.zeros((), dtype=torch.long))
-
-    @property
-    def wants_groups(self) -> bool:
-        return self.hex_rule is not None and self.hex_rule.wants_groups
 
     def query_parameters(self) -> list[nn.Parameter]:
         return [*self.backbone.parameters(), *self.head.parameters()]
@@ -79,7 +75,8 @@ class MoCoV2(ContrastiveMethod):
         q1, q2 = F.normalize(self.head(self.backbone(torch.cat([view1, view2]))), dim=1).chunk(2)
         with torch.no_grad():
             k1, k2 = F.normalize(self.key_head(self.key_backbone(torch.cat([view1, view2]))), dim=1).chunk(2)
-        loss12, stats12 = self._direction_loss(query=q1, key=k2, step=step, groups=groups)
+        learn = gather_with_grad(torch.cat([q1, q2]).detach()) if self.hex_rule is not None else None
+        loss12, stats12 = self._direction_loss(query=q1, key=k2, step=step, groups=groups, learn=learn)
         loss21, stats21 = self._direction_loss(query=q2, key=k1, step=step, groups=groups)
         keys = gather_with_grad(torch.cat([k1, k2]))
         key_groups = None if groups is None else gather_with_grad(groups).repeat(2)
@@ -88,18 +85,18 @@ class MoCoV2(ContrastiveMethod):
         return 0.5 * (loss12 + loss21), stats
 
     def _direction_loss(self, *, query: torch.Tensor, key: torch.Tensor, step: int,
-                        groups: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float]]:
+                        groups: torch.Tensor | None, learn: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, dict[str, float]]:
         """InfoNCE of queries (B, D) against their keys (B, D) and the queue (K, D) (HEX-weighted if enabled)."""
         queue = self.queue.clone().detach()
         if self.hex_rule is None:
             return queue_info_nce(query=query, key=key, queue=queue, temperature=self.temperature), {}
         every_negative = torch.ones(len(query), len(queue), dtype=torch.bool, device=query.device)
-        selection = self.hex_rule.select(cosines=cosine_matrix(query, queue), negatives=every_negative, step=step,
-                                         total_steps=self.total_steps, anchor_groups=groups,
-                                         candidate_groups=self.queue_groups)
-        loss = queue_info_nce(query=query, key=key, queue=queue, temperature=self.temperature,
-                              hierarchy=selection.hierarchy, q=selection.q)
-        return loss, selection.stats()
+        selection = self.hex_select(anchors=query, candidates=queue, negatives=every_negative, step=step,
+                                    anchor_groups=groups, candidate_groups=self.queue_groups, learn=learn)
+        loss, loss_stats = queue_info_nce(query=query, key=key, queue=queue, temperature=self.temperature,
+                                          hierarchy=selection.hierarchy, q=selection.q, with_stats=True)
+        return loss, {**selection.stats(), **loss_stats}
 
     @torch.no_grad()
     def enqueue(self, *, keys: torch.Tensor, groups: torch.Tensor | None = None) -> None:

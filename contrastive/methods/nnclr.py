@@ -49,14 +49,10 @@ class NNCLR(ContrastiveMethod):
         self.head = head
         self.predictor = predictor
         self.temperature = temperature
-        self.hex_rule = hex_rule
+        self.set_hex(hex_rule, dim=dim)
         self.register_buffer("support", torch.zeros(queue_size, dim))
         self.register_buffer("support_ptr", torch.zeros((), dtype=torch.long))
         self.register_buffer("support_count", torch.zeros((), dtype=torch.long))
-
-    @property
-    def wants_groups(self) -> bool:
-        return self.hex_rule is not None and self.hex_rule.wants_groups
 
     def training_loss(self, view1, view2, *, step: int, groups: torch.Tensor | None = None):
         z = self.head(self.backbone(torch.cat([view1, view2])))
@@ -67,23 +63,24 @@ class NNCLR(ContrastiveMethod):
         # choosing H(i), so every rank's predictions are negatives.
         nn1, nn2, p1, p2 = (gather_with_grad(x) for x in (nn1, nn2, p1, p2))
         groups = None if groups is None else gather_with_grad(groups)
-        loss12, stats12 = self._direction_loss(anchors=nn1, candidates=p2, step=step, groups=groups)
+        z_all = gather_with_grad(z.detach()) if self.hex_rule is not None else None
+        loss12, stats12 = self._direction_loss(anchors=nn1, candidates=p2, step=step, groups=groups, learn=z_all)
         loss21, stats21 = self._direction_loss(anchors=nn2, candidates=p1, step=step, groups=groups)
         self.enqueue(gather_with_grad(z1.detach()))
         stats = {name: 0.5 * (stats12[name] + stats21[name]) for name in stats12}
         return 0.5 * (loss12 + loss21), stats
 
     def _direction_loss(self, *, anchors: torch.Tensor, candidates: torch.Tensor, step: int,
-                        groups: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float]]:
+                        groups: torch.Tensor | None, learn: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, dict[str, float]]:
         if self.hex_rule is None:
             return cross_view_info_nce(anchors=anchors, candidates=candidates, temperature=self.temperature), {}
         off_diagonal = ~torch.eye(len(anchors), dtype=torch.bool, device=anchors.device)
-        selection = self.hex_rule.select(cosines=cosine_matrix(anchors, candidates), negatives=off_diagonal,
-                                         step=step, total_steps=self.total_steps, anchor_groups=groups,
-                                         candidate_groups=groups)
-        loss = cross_view_info_nce(anchors=anchors, candidates=candidates, temperature=self.temperature,
-                                   hierarchy=selection.hierarchy, q=selection.q)
-        return loss, selection.stats()
+        selection = self.hex_select(anchors=anchors, candidates=candidates, negatives=off_diagonal, step=step,
+                                    anchor_groups=groups, candidate_groups=groups, learn=learn)
+        loss, loss_stats = cross_view_info_nce(anchors=anchors, candidates=candidates, temperature=self.temperature,
+                                               hierarchy=selection.hierarchy, q=selection.q, with_stats=True)
+        return loss, {**selection.stats(), **loss_stats}
 
     @torch.no_grad()
     def nearest_neighbours(self, z: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,7 @@ from torch import nn
 
 from contrastive.engine.distributed import gather_with_grad
 from contrastive.hex import HexRule
-from contrastive.losses import cosine_matrix, hex_info_nce, nt_xent, two_view_negatives
+from contrastive.losses import hex_info_nce, nt_xent, two_view_negatives
 from contrastive.methods.base import ContrastiveMethod
 
 
@@ -13,20 +13,17 @@ class SimCLR(ContrastiveMethod):
     """SimCLR (Chen et al., 2020): backbone f, projection head g, NT-Xent on g(f(x)) of two views.
 
     With ``hex_rule`` (a :class:`contrastive.hex.HexRule`), the loss is :func:`contrastive.losses.hex_info_nce`: the
-    negatives in H(i) count with weight Q in the denominator (HEX); H(i), epsilon and Q are logged every step.
+    negatives in H(i) count with weight Q in the denominator (HEX), or with the authors' hard-negative estimate;
+    H(i), epsilon and Q are logged every step. dim: the projection size (needed by hierarchy = online_clusters).
     """
 
     def __init__(self, *, backbone: nn.Module, head: nn.Module, temperature: float,
-                 hex_rule: HexRule | None = None):
+                 hex_rule: HexRule | None = None, dim: int | None = None):
         super().__init__()
         self.backbone = backbone
         self.head = head
         self.temperature = temperature
-        self.hex_rule = hex_rule
-
-    @property
-    def wants_groups(self) -> bool:
-        return self.hex_rule is not None and self.hex_rule.wants_groups
+        self.set_hex(hex_rule, dim=dim)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.head(self.backbone(images))
@@ -41,10 +38,9 @@ class SimCLR(ContrastiveMethod):
             return nt_xent(z1=z1, z2=z2, temperature=self.temperature), {}
         both = torch.cat([z1, z2])
         groups = None if groups is None else gather_with_grad(groups).repeat(2)
-        selection = self.hex_rule.select(cosines=cosine_matrix(both, both),
-                                         negatives=two_view_negatives(len(z1), device=both.device), step=step,
-                                         total_steps=self.total_steps, anchor_groups=groups,
-                                         candidate_groups=groups)
-        loss, _ = hex_info_nce(z1=z1, z2=z2, temperature=self.temperature, epsilon=selection.epsilon,
-                               q=selection.q, hierarchy_mask=selection.hierarchy)
-        return loss, selection.stats()
+        selection = self.hex_select(anchors=both, candidates=both,
+                                    negatives=two_view_negatives(len(z1), device=both.device), step=step,
+                                    anchor_groups=groups, candidate_groups=groups, learn=both)
+        loss, loss_stats = hex_info_nce(z1=z1, z2=z2, temperature=self.temperature, epsilon=selection.epsilon,
+                                        q=selection.q, hierarchy_mask=selection.hierarchy)
+        return loss, {**selection.stats(), **loss_stats}

@@ -54,21 +54,22 @@ def test_run_tree_artifacts_and_cache(tiny_config, count_training):
     files = artifact_paths(client, stage1.info.run_id)
     for expected in ("checkpoints/last.pt", "model/model.pt", "embeddings/manifest.json", "embeddings/ids.npy",
                      "clusters/summary.json", "clusters/assignments.npz", "clusters/cluster_sizes.png",
-                     "eval/stage1/metrics.json"):
+                     "pseudo_labels/pseudo_labels.npz", "eval/stage1/metrics.json"):
         assert expected in files, expected
-    assert "ami/stage_0" in stage1.data.metrics and "train/loss" in stage1.data.metrics
+    # stage 2's run holds the k-means of stage 1 it trained on, with the AMI against stage 0's clustering
+    stage2 = next(c for c in children if c.data.tags["kind"] == "mcl" and c.data.tags["stage"] == "2")
+    assert "ami/stage_0" in stage2.data.metrics and "train/loss" in stage1.data.metrics
     assert stage1.data.params["train.epochs"] == "1"
 
-    # The same pipeline again: nothing is retrained, and the new stage runs say where results came from.
+    # The same pipeline again: nothing is retrained, no empty stage run is opened, and the new parent points at the
+    # five runs that hold the stages.
     calls.clear()
     again = mcl_pipeline(config)
     assert calls == []
     assert again["results"] == summary["results"]
     parents, children = run_tree(uri)
-    assert len(parents) == 2
-    newest = max(parents, key=lambda r: r.info.start_time)
-    new_children = [c for c in children if c.data.tags["mlflow.parentRunId"] == newest.info.run_id]
-    assert len(new_children) == 5 and all(c.data.tags.get("reused.train") == "true" for c in new_children)
+    assert len(parents) == 2 and len(children) == 5
+    assert {r["run_id"] for r in again["stage_runs"].values()} == {c.info.run_id for c in children}
 
 
 def test_failed_stage_rerun_retrains_only_what_failed(tiny_config, count_training):

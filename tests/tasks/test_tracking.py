@@ -76,3 +76,71 @@ def test_results_table_markdown():
     table = results_table_markdown({"stage 0": {"probe/color": 1.0, "probe/shape": 0.25, "knn/shape": 0.1}})
     assert table.splitlines()[0] == "| representation | color | shape |"
     assert "| stage 0 | 1.000 | 0.250 |" in table
+
+
+# ---------------------------------------------------------------------------------------------------- issue 16
+def test_new_store_has_a_training_experiment_and_no_empty_default(tmp_path):
+    from tasks.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
+    tracker = Tracker(uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="exp", artifact_root=tmp_path / "art")
+    experiments = tracker.client.search_experiments()
+    assert [e.name for e in experiments] == ["exp"]  # Default (id 0) was created empty by MLflow, then deleted
+    assert experiments[0].tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+
+
+def test_an_earlier_experiment_gets_the_training_kind_and_a_used_default_stays(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from tasks.tracking import EXPERIMENT_KIND_TAG
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    client.create_run("0")  # someone's run in Default
+    client.create_experiment("old")
+    Tracker(uri=uri, experiment="old")
+    assert client.get_experiment_by_name("old").tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+    assert client.get_experiment("0").lifecycle_stage == "active"
+
+
+def test_local_artifacts_are_hard_links_without_prev_digests_or_tmp(tracker, tmp_path):
+    run = tracker.start_run(name="r", tags={})
+    step = tmp_path / "step" / "checkpoints"
+    step.mkdir(parents=True)
+    for name in ("last.pt", "last.pt.sha256", "last.pt.prev", "last.pt.prev.sha256", "x.tmp"):
+        (step / name).write_bytes(b"payload")
+    (step / "sub").mkdir()
+    (step / "sub" / "a.json").write_text("{}")
+    tracker.log_artifact(run, step, artifact_path="checkpoints")
+    assert {a.path for a in tracker.client.list_artifacts(run, "checkpoints")} == {"checkpoints/last.pt",
+                                                                                    "checkpoints/sub"}
+    logged = tracker.local_artifact_dir(run) / "checkpoints" / "last.pt"
+    assert logged.stat().st_ino == (step / "last.pt").stat().st_ino and logged.stat().st_nlink == 2
+    tracker.log_artifact(run, step / "sub" / "a.json")  # a single file, at the root
+    assert (tracker.local_artifact_dir(run) / "a.json").exists()
+
+
+def test_datasets_descriptions_and_urls(tracker, monkeypatch):
+    import json
+    run = tracker.start_run(name="r", tags={})
+    tracker.log_dataset(run, name="trifeature-abc", digest="d" * 64, source="/data/x", context="train",
+                        profile={"split": "train", "num_samples": 8})
+    (inp,) = tracker.client.get_run(run).inputs.dataset_inputs
+    assert (inp.dataset.name, inp.dataset.digest, json.loads(inp.dataset.profile)["num_samples"]) == (
+        "trifeature-abc", "d" * 36, 8)
+    assert json.loads(inp.dataset.source) == {"uri": "/data/x"} and inp.tags[0].value == "train"
+    tracker.set_description(run, "## hello")
+    assert tracker.client.get_run(run).data.tags["mlflow.note.content"] == "## hello"
+    monkeypatch.delenv("MCLPIPE_MLFLOW_UI", raising=False)
+    assert tracker.run_url(run) == (f"http://127.0.0.1:5000/#/experiments/{tracker.experiment_id}/runs/{run}"
+                                    "?workflowType=machine_learning")
+    assert not tracker.run_exists("0" * 32) and tracker.run_exists(run)
+
+
+def test_ui_command_works_as_printed(tmp_path, monkeypatch):
+    import sys
+    from pathlib import Path
+
+    from tasks.tracking import ui_command
+    assert ui_command("http://mlflow:5000") is None
+    monkeypatch.chdir(tmp_path)  # not a checkout: the venv's own mlflow, with the store's URI
+    command = ui_command(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert command.split()[0] == str(Path(sys.executable).with_name("mlflow")) and Path(command.split()[0]).exists()
+    assert f"--backend-store-uri sqlite:///{tmp_path / 'mlflow.db'}" in command

@@ -1,0 +1,192 @@
+"""A stage as one Slurm batch job: ``srun`` starts one torchrun agent per node; the agents meet at a c10d
+rendezvous on the job's first node and start ``nproc_per_node`` ranks each.
+
+The flow (on a login node) writes the script into the step directory, submits it with ``sbatch --parsable``,
+polls ``squeue`` (``sacct`` / ``scontrol`` once the job left the queue), tails the job's log file (on the shared
+filesystem), and ``scancel``s the job when the flow run is cancelled.
+
+Preemption and time limits: with ``signal_lead_seconds`` the script asks Slurm for ``--signal=B:USR1@N`` and
+traps it: the job requeues itself (``scontrol requeue``), and the requeued job resumes from the stage's last
+checkpoint, so a stage longer than the time limit loses at most one checkpoint interval per requeue.
+"""
+from __future__ import annotations
+
+import shlex
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from contrastive.errors import MclpipeError
+from contrastive.launchers.base import JobHandle, JobSpec, JobState, JobStatus, LogTail
+
+# squeue / sacct / scontrol state names -> ours. CONFIGURING, COMPLETING, SUSPENDED, REQUEUED, RESIZING: not
+# finished yet (a requeued job comes back as PENDING).
+_STATES = {
+    "PENDING": JobState.PENDING, "CONFIGURING": JobState.PENDING, "REQUEUED": JobState.PENDING,
+    "REQUEUE_FED": JobState.PENDING, "REQUEUE_HOLD": JobState.PENDING, "RESV_DEL_HOLD": JobState.PENDING,
+    "RUNNING": JobState.RUNNING, "COMPLETING": JobState.RUNNING, "SUSPENDED": JobState.RUNNING,
+    "STOPPED": JobState.RUNNING, "RESIZING": JobState.RUNNING, "SIGNALING": JobState.RUNNING,
+    "STAGE_OUT": JobState.RUNNING,
+    "COMPLETED": JobState.SUCCEEDED,
+    "CANCELLED": JobState.CANCELLED,
+    "FAILED": JobState.FAILED, "TIMEOUT": JobState.FAILED, "NODE_FAIL": JobState.FAILED,
+    "PREEMPTED": JobState.FAILED, "OUT_OF_MEMORY": JobState.FAILED, "BOOT_FAIL": JobState.FAILED,
+    "DEADLINE": JobState.FAILED, "SPECIAL_EXIT": JobState.FAILED, "REVOKED": JobState.FAILED,
+}
+
+
+@dataclass(frozen=True)
+class SlurmSpec:
+    """Where and how big: the sbatch options of every stage of a pipeline (built from ``launcher.slurm``)."""
+
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int | None = None
+    partition: str | None = None
+    time_limit: str = "04:00:00"
+    account: str | None = None
+    extra_sbatch: tuple[str, ...] = ()
+    setup: tuple[str, ...] = ()
+    signal_lead_seconds: int = 90
+    rdzv_port: int = 0  # 0: 29500 + job id mod 10000, so jobs sharing a node do not collide
+    poll_seconds: float = 10.0
+
+
+def sbatch_directives(*, job: JobSpec, spec: SlurmSpec) -> list[str]:
+    """The ``#SBATCH`` lines: one task (a torchrun agent) per node; its log appends, so a requeued job continues
+    the same file."""
+    options = [f"--job-name={job.name}", f"--nodes={spec.nodes}", "--ntasks-per-node=1"]
+    if spec.gpus_per_node:
+        options.append(f"--gpus-per-node={spec.gpus_per_node}")
+    if spec.cpus_per_task:
+        options.append(f"--cpus-per-task={spec.cpus_per_task}")
+    if spec.partition:
+        options.append(f"--partition={spec.partition}")
+    if spec.account:
+        options.append(f"--account={spec.account}")
+    options += [f"--time={spec.time_limit}", f"--output={job.log_path}", "--open-mode=append"]
+    if job.workdir is not None:
+        options.append(f"--chdir={job.workdir}")
+    if spec.signal_lead_seconds:
+        options += ["--requeue", f"--signal=B:USR1@{spec.signal_lead_seconds}"]
+    options += list(spec.extra_sbatch)
+    return [f"#SBATCH {option}" for option in options]
+
+
+def torchrun_line(*, job: JobSpec, spec: SlurmSpec) -> str:
+    """``srun`` one agent per node; c10d rendezvous at ``$head:$port`` (every agent computes the same head)."""
+    agent = [job.python, "-m", "torch.distributed.run", f"--nnodes={spec.nodes}",
+             f"--nproc-per-node={job.nproc_per_node}", "--rdzv-backend=c10d"]
+    quoted = " ".join(shlex.quote(part) for part in agent)
+    launch = " ".join(shlex.quote(part) for part in job.launch_module_args())
+    return (f"srun --kill-on-bad-exit=1 --nodes={spec.nodes} --ntasks-per-node=1 {quoted} "
+            f'--rdzv-endpoint="$head:$port" --rdzv-id="$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}" {launch}')
+
+
+def build_sbatch_script(*, job: JobSpec, spec: SlurmSpec) -> str:
+    """The batch script of one stage. ``srun`` runs in the background and the shell waits for it, so the USR1
+    trap (time limit near) runs at once instead of after the stage."""
+    if spec.nodes != job.nnodes:
+        raise MclpipeError(f"job {job.name}: {job.nnodes} nodes of processes but the Slurm job has {spec.nodes} "
+                           "nodes: set launcher.slurm.nodes and distributed.nnodes to the same count")
+    port = str(spec.rdzv_port) if spec.rdzv_port else "$((29500 + SLURM_JOB_ID % 10000))"
+    exports = [f"export {name}={shlex.quote(value)}" for name, value in job.env]
+    lines = ["#!/bin/bash", *sbatch_directives(job=job, spec=spec), "",
+             "# environment (launcher.slurm.setup)", *spec.setup, *exports, "",
+             'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', f"port={port}",
+             'echo "mclpipe: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST, '
+             'rendezvous $head:$port"']
+    if spec.signal_lead_seconds:
+        lines += ["requeue() {",
+                  '  echo "mclpipe: time limit near: requeueing job $SLURM_JOB_ID; it resumes from the last '
+                  'checkpoint"',
+                  '  scontrol requeue "$SLURM_JOB_ID"',
+                  "}",
+                  "trap requeue USR1"]
+    lines += [torchrun_line(job=job, spec=spec) + " &",
+              "stage=$!",
+              "# wait returns early when a trapped signal arrives: wait again until srun itself ended",
+              'while true; do wait "$stage"; status=$?; kill -0 "$stage" 2>/dev/null || break; done',
+              'echo "mclpipe: stage exited with $status"',
+              'exit "$status"', ""]
+    return "\n".join(lines)
+
+
+def parse_scontrol(text: str) -> dict[str, str]:
+    """``Key=Value Key=Value ...`` of ``scontrol show job -o`` -> dict (values have no spaces except the last)."""
+    fields = {}
+    for token in text.split():
+        key, sep, value = token.partition("=")
+        if sep:
+            fields[key] = value
+    return fields
+
+
+def status_from(state: str, exit_code: str | None = None) -> JobStatus:
+    """Our state for a Slurm state name (``CANCELLED by 0`` -> CANCELLED)."""
+    name = state.split()[0].rstrip("+") if state.strip() else "UNKNOWN"
+    ours = _STATES.get(name)
+    if ours is None:
+        raise MclpipeError(f"Slurm reported job state {state!r}, which mclpipe does not know: check the job with "
+                           "`scontrol show job <id>`")
+    detail = name if ours in (JobState.FAILED, JobState.CANCELLED) else ""
+    if exit_code and ours is JobState.FAILED:
+        detail += f", exit code {exit_code}"
+    return JobStatus(ours, detail)
+
+
+@dataclass
+class SlurmLauncher:
+    """sbatch / squeue / sacct / scontrol / scancel through subprocess, so any Slurm that has its clients on
+    this machine works (the flow runs on a login node). ``run`` is replaceable for tests."""
+
+    spec: SlurmSpec = field(default_factory=SlurmSpec)
+    kind: str = "slurm"
+    run: object = subprocess.run
+
+    def _call(self, args: list[str], *, check: bool = True) -> subprocess.CompletedProcess:
+        try:
+            completed = self.run(args, capture_output=True, text=True, check=False)
+        except FileNotFoundError:
+            raise MclpipeError(f"{args[0]} not found: launcher.kind=slurm needs the Slurm client commands on the "
+                               "machine that runs the flow (a login node), or choose launcher.kind=local") from None
+        if check and completed.returncode != 0:
+            raise MclpipeError(f"`{' '.join(args)}` failed (exit {completed.returncode}): "
+                               f"{(completed.stderr or completed.stdout).strip()}")
+        return completed
+
+    def submit(self, job: JobSpec) -> JobHandle:
+        script_path = Path(job.stage_dir) / f"{job.log_path.stem}.sbatch"
+        script_path.parent.mkdir(parents=True, exist_ok=True)
+        script_path.write_text(build_sbatch_script(job=job, spec=self.spec))
+        tail = LogTail(job.log_path)
+        out = self._call(["sbatch", "--parsable", str(script_path)]).stdout.strip()
+        job_id = out.split(";")[0]  # --parsable: "id" or "id;cluster"
+        if not job_id.isdigit():
+            raise MclpipeError(f"sbatch did not answer with a job id (got {out!r}); see {script_path}")
+        return JobHandle(kind=self.kind, job_id=job_id, log=tail, extra={"script": script_path})
+
+    def poll(self, handle: JobHandle) -> JobStatus:
+        queued = self._call(["squeue", "-h", "-t", "all", "-j", handle.job_id, "-o", "%T"], check=False)
+        if queued.returncode == 0 and queued.stdout.strip():
+            return status_from(queued.stdout.split()[0])
+        accounted = self._call(["sacct", "-n", "-P", "-X", "-j", handle.job_id, "-o", "State,ExitCode"],
+                               check=False)  # fails on clusters without accounting: then scontrol
+        if accounted.returncode == 0 and accounted.stdout.strip():
+            state, _, exit_code = accounted.stdout.strip().splitlines()[0].partition("|")
+            return status_from(state, exit_code)
+        shown = self._call(["scontrol", "show", "job", "-o", handle.job_id], check=False)
+        if shown.returncode == 0 and shown.stdout.strip():
+            fields = parse_scontrol(shown.stdout)
+            return status_from(fields.get("JobState", ""), fields.get("ExitCode"))
+        raise MclpipeError(f"Slurm no longer knows job {handle.job_id} (not in squeue, sacct or scontrol): see its "
+                           f"log {handle.log.path}; rerunning the flow resumes the stage from its checkpoint")
+
+    def new_lines(self, handle: JobHandle) -> list[str]:
+        return handle.log.new_lines()
+
+    def last_lines(self, handle: JobHandle, n: int = 20) -> list[str]:
+        return handle.log.last_lines(n)
+
+    def cancel(self, handle: JobHandle) -> None:
+        self._call(["scancel", handle.job_id], check=False)

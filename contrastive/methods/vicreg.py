@@ -1,0 +1,70 @@
+"""VICReg as a stage method (usable alone and inside MCL), with HEX as a local covariance term."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from contrastive.dimension_losses import local_offdiagonal_penalty, vicreg_loss
+from contrastive.engine.distributed import gather_with_grad
+from contrastive.errors import ConfigError
+from contrastive.hex import STRICT, HexRule
+from contrastive.methods.base import ContrastiveMethod
+from contrastive.methods.dimension_hex import check_dimension_hex, hierarchy_sets
+
+
+@dataclass(frozen=True)
+class VicregSettings:
+    """The ``method.vicreg`` section: the weights of invariance, variance and covariance (the paper's 25, 25, 1)
+    and the variance hinge's target std gamma."""
+
+    __pydantic_config__ = STRICT
+    sim_coeff: float = 25.0
+    std_coeff: float = 25.0
+    cov_coeff: float = 1.0
+    gamma: float = 1.0
+
+    def __post_init__(self):
+        for name in ("sim_coeff", "std_coeff", "cov_coeff", "gamma"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"method.vicreg.{name}={getattr(self, name)} must be >= 0 (the paper: 25, 25, 1, "
+                                  f"gamma 1)")
+
+
+class VICReg(ContrastiveMethod):
+    """VICReg (Bardes, Ponce & LeCun, 2022): backbone f, expander h (the projection head), loss
+    :func:`contrastive.dimension_losses.vicreg_loss` on h(f(x)) of two views, both views in one forward (BatchNorm
+    sees the 2B batch), projections gathered across ranks so the statistics are the global batch's.
+
+    With ``hex_rule``: L = L_VICReg + cov_coeff * Q * (1/B) sum_i [c(Z_{S_i}) + c(Z'_{S_i})], c the VICReg
+    covariance term (1/D) sum_{k != l} C_kl^2 computed over S_i = {i} u H(i) and re-centred there
+    (:func:`contrastive.dimension_losses.local_offdiagonal_penalty`, unbiased as VICReg's C).
+    """
+
+    def __init__(self, *, backbone: nn.Module, head: nn.Module, dim: int, settings: VicregSettings = VicregSettings(),
+                 hex_rule: HexRule | None = None):
+        super().__init__()
+        check_dimension_hex(hex_rule, method="vicreg")
+        self.backbone = backbone
+        self.head = head
+        self.settings = settings
+        self.set_hex(hex_rule, dim=dim)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(images))
+
+    def training_loss(self, view1, view2, *, step: int, groups: torch.Tensor | None = None):
+        z1, z2 = self(torch.cat([view1, view2])).float().chunk(2)
+        z1, z2 = gather_with_grad(z1), gather_with_grad(z2)
+        s = self.settings
+        loss, stats = vicreg_loss(z1=z1, z2=z2, sim_coeff=s.sim_coeff, std_coeff=s.std_coeff,
+                                  cov_coeff=s.cov_coeff, gamma=s.gamma)
+        if self.hex_rule is None:
+            return loss, stats
+        groups = None if groups is None else gather_with_grad(groups)
+        members, q, hex_stats = hierarchy_sets(self, z1=z1, z2=z2, step=step, groups=groups)
+        dim = z1.shape[1]
+        local = sum(local_offdiagonal_penalty(a=z, b=z, members=members, unbiased=True) for z in (z1, z2)) / dim
+        term = local.mean()
+        return loss + s.cov_coeff * q * term, {**stats, **hex_stats, "hex/local_term": term.item()}

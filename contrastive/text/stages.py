@@ -1,0 +1,235 @@
+"""The steps of one text MCL stage as plain functions over directories (the text counterpart of
+``contrastive.stages``): train a fresh SimCSE encoder on the engine (random batches for stage 0, cluster-pure
+batches from the pseudo-labels of all earlier stages after it), export its sentence embeddings keyed by sample
+id, and evaluate one stage or the concatenation of several (linear probe and kNN per attribute, STS Spearman,
+isotropy of the representation). Nothing here knows about Prefect or MLflow.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from contrastive.embeddings import EmbeddingWriter, load_embeddings, write_manifest
+from contrastive.engine.checkpoint import write_json
+from contrastive.engine.distributed import current_info, device_for
+from contrastive.engine.loop import TrainCallback, release_device_memory, train
+from contrastive.engine.rng import seed_everything
+from contrastive.engine.task import StageSpec
+from contrastive.errors import ConfigError, DataError
+from contrastive.evaluate import evaluate_representation
+from contrastive.integrate import concat_normalized
+from contrastive.mcl.sampler import ClusterBatchSampler
+from contrastive.mcl.steps import load_pseudo_labels
+from contrastive.modalities.text import IsotropyProbe, TextBatchSource, TextContrastiveTask, TokenArrays, encode_tokens
+from contrastive.text.dataset import TextDataset, load_text_dataset, triples_for
+from contrastive.text.encoders import TextEncoderSpec, build_encoder, resolve_hf_path
+from contrastive.text.isotropy import average_random_cosine, norm_stats, partition_isotropy
+from contrastive.text.simcse import SimCSE
+from contrastive.text.tokenizer import HFTokenizer, WordTokenizer
+
+METHODS = ("simcse_unsup", "simcse_sup")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextStageSpec(StageSpec):
+    """One text training stage, built by the text config. encoder: a ``TextEncoderSpec`` as JSON; method:
+    {"name": simcse_unsup | simcse_sup, "temperature", "mlp_head"}; isotropy: {"every_steps" (0 = off),
+    "num_sentences", "num_frequent"}."""
+    dataset_dir: str
+    pseudo_labels_path: str | None
+    encoder: dict
+    method: dict
+    batch_size: int
+    remainder_policy: str
+    isotropy: dict = field(default_factory=lambda: {"every_steps": 0, "num_sentences": 256, "num_frequent": 10})
+
+
+# ---------------------------------------------------------------------------------------------------- models
+def tokenizer_for(encoder: TextEncoderSpec, *, vocab: list[str] | None):
+    return WordTokenizer(vocab) if encoder.kind == "tiny" else HFTokenizer(resolve_hf_path(encoder.hf_path))
+
+
+def build_text_method(*, encoder: dict, method: dict, vocab: list[str] | None) -> tuple[SimCSE, object]:
+    """(a fresh SimCSE model, its tokenizer); the tiny encoder's initialisation follows torch's RNG."""
+    spec = TextEncoderSpec(**encoder)
+    if method["name"] not in METHODS:
+        raise ConfigError(f"method.name {method['name']!r} is not a text method: use {' or '.join(METHODS)}")
+    tokenizer = tokenizer_for(spec, vocab=vocab)
+    model = SimCSE(encoder=build_encoder(spec, vocab_size=len(tokenizer)), temperature=method["temperature"],
+                   supervised=method["name"] == "simcse_sup", mlp_head=method.get("mlp_head", True))
+    return model, tokenizer
+
+
+def load_text_model(*, model_path: Path | str, device: torch.device) -> tuple[SimCSE, object, TextEncoderSpec]:
+    """(model in eval mode, tokenizer, encoder spec) of a trained stage."""
+    if not Path(model_path).exists():
+        raise DataError(f"trained model {model_path} is missing: rerun the pipeline to retrain this stage")
+    saved = torch.load(model_path, map_location="cpu", weights_only=False)
+    model, tokenizer = build_text_method(encoder=saved["encoder"], method=saved["method"], vocab=saved["vocab"])
+    model.load_state_dict(saved["state_dict"])
+    return model.to(device).eval(), tokenizer, TextEncoderSpec(**saved["encoder"])
+
+
+def tokenize(tokenizer, sentences, *, max_length: int) -> TokenArrays:
+    ids, mask = tokenizer.encode(list(sentences), max_length=max_length)
+    return TokenArrays(ids=ids, mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------------- training
+def train_text_stage(spec: TextStageSpec, *, callbacks: list[TrainCallback] = (),
+                     stop_after_steps: int | None = None) -> dict:
+    """Train a FRESH SimCSE encoder for one stage (cluster-pure batches when ``spec.pseudo_labels_path``); writes
+    ``checkpoints/last.pt`` (resumable), ``model/model.pt``, ``isotropy.json`` (the trajectory) and
+    ``train_summary.json`` into ``spec.stage_dir``."""
+    info = current_info()
+    if info.is_distributed:
+        raise ConfigError("text stages run in one process: set distributed.nproc_per_node=1 and nnodes=1")
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    stage_dir = Path(spec.stage_dir)
+    dataset = load_text_dataset(spec.dataset_dir)
+    train_rows = dataset.indices("train")
+    groups = None if spec.pseudo_labels_path is None else load_pseudo_labels(path=spec.pseudo_labels_path,
+                                                                             ids=dataset.ids[train_rows])
+    sampler = ClusterBatchSampler(groups=groups, num_samples=len(train_rows), batch_size=spec.batch_size,
+                                  seed=spec.seed, remainder_policy=spec.remainder_policy)
+    seed_everything(spec.seed)
+    encoder = TextEncoderSpec(**spec.encoder)
+    vocab = dataset.tokenizer().vocab if encoder.kind == "tiny" else None
+    model, tokenizer = build_text_method(encoder=spec.encoder, method=spec.method, vocab=vocab)
+    length = encoder.max_length
+    tokens = tokenize(tokenizer, dataset.sentences[train_rows], max_length=length)
+    positives = negatives = None
+    if spec.method["name"] == "simcse_sup":
+        pos, neg = triples_for(dataset, train_rows)
+        positives, negatives = tokenize(tokenizer, pos, max_length=length), tokenize(tokenizer, neg, max_length=length)
+    source = TextBatchSource(sampler=sampler, tokens=tokens, ids=dataset.ids[train_rows], groups=groups,
+                             positives=positives, negatives=negatives)
+    iso = spec.isotropy
+    probe = None
+    if iso.get("every_steps", 0) > 0:
+        probe_rows = np.arange(min(iso.get("num_sentences", 256), len(train_rows)))
+        probe_tokens = TokenArrays(ids=tokens.ids[probe_rows], mask=tokens.mask[probe_rows])
+        special = tuple(i for i in (getattr(tokenizer, "cls_id", None),
+                                    getattr(getattr(tokenizer, "tokenizer", None), "cls_token_id", None),
+                                    getattr(getattr(tokenizer, "tokenizer", None), "sep_token_id", None))
+                        if i is not None)
+        probe = IsotropyProbe(tokens=probe_tokens, every_steps=iso["every_steps"], skip_tokens=special,
+                              num_frequent=iso.get("num_frequent", 10), seed=spec.seed)
+    task = TextContrastiveTask(method=model, probe=probe)
+    result = train(task=task, source=source, optim=spec.optim, loop=spec.loop,
+                   device=device_for(name=spec.device, info=info), checkpoint_path=stage_dir / "checkpoints" / "last.pt",
+                   info=info, callbacks=list(callbacks), stop_after_steps=stop_after_steps)
+    if probe is not None and (not task.isotropy_history or task.isotropy_history[-1][0] != task.step):
+        task.measure_now()  # the end point, whatever the log cadence
+    model_path = stage_dir / "model" / "model.pt"
+    model_path.parent.mkdir(parents=True, exist_ok=True)
+    buffer = model_path.with_suffix(".tmp")
+    torch.save({"state_dict": model.state_dict(), "encoder": spec.encoder, "method": spec.method,
+                "vocab": vocab}, buffer)
+    buffer.replace(model_path)
+    history = [{"step": step, **values} for step, values in task.isotropy_history]
+    write_json(stage_dir / "isotropy.json", {"history": history})
+    summary = {"steps": result.steps, "epochs": result.epochs, "final_loss": result.final_loss,
+               "resumed_from_step": result.resumed_from_step, "seconds": result.seconds,
+               "samples_per_second": result.samples_per_second, "trimmed_samples": result.trimmed_samples,
+               "epochs_ended_early": result.epochs_ended_early, "global_batch": spec.batch_size,
+               "batch_plan": sampler.stats, "cluster_pure_batches": groups is not None,
+               "model_path": str(model_path), "isotropy_path": str(stage_dir / "isotropy.json"),
+               "isotropy_start": history[0] if history else None, "isotropy_end": history[-1] if history else None}
+    write_json(stage_dir / "train_summary.json", summary)
+    torch_device = next(model.parameters()).device
+    del task, model, source
+    release_device_memory(torch_device)
+    return summary
+
+
+# ---------------------------------------------------------------------------------------------------- export
+def embed_sentences(*, model: SimCSE, tokenizer, sentences, max_length: int, device: torch.device,
+                    batch_size: int = 256) -> np.ndarray:
+    """(N, D) float32 pooled embeddings of ``sentences`` (eval mode, no MLP head)."""
+    tokens = tokenize(tokenizer, sentences, max_length=max_length)
+    return encode_tokens(model.encoder, tokens, device=device, batch_size=batch_size)[1]
+
+
+def export_text_embeddings(*, dataset_dir: Path | str, model_path: Path | str, out_dir: Path | str,
+                           batch_size: int, device: str) -> dict:
+    """Embed every sentence (train and test) with the stage's encoder: float16 shards + ids in ``out_dir``."""
+    dataset = load_text_dataset(dataset_dir)
+    torch_device = device_for(name=device)
+    model, tokenizer, encoder = load_text_model(model_path=model_path, device=torch_device)
+    writer = EmbeddingWriter(Path(out_dir))
+    for start in range(0, len(dataset), 4096):
+        rows = np.arange(start, min(start + 4096, len(dataset)))
+        writer.add(embed_sentences(model=model, tokenizer=tokenizer, sentences=dataset.sentences[rows],
+                                   max_length=encoder.max_length, device=torch_device, batch_size=batch_size),
+                   dataset.ids[rows])
+    manifest = write_manifest(directory=Path(out_dir), parts=[writer.finish()])
+    summary = {"dir": str(out_dir), "num_samples": manifest["num_samples"], "dim": manifest["dim"]}
+    write_json(Path(out_dir) / "export_summary.json", summary)
+    return summary
+
+
+# ---------------------------------------------------------------------------------------------------- evaluation
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rank correlation (scipy), nan when either side is constant."""
+    from scipy.stats import spearmanr
+
+    if np.ptp(x) == 0 or np.ptp(y) == 0:
+        return float("nan")
+    return float(spearmanr(x, y).statistic)
+
+
+def sts_spearman(*, pairs, encode) -> float:
+    """Spearman between cos(e(s1), e(s2)) and the gold scores; ``encode(list of sentences) -> (N, D)``."""
+    unique = sorted({s for p in pairs for s in (p.sentence1, p.sentence2)})
+    where = {s: i for i, s in enumerate(unique)}
+    emb = encode(unique)
+    emb = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+    cos = np.array([emb[where[p.sentence1]] @ emb[where[p.sentence2]] for p in pairs])
+    return spearman(cos, np.array([p.score for p in pairs]))
+
+
+def concat_encoder(*, model_paths: list[str], device: torch.device, batch_size: int = 256):
+    """encode(sentences) -> the concatenation of every stage's L2-normalised embeddings (MCL's representation)."""
+    loaded = [load_text_model(model_path=p, device=device) for p in model_paths]
+
+    def encode(sentences):
+        return concat_normalized(stage_embeddings=[
+            embed_sentences(model=m, tokenizer=t, sentences=sentences, max_length=e.max_length, device=device,
+                            batch_size=batch_size) for m, t, e in loaded])
+    return encode
+
+
+def evaluate_text_embeddings(*, dataset_dir: Path | str, embeddings_dirs: list[Path | str], model_paths: list[str],
+                             probe_c: float, probe_max_iter: int, probe_max_train: int, knn_k: int, seed: int,
+                             device: str = "auto") -> dict[str, float]:
+    """One stage (one dir) or the concatenation of several stages: probe/<attr>, knn/<attr> (labelled data),
+    sts/spearman (when the dataset has STS pairs) and the representation's isotropy (iso/...)."""
+    dataset: TextDataset = load_text_dataset(dataset_dir)
+    stage_embeddings = []
+    for directory in embeddings_dirs:
+        ids, embeddings = load_embeddings(directory=Path(directory))
+        dataset.verify_ids(ids)
+        stage_embeddings.append(embeddings)
+    features = concat_normalized(stage_embeddings=stage_embeddings)
+    metrics: dict[str, float] = {}
+    train_rows, test_rows = dataset.indices("train"), dataset.indices("test")
+    if dataset.attributes and len(test_rows):
+        metrics.update(evaluate_representation(
+            train_x=features[train_rows], test_x=features[test_rows],
+            train_labels={a: y[train_rows] for a, y in dataset.labels.items()},
+            test_labels={a: y[test_rows] for a, y in dataset.labels.items()},
+            probe_c=probe_c, probe_max_iter=probe_max_iter, probe_max_train=probe_max_train, knn_k=knn_k, seed=seed))
+    if dataset.file("sts") is not None:
+        from contrastive.text.readers import read_sts_pairs
+        encode = concat_encoder(model_paths=model_paths, device=device_for(name=device))
+        metrics["sts/spearman"] = sts_spearman(pairs=read_sts_pairs(dataset.file("sts")), encode=encode)
+    raw = np.concatenate(stage_embeddings, axis=1)
+    metrics["iso/sentence_anisotropy"] = average_random_cosine(raw, seed=seed)
+    metrics["iso/sentence_isotropy_I"] = partition_isotropy(raw)
+    metrics["iso/sentence_mean_norm"] = norm_stats(raw)["mean_norm"]
+    return metrics

@@ -1,0 +1,133 @@
+"""The temporary local Prefect server of a ``mclpipe`` command run without PREFECT_API_URL, tied to that command.
+
+Prefect starts its own temporary server (``SubprocessASGIServer``) as a plain child in the CLI's process group.
+Ctrl-C in a terminal reaches that child too, it shuts down at once, and the CLI can no longer record what happened
+(it retried for minutes and left the flow run "Running"); and a CLI killed without cleanup (SIGKILL, or SIGTERM
+outside a flow) leaves it running for ever. The server started here instead
+
+* runs in its own session, so a terminal's Ctrl-C reaches the CLI only; the CLI records the interrupted state and
+  then stops the server itself (at exit);
+* goes when the CLI goes, whatever kills it: the server process asks the kernel for SIGTERM when its parent dies
+  (``prctl(PR_SET_PDEATHSIG)``) and a watchdog thread polls the parent pid as a second guard (and on systems
+  without prctl); a server that has not stopped 5 s after that exits hard;
+* starts under a file lock in PREFECT_HOME, so two pipelines started together do not create or migrate the same
+  Prefect database at the same time.
+
+It takes the place of Prefect's default instance (``SubprocessASGIServer._instances[None]``, as Prefect's own test
+harness does), so every Prefect client in the process talks to it. Run as ``python -m flows.local_server PARENT_PID
+UVICORN_ARGS...`` it is the server process itself.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from contrastive.engine.signals import set_parent_death_signal
+
+WATCHDOG_SECONDS = 0.25
+HARD_EXIT_SECONDS = 5.0
+LOCK_NAME = ".mclpipe-server-start.lock"
+
+
+# ------------------------------------------------------------------------------------------------ in the CLI
+def _server_class():
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import get_current_settings
+
+    class OwnedServer(SubprocessASGIServer):
+        """Prefect's temporary server, started in its own session under ``python -m flows.local_server``."""
+
+        def _run_uvicorn_command(self) -> subprocess.Popen:
+            import prefect
+
+            # The same command and environment as Prefect's own (UI off, marked ephemeral), behind the watchdog.
+            env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+                   "PREFECT__SERVER_FINAL": "1",
+                   **get_current_settings().to_environment_variables(exclude_unset=True)}
+            root = str(Path(__file__).resolve().parents[1])
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+            return subprocess.Popen(
+                [sys.executable, "-m", "flows.local_server", str(os.getpid()),
+                 "--app-dir", str(prefect.__module_path__.parent), "--factory",
+                 "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+                 "--log-level", "error", "--lifespan", "on"],
+                env=env, start_new_session=True)
+
+    return OwnedServer
+
+
+def needs_local_server() -> bool:
+    """True when Prefect would start a temporary server: no PREFECT_API_URL, and no server of a test harness."""
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return False
+    existing = SubprocessASGIServer._instances.get(None)
+    return existing is None or not existing.running
+
+
+@contextlib.contextmanager
+def _startup_lock(home: Path):
+    """Serialise server start-ups (and so database creation and migration) of one PREFECT_HOME."""
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / LOCK_NAME, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def start_local_server():
+    """Start the temporary server described above (when Prefect would start one) and make it Prefect's default;
+    returns it, or None when an API URL or a running server is already set."""
+    if not needs_local_server():
+        return None
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import get_current_settings
+
+    SubprocessASGIServer._instances.pop(None, None)
+    server = _server_class()()  # registers itself as the default instance (key None)
+    with _startup_lock(Path(get_current_settings().home)):
+        server.start()
+    return server
+
+
+# ------------------------------------------------------------------------------------------------ in the server
+def _stop_self() -> None:
+    """SIGTERM to this process (uvicorn shuts down gracefully), then a hard exit if it has not gone."""
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(HARD_EXIT_SECONDS)
+    os._exit(1)
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(WATCHDOG_SECONDS)
+    _stop_self()
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Stop this process when ``parent_pid`` is no longer its parent (it died; we were re-parented)."""
+    set_parent_death_signal(signal.SIGTERM)
+    # The parent may have died before prctl took effect: the watchdog sees that at its first look.
+    threading.Thread(target=_watch_parent, args=(parent_pid,), name="parent-watchdog", daemon=True).start()
+
+
+def main(argv: list[str]) -> None:
+    die_with_parent(int(argv[0]))
+    from uvicorn.main import main as uvicorn_main
+
+    uvicorn_main.main(args=argv[1:], prog_name="uvicorn")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

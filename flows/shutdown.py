@@ -1,0 +1,137 @@
+"""How ``mclpipe`` stops: Ctrl-C, SIGTERM, a full disk. What the CLI says, and how it exits.
+
+* ``install()`` (first thing the CLI does): SIGINT and SIGTERM raise ``StageInterrupted`` (``contrastive.engine.
+  signals``); during training the engine defers them to the end of the step in progress and writes a checkpoint.
+* ``interrupted_message``: the one line printed for a ``StageInterrupted``: what was stopped, which checkpoint is
+  kept, the exact command that resumes.
+* ``quiet_user_tracebacks``: Prefect logs a failed task with its traceback; for a mistake the user can fix
+  (``MclpipeError``: a full disk, bad data), an interrupt, or a full disk met elsewhere, the terminal shows the
+  log line without it (the Prefect UI keeps it), so the CLI's one line is not buried in pages of frames.
+* ``exit_now``: once the CLI has said what happened it flushes Prefect's logs, stops the temporary Prefect
+  server and ends the process, skipping the interpreter's teardown (garbage collection of a pipeline's objects
+  took 10 s here); a further Ctrl-C meanwhile ends it at once instead of printing a traceback.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from contrastive.engine.signals import STOP_SIGNALS, install_stop_handlers
+from contrastive.errors import MclpipeError, StageInterrupted
+
+
+def install() -> None:
+    install_stop_handlers()
+
+
+def _explained(exc: BaseException | None) -> bool:
+    """An exception whose message says everything: what the CLI prints as its one line."""
+    from contrastive.engine.checkpoint import is_disk_full
+    return isinstance(exc, (MclpipeError, KeyboardInterrupt)) or (exc is not None and is_disk_full(exc))
+
+
+class _WithoutExplainedTracebacks(logging.Formatter):
+    """Wraps a console handler's formatter: records of explained exceptions are formatted without their traceback
+    (the record is restored after, so the API log handler still sends it)."""
+
+    def __init__(self, inner: logging.Formatter | None):
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        if not (record.exc_info and _explained(record.exc_info[1])):
+            return self.inner.format(record)
+        saved = record.exc_info, record.exc_text
+        record.exc_info, record.exc_text = None, None
+        try:
+            return self.inner.format(record)
+        finally:
+            record.exc_info, record.exc_text = saved
+
+
+def quiet_user_tracebacks() -> None:
+    """Install ``_WithoutExplainedTracebacks`` on Prefect's console handlers (module docstring); call it once
+    Prefect is imported (its import configures logging)."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    names = [name for name in list(logging.root.manager.loggerDict) if name.startswith("prefect")]
+    for logger in [logging.getLogger(), *map(logging.getLogger, names)]:
+        for handler in logger.handlers:
+            if isinstance(handler, PrefectConsoleHandler) and \
+                    not isinstance(handler.formatter, _WithoutExplainedTracebacks):
+                handler.setFormatter(_WithoutExplainedTracebacks(handler.formatter))
+
+
+def resume_command(config, *, rerun_from: int | None = None) -> str:
+    """The command that continues this pipeline: ``mclpipe resume <id>`` once its config is saved (the flow saves
+    it before the first step), else the command line that was run. ``--rerun-from`` is repeated: steps it forces
+    that had finished are computed again, and a stage whose recompute was interrupted continues from its
+    checkpoint."""
+    pipeline_id = config.config_hash()
+    output_dir = Path(config.output_dir).resolve()
+    if (output_dir / "pipelines" / pipeline_id / "config.yaml").exists():
+        parts = ["mclpipe", "resume", pipeline_id[:12], "--output-dir", str(output_dir)]
+        if rerun_from is not None:
+            parts += ["--rerun-from", str(rerun_from)]
+        return shlex.join(parts)
+    return command_line()
+
+
+def interrupted_message(exc: StageInterrupted, config=None, *, rerun_from: int | None = None,
+                        command: str | None = None) -> str:
+    """One line: what was interrupted, which checkpoint is kept, the exact resume command (``command``: the one
+    to repeat instead of ``resume_command``, for commands that run several pipelines)."""
+    if config is None:
+        return f"{exc}; nothing was computed yet"
+    steps = Path(config.output_dir).resolve() / "steps"
+    kept = "" if exc.checkpoint else "; no training was in progress"
+    return (f"{exc}{kept}; finished steps are kept in {steps}. Resume with: "
+            f"{command or resume_command(config, rerun_from=rerun_from)}")
+
+
+def command_line() -> str:
+    """The command that was run, to repeat it."""
+    return shlex.join(["mclpipe", *sys.argv[1:]])
+
+
+DRAIN_SECONDS = 3.0
+SERVER_STOP_SECONDS = 2.0
+
+
+def exit_now(code: int) -> NoReturn:
+    """End the process with ``code`` after the run's state is recorded (module docstring)."""
+    for signum in STOP_SIGNALS:  # asked again while shutting down: go at once
+        signal.signal(signum, lambda *_: os._exit(code))
+    try:
+        from prefect.events.worker import EventsWorker
+        from prefect.logging.handlers import APILogWorker
+
+        for worker in (APILogWorker, EventsWorker):
+            worker.drain_all(timeout=DRAIN_SECONDS)
+    except Exception:  # noqa: BLE001 - best effort: the states that matter were recorded synchronously
+        pass
+    stop_local_server(timeout=SERVER_STOP_SECONDS)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def stop_local_server(*, timeout: float) -> None:
+    """SIGTERM to the temporary Prefect server, waiting up to ``timeout`` (its watchdog finishes the job)."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer._instances.get(None)
+    process = getattr(server, "server_process", None)
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass

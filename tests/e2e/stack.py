@@ -1,0 +1,106 @@
+"""The team stack of docker-compose.yml on this machine, for the slow tests: PostgreSQL (.ci/setup-postgres.sh), an
+MLflow server and a Prefect server on fresh databases of it (dropped afterwards), and `mclpipe run` against them as a
+user runs it. The servers are started with the same commands as `make stack` (.ci/stack.sh)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.distributed import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+PG_PORT = int(os.environ.get("MCLPIPE_PG_PORT", "55432"))
+
+
+@dataclass
+class Stack:
+    mlflow_url: str
+    prefect_url: str  # the UI; the API is prefect_url + "/api"
+    root: Path
+
+    def env(self) -> dict[str, str]:
+        env = {**os.environ, "PREFECT_API_URL": f"{self.prefect_url}/api", "MLFLOW_TRACKING_URI": self.mlflow_url,
+               "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_HOME": str(self.root / "prefect-client"),
+               "COLUMNS": "200"}
+        env.pop("PREFECT_UI_URL", None)
+        return env
+
+    def mclpipe(self, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+        return subprocess.run([str(BIN / "mclpipe"), *args], cwd=self.root, env=self.env(), capture_output=True,
+                              text=True, timeout=timeout)
+
+
+def psql(sql: str, database: str = "postgres") -> str:
+    """As the cluster's superuser (trust authentication on 127.0.0.1, see .ci/setup-postgres.sh)."""
+    command = ["psql", "-h", "127.0.0.1", "-p", str(PG_PORT), "-U", "postgres", "-d", database, "-tAq", "-c", sql]
+    return subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def wait_for(url: str, process: subprocess.Popen, log: Path, seconds: float = 240) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{url} exited ({process.returncode}): {log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=3) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(1)
+    raise RuntimeError(f"{url} did not answer within {seconds:.0f} s: {log.read_text()[-3000:]}")
+
+
+@contextmanager
+def team_stack(root: Path):
+    """PostgreSQL + MLflow server + Prefect server, on databases made for this stack and dropped after it."""
+    subprocess.run(["bash", str(REPO / ".ci" / "setup-postgres.sh")], check=True, capture_output=True, text=True)
+    suffix = uuid.uuid4().hex[:8]
+    databases = {"mlflow": f"mlflow_test_{suffix}", "prefect": f"prefect_test_{suffix}"}
+    for name in databases.values():
+        psql(f"CREATE DATABASE {name} OWNER mclpipe")
+    pg = f"mclpipe:mclpipe@127.0.0.1:{PG_PORT}"
+    mlflow_port, prefect_port = free_port(), free_port()
+    logs = {name: open(root / f"{name}.log", "w") for name in ("mlflow", "prefect")}
+    mlflow = subprocess.Popen(
+        [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(mlflow_port), "--workers", "1",
+         "--backend-store-uri", f"postgresql+psycopg2://{pg}/{databases['mlflow']}",
+         "--artifacts-destination", str(root / "mlartifacts")], stdout=logs["mlflow"], stderr=subprocess.STDOUT)
+    prefect_env = {**os.environ, "PREFECT_HOME": str(root / "prefect-server"),
+                   "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                   "PREFECT_API_DATABASE_CONNECTION_URL": f"postgresql+asyncpg://{pg}/{databases['prefect']}"}
+    prefect_env.pop("PREFECT_API_URL", None)
+    prefect = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
+                                str(prefect_port)], env=prefect_env, stdout=logs["prefect"], stderr=subprocess.STDOUT)
+    try:
+        wait_for(f"http://127.0.0.1:{mlflow_port}/health", mlflow, root / "mlflow.log")
+        wait_for(f"http://127.0.0.1:{prefect_port}/api/health", prefect, root / "prefect.log")
+        yield Stack(mlflow_url=f"http://127.0.0.1:{mlflow_port}", prefect_url=f"http://127.0.0.1:{prefect_port}",
+                    root=root)
+    finally:
+        for process in (mlflow, prefect):
+            process.terminate()
+        for process in (mlflow, prefect):
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        for log in logs.values():
+            log.close()
+        for name in databases.values():
+            psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def tiny_run_args(root: Path, *extra: str) -> list[str]:
+    """The tiny preset shrunk further: two stages, no control, small data (a minute or two on 2 cores)."""
+    sets = [f"output_dir={root / 'runs'}", f"data.cache_dir={root / 'data'}", "mcl.num_stages=2", "mcl.control=false",
+            "data.trifeature.num_train=128", "data.trifeature.num_test=64", "train.batch_size=16",
+            "tracking.system_metrics_seconds=0.5", *extra]
+    return ["trifeature_tiny", *[arg for s in sets for arg in ("--set", s)]]

@@ -1,0 +1,59 @@
+"""The team stack without Docker (issue 16): `mclpipe run` against an MLflow server and a Prefect server, both on
+PostgreSQL, then the run tree, the registered model and the links between the two UIs read back from the servers."""
+import json
+import urllib.request
+
+import mlflow
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tasks.tracking import TRAINING_VIEW
+
+pytestmark = pytest.mark.slow
+
+
+def prefect_api(stack, path: str, body: dict | None = None):
+    request = urllib.request.Request(f"{stack.prefect_url}/api{path}", data=json.dumps(body or {}).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def test_tiny_pipeline_on_the_postgres_stack(team_stack_run):
+    stack, result = team_stack_run  # `mclpipe run` on the stack finished (tests/e2e/conftest.py)
+
+    client = MlflowClient(tracking_uri=stack.mlflow_url)
+    experiment = client.get_experiment_by_name("mclpipe")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    runs = client.search_runs([experiment.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("kind") == "pipeline"]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1 and len(children) == 2 and parents[0].info.status == "FINISHED"
+    parent = parents[0]
+    # artifacts went to the server's store over HTTP (a worker's disk is not the team's)
+    stage1 = next(c for c in children if c.data.tags["stage"] == "1")
+    assert {"clusters", "pseudo_labels", "embeddings", "checkpoints"} <= {
+        a.path for a in client.list_artifacts(stage1.info.run_id)}
+    assert "pseudo_labels_stage1" in {d.dataset.name for d in client.get_run(stage1.info.run_id).inputs.dataset_inputs}
+
+    # the registered model, loaded by name from the server
+    mlflow.set_tracking_uri(stack.mlflow_url)
+    model = mlflow.pyfunc.load_model("models:/stack_tiny@current")
+    images = np.random.default_rng(0).integers(0, 256, size=(3, 3, 16, 16), dtype=np.uint8)
+    embeddings = model.predict(images)
+    assert embeddings.shape[0] == 3 and np.allclose(np.linalg.norm(embeddings, axis=1), np.sqrt(2), atol=1e-4)
+
+    # Prefect (on PostgreSQL) holds the flow run; the two UIs link to each other
+    flow_runs = prefect_api(stack, "/flow_runs/filter", {"limit": 10})
+    assert len(flow_runs) == 1 and flow_runs[0]["state_type"] == "COMPLETED"
+    flow_run_id = flow_runs[0]["id"]
+    assert parent.data.tags["prefect.flow_run_url"] == f"{stack.prefect_url}/runs/flow-run/{flow_run_id}"
+    artifacts = prefect_api(stack, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run_id]}},
+                                                         "limit": 100, "offset": 0, "sort": "CREATED_DESC"})
+    links = {a["data"].split("](")[-1].rstrip(")") for a in artifacts if str(a["data"]).startswith("[")}
+    assert f"{stack.mlflow_url}/#/experiments/{experiment.experiment_id}/runs/{parent.info.run_id}{TRAINING_VIEW}" in links
+    assert f"{stack.mlflow_url}/#/experiments/{experiment.experiment_id}/runs/{stage1.info.run_id}{TRAINING_VIEW}" in links
+    # the end-of-run report printed the server's URL whole
+    assert f"{stack.mlflow_url}/#/experiments/{experiment.experiment_id}/runs/{parent.info.run_id}{TRAINING_VIEW}" in \
+        result.stdout.splitlines()

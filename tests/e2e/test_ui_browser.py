@@ -1,0 +1,112 @@
+"""A person's path through the two UIs in a real browser (Debian's chromium driven by playwright), after a tiny
+`mclpipe run` on the team stack (MLflow server + Prefect server on PostgreSQL, tests/e2e/stack.py):
+
+Prefect flow run -> its artifacts -> the link to the MLflow pipeline run -> the results table in its description ->
+a stage run (metrics, datasets, description) -> its artifacts (clusters, pseudo-labels, embeddings) -> the
+experiment in the training view -> the logged models -> the registered model and its alias.
+
+Screenshots go to $MCLPIPE_UI_SCREENSHOTS (`make ui-check`) or the test's tmp dir; docs/tracking.md shows them.
+No browser is downloaded: .ci/setup-browser.sh installs chromium from Debian.
+"""
+import json
+import os
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
+WAIT_MS = 90_000  # the UIs are single-page apps; on a loaded 2-core machine their first render is slow
+
+
+@pytest.fixture(scope="module")
+def browser():
+    playwright_api = pytest.importorskip("playwright.sync_api", reason="run .ci/setup-browser.sh (the `ui` extra)")
+    if not Path(CHROMIUM).exists():
+        pytest.fail("no /usr/bin/chromium: run .ci/setup-browser.sh")
+    with playwright_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def shots(tmp_path):
+    out = Path(os.environ.get("MCLPIPE_UI_SCREENSHOTS") or tmp_path / "screenshots")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def summary_of(stack) -> dict:
+    return json.loads(next((stack.root / "runs" / "pipelines").glob("*/summary.json")).read_text())
+
+
+def open_page(page, url: str, *, expect: str, shot: Path) -> str:
+    """Go to ``url``, wait until ``expect`` is on the page, save a screenshot; returns the page's text."""
+    page.goto(url)
+    page.get_by_text(expect, exact=False).first.wait_for(timeout=WAIT_MS)
+    page.wait_for_timeout(1500)  # let the rest of the page settle before the picture
+    page.screenshot(path=str(shot), full_page=True)
+    return page.inner_text("body")
+
+
+def test_from_prefect_to_mlflow_to_the_model(team_stack_run, browser, shots):
+    stack, _ = team_stack_run
+    summary = summary_of(stack)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    parent_url = summary["mlflow_url"]
+
+    # Prefect: the flow run carries link artifacts to its MLflow runs
+    flow_url = summary["prefect_flow_run_url"]
+    assert flow_url.startswith(stack.prefect_url)
+    open_page(page, flow_url, expect="Completed", shot=shots / "01-prefect-flow-run.png")
+    page.goto(f"{flow_url}?tab=Artifacts")
+    link = page.get_by_text("MLflow: stack_tiny pipeline run").first
+    link.wait_for(timeout=WAIT_MS)
+    page.screenshot(path=str(shots / "02-prefect-artifacts.png"), full_page=True)
+    href = page.locator("a", has_text="MLflow: stack_tiny pipeline run").first.get_attribute("href")
+    assert href == parent_url
+
+    # MLflow: following the link lands on the pipeline run in the training view, results table on top
+    text = open_page(page, href, expect="MCL concat", shot=shots / "03-mlflow-pipeline-run.png")
+    assert "Model training" in text and "mcl stage 1" in text and "stack_tiny@current" in text
+    assert "Evaluation runs" not in text  # not the GenAI view
+
+    # a stage run: its results, the data it trained on, its system metrics
+    stage1 = summary["stage_runs"]["mcl stage 1"]["url"]
+    text = open_page(page, stage1, expect="pseudo_labels_stage1", shot=shots / "04-mlflow-stage-run.png")
+    assert "Datasets" in text and "probe/shape" in text
+    artifacts_url = stage1.replace(f"/runs/{summary['stage_runs']['mcl stage 1']['run_id']}",
+                                   f"/runs/{summary['stage_runs']['mcl stage 1']['run_id']}/artifacts")
+    text = open_page(page, artifacts_url, expect="pseudo_labels", shot=shots / "05-mlflow-stage-artifacts.png")
+    assert "clusters" in text and "embeddings" in text and ".prev" not in text
+
+    # the experiment opens on its training runs; its models are the stage encoders and the pipeline's
+    experiment_url = parent_url.split("/runs/")[0] + "/runs?workflowType=machine_learning"
+    text = open_page(page, experiment_url, expect="stack_tiny-", shot=shots / "06-mlflow-experiment.png")
+    assert "Runs" in text and "Models" in text
+    models_url = parent_url.split("/runs/")[0] + "/models?workflowType=machine_learning"
+    text = open_page(page, models_url, expect="mcl-representation", shot=shots / "07-mlflow-logged-models.png")
+    assert "stage1-encoder" in text
+
+    # the registry: the pipeline's model under the config's name, alias "current"
+    registry_url = parent_url.split("/#/")[0] + "/#/models/stack_tiny"
+    text = open_page(page, registry_url, expect="current", shot=shots / "08-mlflow-registered-model.png")
+    assert "Version 1" in text
+    page.close()
+
+
+def test_screenshots_are_pictures(team_stack_run, browser, shots):
+    """The screenshots of the previous test exist and are real PNGs of a rendered page (not blank)."""
+    stack, _ = team_stack_run
+    page = browser.new_page(viewport={"width": 800, "height": 600})
+    open_page(page, summary_of(stack)["mlflow_url"], expect="MCL concat", shot=shots / "pipeline-run-small.png")
+    png = (shots / "pipeline-run-small.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+    page.close()
+    with urllib.request.urlopen(f"{stack.prefect_url}/api/health", timeout=10) as response:
+        assert response.status == 200

@@ -1,0 +1,56 @@
+"""The text MCL flow end to end under Prefect's test harness: SimCSE stage 0 + one MCL stage on generated
+sentences, the control, MLflow runs with the isotropy trajectory, and a rerun that reuses every step."""
+import json
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from contrastive.text import stages
+from flows.text_flow import text_pipeline
+from pipeline_config.loader import load_config
+from tests.flows.mlflow_runs import artifact_paths, run_tree
+
+
+@pytest.mark.slow  # about 50 s on an idle 2-core machine, plus the Prefect server's start
+def test_text_pipeline_end_to_end(tmp_path, monkeypatch):
+    calls = []
+    real = stages.train_text_stage
+
+    def counted(spec, **kwargs):
+        calls.append((Path(spec.stage_dir).name.split("-")[1], spec.pseudo_labels_path is not None))
+        return real(spec, **kwargs)
+
+    monkeypatch.setattr(stages, "train_text_stage", counted)
+    config = load_config("text_tiny", [f"output_dir={tmp_path / 'runs'}", f"data.cache_dir={tmp_path / 'data'}",
+                                       f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", "hyper.enabled=true",
+                                       "hyper.epochs=2"])
+    summary = text_pipeline(config)
+    results = summary["results"]
+    assert set(results) == {"stage 0", "stage 1", "MCL concat", "control concat", "Hyper-CL (MCL concat)"}
+    attributes = {"subject", "action", "place", "sentiment", "tense"}
+    hyper = results.pop("Hyper-CL (MCL concat)")
+    assert {"csts/hyper_spearman", "csts/linear_spearman", "recall/place_hyper"} <= set(hyper)
+    for metrics in results.values():
+        assert {f"probe/{a}" for a in attributes} <= set(metrics)
+        assert -1.0 <= metrics["sts/spearman"] <= 1.0 and "iso/sentence_anisotropy" in metrics
+    # stage 0 (random batches), stage 1 on cluster-pure batches, the control's stage 1 on random batches
+    assert sorted(calls) == [("train0", False), ("train1", False), ("train1", True)]
+    assert "STS Spearman" in (Path(summary["dir"]) / "results.md").read_text()
+
+    client = MlflowClient(tracking_uri=config.tracking.uri)
+    parents, children = run_tree(config.tracking.uri)
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    stage1 = next(c for c in children if c.data.tags["kind"] == "mcl" and c.data.tags["stage"] == "1")
+    history = client.get_metric_history(stage1.info.run_id, "iso/token_anisotropy")
+    assert len(history) >= 1
+    files = artifact_paths(client, stage1.info.run_id)
+    assert {"eval/isotropy.png", "eval/isotropy.json", "model/model.pt", "clusters/assignments.npz"} <= files
+    trajectory = json.loads(Path(client.download_artifacts(stage1.info.run_id, "eval/isotropy.json",
+                                                           str(tmp_path / "dl"))).read_text())["history"]
+    assert trajectory[0]["step"] == 0 and trajectory[-1]["step"] > 0  # measured at init and while training
+
+    calls.clear()
+    again = text_pipeline(config)
+    assert calls == [] and again["results"] == {**results, "Hyper-CL (MCL concat)": hyper}  # every step reused
+

@@ -1,0 +1,8 @@
+"""Entry points the Slurm tests' jobs run (importable on the nodes through PYTHONPATH = the repo root)."""
+from contrastive import stages
+from tests.faults.train_tiny_stage import SlowDown
+
+
+def train_slow_from_json(*, spec: dict, info=None) -> dict:
+    """The tiny stage, slowed down between steps so a test can cancel it mid-stage."""
+    return stages.train_stage(stages.ImageStageSpec.from_json(spec), info=info, callbacks=[SlowDown()])

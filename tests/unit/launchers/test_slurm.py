@@ -1,0 +1,157 @@
+"""The sbatch script and the Slurm client calls (contrastive/launchers/slurm.py) against hand-written expectations.
+The real cluster runs in tests/launchers/test_slurm_real.py."""
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from contrastive.errors import MclpipeError
+from contrastive.launchers.base import JobHandle, JobSpec, JobState, LogTail
+from contrastive.launchers.slurm import SlurmLauncher, SlurmSpec, build_sbatch_script, parse_scontrol, status_from
+
+JOB = JobSpec(name="mcl-stage0", stage_dir=Path("/shared/runs/train/abc"),
+              args_path=Path("/shared/runs/train/abc/train_summary_args.json"), nproc_per_node=4, nnodes=2,
+              python="/shared/venv/bin/python", workdir=Path("/shared/mclpipe"),
+              env=(("PYTHONPATH", "/shared/mclpipe"), ("NCCL_DEBUG", "WARN x")), log_name="train.log")
+
+EXPECTED = """#!/bin/bash
+#SBATCH --job-name=mcl-stage0
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=4
+#SBATCH --cpus-per-task=16
+#SBATCH --partition=gpu
+#SBATCH --account=lab42
+#SBATCH --time=1-00:00:00
+#SBATCH --output=/shared/runs/train/abc/train.log
+#SBATCH --open-mode=append
+#SBATCH --chdir=/shared/mclpipe
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@120
+#SBATCH --constraint=a100
+
+# environment (launcher.slurm.setup)
+module load cuda/12.4
+source /shared/venv/bin/activate
+export PYTHONPATH=/shared/mclpipe
+export NCCL_DEBUG='WARN x'
+
+head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+port=29400
+echo "mclpipe: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST, rendezvous $head:$port"
+requeue() {
+  echo "mclpipe: time limit near: requeueing job $SLURM_JOB_ID; it resumes from the last checkpoint"
+  scontrol requeue "$SLURM_JOB_ID"
+}
+trap requeue USR1
+srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=1 /shared/venv/bin/python -m torch.distributed.run \
+--nnodes=2 --nproc-per-node=4 --rdzv-backend=c10d --rdzv-endpoint="$head:$port" \
+--rdzv-id="$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}" -m contrastive.engine.launch \
+/shared/runs/train/abc/train_summary_args.json &
+stage=$!
+# wait returns early when a trapped signal arrives: wait again until srun itself ended
+while true; do wait "$stage"; status=$?; kill -0 "$stage" 2>/dev/null || break; done
+echo "mclpipe: stage exited with $status"
+exit "$status"
+""".replace("\\\n", "")
+
+
+def test_sbatch_script_two_gpu_nodes():
+    spec = SlurmSpec(nodes=2, gpus_per_node=4, cpus_per_task=16, partition="gpu", time_limit="1-00:00:00",
+                     account="lab42", extra_sbatch=("--constraint=a100",),
+                     setup=("module load cuda/12.4", "source /shared/venv/bin/activate"), signal_lead_seconds=120,
+                     rdzv_port=29400)
+    assert build_sbatch_script(job=JOB, spec=spec) == EXPECTED
+
+
+def test_sbatch_script_minimal_cpu_job_has_no_signal_and_a_job_derived_port():
+    job = JobSpec(name="s", stage_dir=Path("/d"), args_path=Path("/d/a.json"), nproc_per_node=2)
+    script = build_sbatch_script(job=job, spec=SlurmSpec(signal_lead_seconds=0))
+    directives = [line for line in script.splitlines() if line.startswith("#SBATCH")]
+    assert directives == ["#SBATCH --job-name=s", "#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=1",
+                          "#SBATCH --time=04:00:00", "#SBATCH --output=/d/job.log", "#SBATCH --open-mode=append"]
+    assert "port=$((29500 + SLURM_JOB_ID % 10000))" in script.splitlines()
+    assert "trap requeue USR1" not in script and "--nproc-per-node=2" in script
+    assert "python -m torch.distributed.run" in script
+
+
+def test_node_counts_must_agree():
+    with pytest.raises(MclpipeError, match="launcher.slurm.nodes and distributed.nnodes"):
+        build_sbatch_script(job=JOB, spec=SlurmSpec(nodes=1))
+
+
+def test_the_script_is_valid_bash(tmp_path):
+    path = tmp_path / "job.sbatch"
+    path.write_text(EXPECTED)
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+
+
+@pytest.mark.parametrize("state, exit_code, expected", [
+    ("PENDING", None, (JobState.PENDING, "")), ("REQUEUED", None, (JobState.PENDING, "")),
+    ("RUNNING", None, (JobState.RUNNING, "")), ("COMPLETING", None, (JobState.RUNNING, "")),
+    ("COMPLETED", "0:0", (JobState.SUCCEEDED, "")), ("CANCELLED by 0", "0:15", (JobState.CANCELLED, "CANCELLED")),
+    ("CANCELLED+", None, (JobState.CANCELLED, "CANCELLED")),
+    ("FAILED", "1:0", (JobState.FAILED, "FAILED, exit code 1:0")),
+    ("TIMEOUT", "0:0", (JobState.FAILED, "TIMEOUT, exit code 0:0")),
+    ("OUT_OF_MEMORY", None, (JobState.FAILED, "OUT_OF_MEMORY")),
+])
+def test_slurm_states(state, exit_code, expected):
+    status = status_from(state, exit_code)
+    assert (status.state, status.detail) == expected
+
+
+def test_unknown_state_names_the_check():
+    with pytest.raises(MclpipeError, match="scontrol show job"):
+        status_from("WEIRD")
+
+
+def test_parse_scontrol():
+    fields = parse_scontrol("JobId=7 JobName=s UserId=root(0) JobState=FAILED Reason=NonZeroExitCode ExitCode=1:0")
+    assert fields["JobState"] == "FAILED" and fields["ExitCode"] == "1:0" and fields["JobId"] == "7"
+
+
+class FakeSlurm:
+    """Answers the Slurm commands like a cluster without accounting (sacct fails)."""
+
+    def __init__(self, answers):
+        self.calls, self.answers = [], answers
+
+    def __call__(self, args, **kwargs):
+        self.calls.append(args)
+        code, out = self.answers.get(args[0], (0, ""))
+        return subprocess.CompletedProcess(args, code, stdout=out, stderr="boom" if code else "")
+
+
+def test_submit_poll_cancel_commands(tmp_path):
+    fake = FakeSlurm({"sbatch": (0, "123;cluster\n"), "squeue": (0, ""), "sacct": (1, ""),
+                      "scontrol": (0, "JobId=123 JobState=COMPLETED ExitCode=0:0\n")})
+    launcher = SlurmLauncher(spec=SlurmSpec(), run=fake)
+    job = JobSpec(name="s", stage_dir=tmp_path, args_path=tmp_path / "a.json", nproc_per_node=1)
+    handle = launcher.submit(job)
+    assert handle.job_id == "123" and fake.calls[0] == ["sbatch", "--parsable", str(tmp_path / "job.sbatch")]
+    assert (tmp_path / "job.sbatch").read_text().startswith("#!/bin/bash\n#SBATCH --job-name=s\n")
+    assert launcher.poll(handle).state is JobState.SUCCEEDED
+    assert [c[0] for c in fake.calls[1:]] == ["squeue", "sacct", "scontrol"]
+    launcher.cancel(handle)
+    assert fake.calls[-1] == ["scancel", "123"]
+
+
+def test_sbatch_refusal_is_reported(tmp_path):
+    launcher = SlurmLauncher(run=FakeSlurm({"sbatch": (1, "")}))
+    with pytest.raises(MclpipeError, match="sbatch --parsable .* failed .*boom"):
+        launcher.submit(JobSpec(name="s", stage_dir=tmp_path, args_path=tmp_path / "a.json", nproc_per_node=1))
+
+
+def test_missing_slurm_clients_name_the_fix(tmp_path):
+    def absent(args, **kwargs):
+        raise FileNotFoundError(args[0])
+    with pytest.raises(MclpipeError, match="Slurm client commands .* launcher.kind=local"):
+        SlurmLauncher(run=absent).submit(JobSpec(name="s", stage_dir=tmp_path, args_path=tmp_path / "a.json",
+                                                 nproc_per_node=1))
+
+
+def test_a_forgotten_job_is_reported(tmp_path):
+    launcher = SlurmLauncher(run=FakeSlurm({"squeue": (1, ""), "sacct": (1, ""), "scontrol": (1, "")}))
+    handle = JobHandle(kind="slurm", job_id="9", log=LogTail(tmp_path / "log"))
+    with pytest.raises(MclpipeError, match="no longer knows job 9"):
+        launcher.poll(handle)
