@@ -273,7 +273,11 @@ class StepRunner:
         """Mark every MLflow run of this invocation finished or failed; a tracking outage here must not hide the
         error that ended the flow."""
         logger = get_run_logger()
-        for run_id in [*self.stage_runs.values(), self.parent_run_id]:
+        runs = [*self.stage_runs.values(), self.parent_run_id]
+        if status == "FINISHED":  # reused stages' runs a failed earlier attempt marked failed: every step is done now
+            runs += [run_id for run_id in set(self.linked_runs.values()) - set(runs)
+                     if self.tracker.client.get_run(run_id).info.status == "FAILED"]
+        for run_id in runs:
             try:
                 t.close_run(config=self.config, mlflow_run_id=run_id, status=status)
             except Exception as exc:  # noqa: BLE001 - reported, the original outcome stands

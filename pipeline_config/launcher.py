@@ -191,15 +191,16 @@ def check_launcher(config) -> None:
                               "mounted at the same path where the flow runs)")
 
 
-def build_launcher(launcher: LauncherConfig):
+def build_launcher(launcher: LauncherConfig, *, rdzv_endpoint: str | None = None):
     """The library launcher of this section (None for ``local``: the caller keeps today's in-process / local
-    torchrun path) and how often to poll it."""
+    torchrun path) and how often to poll it. ``rdzv_endpoint``: distributed.rdzv_endpoint, for a hand-made
+    multi-node ``torchrun`` launch."""
     from contrastive.launchers.local import LocalTorchrunLauncher
 
     if launcher.kind == "local":
         return None, 0.0
     if launcher.kind == "torchrun":
-        return LocalTorchrunLauncher(), 2.0
+        return LocalTorchrunLauncher(rdzv_endpoint=rdzv_endpoint), 1.0
     if launcher.kind == "slurm":
         from contrastive.launchers.slurm import SlurmLauncher, SlurmSpec
         s = launcher.slurm

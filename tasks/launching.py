@@ -69,7 +69,7 @@ def run_stage_processes(*, config, what: str, entry: str, kwargs: dict, stage_di
     instead of the configured one (tests)."""
     d = config.distributed
     stage_dir = Path(stage_dir)
-    configured, poll_seconds = build_launcher(config.launcher)
+    configured, poll_seconds = build_launcher(config.launcher, rdzv_endpoint=d.rdzv_endpoint)
     launcher = launcher or configured
     if launcher is None:  # launcher.kind=local with several processes: today's local torchrun
         return run_under_torchrun(entry=entry, kwargs=kwargs, stage_dir=stage_dir, nproc_per_node=d.nproc_per_node,

@@ -115,9 +115,10 @@ def evaluate_text(*, config: TextPipelineConfig, key: str, out_dir: str, name: s
 
 @task(name="text-summarize")
 def summarize_text(*, config: TextPipelineConfig, parent_run_id: str, pipeline_id: str, results: dict[str, dict],
-                   cluster_records: list[ClusterRecord], out_dir: str) -> dict:
+                   cluster_records: list[ClusterRecord], out_dir: str, conditioned: dict | None = None) -> dict:
     """Probe, kNN and STS tables and plots for the whole pipeline, on the parent MLflow run and as a Prefect
-    artifact (the image pipeline's summary, with the STS column)."""
+    artifact (the image pipeline's summary, with the STS column); ``conditioned``: the Hyper-CL step's metrics
+    (summary entry "conditioned", beside the per-representation results)."""
     from contrastive.evaluate import plot_attribute_accuracy
 
     tracker = tracker_for(config)
@@ -127,12 +128,15 @@ def summarize_text(*, config: TextPipelineConfig, parent_run_id: str, pipeline_i
     if any(k.startswith("probe/") for m in results.values() for k in m):
         plots.append(plot_attribute_accuracy(results=results, path=out / "probe_accuracy.png"))
     table = "\n".join(f"### {title}\n\n{results_table_markdown(results, metric=metric)}" for title, metric in
-                      (("linear probe", "probe"), ("kNN", "knn"), ("STS Spearman", "sts"), ("isotropy", "iso"),
-                       ("C-STS (Hyper-CL)", "csts"), ("conditioned recall@k", "recall")))
+                      (("linear probe", "probe"), ("kNN", "knn"), ("STS Spearman", "sts"), ("isotropy", "iso")))
+    if conditioned:
+        table += "\n### Hyper-CL on held-out C-STS pairs (MCL concat)\n\n" + "\n".join(
+            f"- {name}: {value:.4g}" for name, value in sorted(conditioned.items())) + "\n"
     return publish_summary(config=config, tracker=tracker, parent_run_id=parent_run_id, pipeline_id=pipeline_id,
                            results=results, cluster_records=cluster_records, out=out, plots=plots, table=table,
                            heading="probe accuracy, STS and isotropy", artifact_key="text-mcl-results",
-                           description="text MCL results")
+                           description="text MCL results",
+                           extra_summary={"conditioned": conditioned} if conditioned else None)
 
 
 @cached_task("text-hyper-cl")

@@ -34,8 +34,9 @@ class AmdimSettings:
     """The ``method.amdim`` section: the AMDIM encoder's input side for whole views (``image_size``: the data's
     image side; with the ``patches`` augmentation the encoder takes ``method.patches.size`` instead), its size
     (``width`` channels after the stem, growing to 4 x width; ``rkhs_dim`` channels of the compared maps and of
-    the exported representation; ``depth`` residual blocks per stage) and the NCE's score regularisation: scores are clipped to c tanh(s / c) with c = ``tclip``
-    (AMDIM: 20) and lambda mean(s^2) with lambda = ``score_penalty`` (AMDIM: 0.05) is added to the loss."""
+    the exported representation; ``depth`` residual blocks per stage) and the NCE's score regularisation: scores
+    are clipped to c tanh(s / c) with c = ``tclip`` (AMDIM: 20) and lambda mean(s^2) with lambda =
+    ``score_penalty`` (AMDIM: 0.05) is added to the loss."""
 
     __pydantic_config__ = STRICT
     image_size: int = 32
@@ -126,6 +127,8 @@ class FeatureMapNCE(ContrastiveMethod):
     def training_loss(self, view1, view2, *, step: int, groups: torch.Tensor | None = None):
         comparisons = self.comparisons(step)
         scales = tuple(sorted({s for pair in comparisons for s in pair}))
+        if self.parts.extraction == "last_random":  # every map, so every parameter gets a gradient (DDP)
+            scales = getattr(self.backbone, "scales", scales)
         # Both views in one forward (no batch statistics in the amdim encoder, so this only saves a call).
         both = view_maps(self.backbone, torch.cat([view1, view2]), patches=self.patches, scales=scales)
         # Every rank's images are negatives (identity on one process), as SimCLR's and the paper's distributed
@@ -137,6 +140,8 @@ class FeatureMapNCE(ContrastiveMethod):
             for anchors, targets in ((maps_a[j], maps_b[k]), (maps_b[j], maps_a[k])):
                 nce, penalty = amdim_nce(anchors, targets, tclip=self.tclip, score_penalty=self.score_penalty)
                 nce_total, penalty_total = nce_total + nce, penalty_total + penalty
+        unused = [m for s, m in maps_a.items() if all(s not in pair for pair in comparisons)]
+        nce_total = nce_total + sum(0.0 * m.sum() for m in unused)  # zero, but a gradient path for DDP
         count = 2 * len(comparisons)
         nce, penalty = nce_total / count, penalty_total / count
         return nce + penalty, {"amdim/nce": float(nce.detach()), "amdim/score_penalty": float(penalty.detach())}

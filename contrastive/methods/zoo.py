@@ -30,8 +30,9 @@ def encoder_part(*, parts: MethodParts, model: ContrastiveModel, model_kwargs: d
     amdim = AmdimSettings(**(method_kwargs.get("amdim") or {}))
     side = PatchSettings(**(method_kwargs.get("patches") or {})).size if parts.augmentation == "patches" \
         else amdim.image_size
+    multiscale = parts.extraction in ("multiscale", "same_level", "last_random")
     return AmdimEncoder(image_size=side, width=amdim.width, rkhs_dim=amdim.rkhs_dim, depth=amdim.depth,
-                        in_channels=model_kwargs.get("in_channels", 3))
+                        in_channels=model_kwargs.get("in_channels", 3), scales=(1, 5, 7) if multiscale else (1,))
 
 
 def with_encoder_part(*, name: str, model: ContrastiveModel, model_kwargs: dict,

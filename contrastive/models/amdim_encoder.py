@@ -90,10 +90,12 @@ class AmdimEncoder(nn.Module):
 
     width: channels after the stem (the released CIFAR model: 128; 320 in the ImageNet one); the maps grow to
     4 x width. rkhs_dim: channels of the compared maps and of the output (released: 1024-2560). depth: residual
-    blocks per stage (released: 8-10; 1 here by default for CPU).
+    blocks per stage (released: 8-10; 1 here by default for CPU). scales: the maps :meth:`feature_maps` returns
+    (1 always); only their embeddings are built, so DDP finds no parameter without a gradient.
     """
 
-    def __init__(self, *, image_size: int, width: int, rkhs_dim: int, depth: int = 1, in_channels: int = 3):
+    def __init__(self, *, image_size: int, width: int, rkhs_dim: int, depth: int = 1, in_channels: int = 3,
+                 scales: tuple[int, ...] = SCALES):
         super().__init__()
         if image_size not in SIDES:
             raise ConfigError(f"the amdim encoder takes images (or patches) of side {', '.join(map(str, SIDES))} "
@@ -111,8 +113,11 @@ class AmdimEncoder(nn.Module):
         self.to5 = _block(channels, 4 * width, 3, 1, depth)
         self.to1 = nn.Sequential(_block(4 * width, 4 * width, 3, 1, depth), nn.ReLU(),
                                  ConvResNxN(4 * width, rkhs_dim, 3, 1))
-        self.rkhs = nn.ModuleDict({"7": RkhsEmbedding(channels, rkhs_dim), "5": RkhsEmbedding(4 * width, rkhs_dim),
-                                   "1": RkhsEmbedding(rkhs_dim, rkhs_dim)})
+        if 1 not in scales or not set(scales) <= set(SCALES):
+            raise ValueError(f"amdim encoder scales must include 1 and be among {SCALES}, got {scales}")
+        inputs = {7: channels, 5: 4 * width, 1: rkhs_dim}
+        self.scales = tuple(sorted(scales))
+        self.rkhs = nn.ModuleDict({str(s): RkhsEmbedding(inputs[s], rkhs_dim) for s in sorted(scales, reverse=True)})
         self.out_dim = rkhs_dim
 
     def _check_side(self, images: torch.Tensor) -> None:
@@ -122,12 +127,12 @@ class AmdimEncoder(nn.Module):
                               f"{self.image_size}")
 
     def feature_maps(self, images: torch.Tensor) -> dict[int, torch.Tensor]:
-        """(B, C, S, S) -> {7: (B, D, 7, 7), 5: (B, D, 5, 5), 1: (B, D, 1, 1)}, D = rkhs_dim."""
+        """(B, C, S, S) -> {7: (B, D, 7, 7), 5: (B, D, 5, 5), 1: (B, D, 1, 1)} (the built ``scales``), D = rkhs_dim."""
         self._check_side(images)
         m7 = self.to7(images)
         m5 = self.to5(m7)
         m1 = self.to1(m5)
-        return {7: self.rkhs["7"](m7), 5: self.rkhs["5"](m5), 1: self.rkhs["1"](m1)}
+        return {s: self.rkhs[str(s)](m) for s, m in ((7, m7), (5, m5), (1, m1)) if str(s) in self.rkhs}
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """(B, C, S, S) -> the 1x1 map's embedding (B, rkhs_dim); the 5x5 / 7x7 embeddings are not computed."""

@@ -75,7 +75,9 @@ def team_stack(root: Path):
          "--artifacts-destination", str(root / "mlartifacts")], stdout=logs["mlflow"], stderr=subprocess.STDOUT)
     prefect_env = {**os.environ, "PREFECT_HOME": str(root / "prefect-server"),
                    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                   "PREFECT_API_DATABASE_CONNECTION_URL": f"postgresql+asyncpg://{pg}/{databases['prefect']}"}
+                   "PREFECT_API_DATABASE_CONNECTION_URL": f"postgresql+asyncpg://{pg}/{databases['prefect']}",
+                   # the UI asks this address for its data (default 127.0.0.1:4200, not this server's port)
+                   "PREFECT_UI_API_URL": f"http://127.0.0.1:{prefect_port}/api"}
     prefect_env.pop("PREFECT_API_URL", None)
     prefect = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
                                 str(prefect_port)], env=prefect_env, stdout=logs["prefect"], stderr=subprocess.STDOUT)

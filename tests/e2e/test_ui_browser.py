@@ -63,39 +63,46 @@ def test_from_prefect_to_mlflow_to_the_model(team_stack_run, browser, shots):
     # Prefect: the flow run carries link artifacts to its MLflow runs
     flow_url = summary["prefect_flow_run_url"]
     assert flow_url.startswith(stack.prefect_url)
-    open_page(page, flow_url, expect="Completed", shot=shots / "01-prefect-flow-run.png")
-    page.goto(f"{flow_url}?tab=Artifacts")
-    link = page.get_by_text("MLflow: stack_tiny pipeline run").first
-    link.wait_for(timeout=WAIT_MS)
+    text = open_page(page, flow_url, expect="Completed", shot=shots / "01-prefect-flow-run.png")
+    assert f"stack_tiny mcl {summary['pipeline_id'][:8]}" in text  # the flow run says what it runs
+    page.get_by_text("Artifacts", exact=True).first.click()
+    key = f"mlflow-stack-tiny-{summary['pipeline_id'][:8]}"
+    page.get_by_text(key, exact=True).first.wait_for(timeout=WAIT_MS)
+    page.wait_for_timeout(1500)
     page.screenshot(path=str(shots / "02-prefect-artifacts.png"), full_page=True)
-    href = page.locator("a", has_text="MLflow: stack_tiny pipeline run").first.get_attribute("href")
+    page.get_by_text(key, exact=True).first.click()
+    link = page.locator("a", has_text="MLflow: stack_tiny pipeline run").first
+    link.wait_for(timeout=WAIT_MS)
+    page.screenshot(path=str(shots / "03-prefect-link-artifact.png"), full_page=True)
+    href = link.get_attribute("href")
     assert href == parent_url
 
     # MLflow: following the link lands on the pipeline run in the training view, results table on top
-    text = open_page(page, href, expect="MCL concat", shot=shots / "03-mlflow-pipeline-run.png")
+    text = open_page(page, href, expect="MCL concat", shot=shots / "04-mlflow-pipeline-run.png")
     assert "Model training" in text and "mcl stage 1" in text and "stack_tiny@current" in text
     assert "Evaluation runs" not in text  # not the GenAI view
 
     # a stage run: its results, the data it trained on, its system metrics
     stage1 = summary["stage_runs"]["mcl stage 1"]["url"]
-    text = open_page(page, stage1, expect="pseudo_labels_stage1", shot=shots / "04-mlflow-stage-run.png")
-    assert "Datasets" in text and "probe/shape" in text
+    text = open_page(page, stage1, expect="probe/shape", shot=shots / "05-mlflow-stage-run.png")
+    # Datasets: the training data, and "+1" (the pseudo-labels) behind it
+    assert "Datasets" in text and "trifeature-" in text and "+1" in text and "system/cpu_utilization_percentage" in text
     artifacts_url = stage1.replace(f"/runs/{summary['stage_runs']['mcl stage 1']['run_id']}",
                                    f"/runs/{summary['stage_runs']['mcl stage 1']['run_id']}/artifacts")
-    text = open_page(page, artifacts_url, expect="pseudo_labels", shot=shots / "05-mlflow-stage-artifacts.png")
+    text = open_page(page, artifacts_url, expect="pseudo_labels", shot=shots / "06-mlflow-stage-artifacts.png")
     assert "clusters" in text and "embeddings" in text and ".prev" not in text
 
     # the experiment opens on its training runs; its models are the stage encoders and the pipeline's
     experiment_url = parent_url.split("/runs/")[0] + "/runs?workflowType=machine_learning"
-    text = open_page(page, experiment_url, expect="stack_tiny-", shot=shots / "06-mlflow-experiment.png")
+    text = open_page(page, experiment_url, expect="stack_tiny-", shot=shots / "07-mlflow-experiment.png")
     assert "Runs" in text and "Models" in text
     models_url = parent_url.split("/runs/")[0] + "/models?workflowType=machine_learning"
-    text = open_page(page, models_url, expect="mcl-representation", shot=shots / "07-mlflow-logged-models.png")
+    text = open_page(page, models_url, expect="mcl-representation", shot=shots / "08-mlflow-logged-models.png")
     assert "stage1-encoder" in text
 
     # the registry: the pipeline's model under the config's name, alias "current"
     registry_url = parent_url.split("/#/")[0] + "/#/models/stack_tiny"
-    text = open_page(page, registry_url, expect="current", shot=shots / "08-mlflow-registered-model.png")
+    text = open_page(page, registry_url, expect="current", shot=shots / "09-mlflow-registered-model.png")
     assert "Version 1" in text
     page.close()
 

@@ -33,3 +33,16 @@ def test_one_stage_pipeline_on_slurm_equals_the_local_run(tiny_config, tmp_path)
     remote = torch.load(stage_dir / "model" / "model.pt", weights_only=False)["state_dict"]
     for name, value in local.items():
         assert torch.equal(remote[name], value), name
+
+
+@pytest.mark.parametrize("kind", ["local", "torchrun"])
+def test_two_process_stages_here_through_either_local_kind(tiny_config, kind):
+    """launcher.kind=local with 2 processes keeps today's torchrun path; kind=torchrun runs the same through the
+    launcher interface (log streamed, job log beside the stage)."""
+    config = tiny_config("mcl.num_stages=1", "mcl.clusters=4", f"launcher.kind={kind}",
+                         "distributed.nproc_per_node=2", "distributed.backend=gloo")
+    summary = mcl_pipeline(config)
+    assert {"probe/color", "probe/shape"} <= set(summary["results"]["stage 0"])
+    logs = {p.name for p in Path(config.output_dir).rglob("*.log")}
+    assert ("train_summary_job.log" in logs) == (kind == "torchrun")
+    assert ("torchrun.log" in logs) == (kind == "local")

@@ -81,6 +81,8 @@ def test_the_parts_build_the_modules_they_name():
     assert isinstance(built["byol"], BYOL) and isinstance(built["byol"].backbone, SmallCNN)
     assert isinstance(built["amdim"], FeatureMapNCE) and built["amdim"].patches is None
     assert built["yadim"].patches == (16, 8) and built["yadim"].parts.extraction == "last"
+    # only the compared maps get embeddings (DDP requires every parameter to receive a gradient)
+    assert built["yadim"].backbone.scales == (1,) and built["amdim"].backbone.scales == (1, 5, 7)
     assert isinstance(built["cpc_v2"], CPCv2) and isinstance(built["cpc_v2"].backbone, AmdimEncoder)
     assert built["cpc_v2"].backbone.image_size == 16  # the amdim encoder takes one patch
     simclr = build_method(model_kwargs=MODEL, method_kwargs={"name": "simclr", "temperature": 0.2,
