@@ -16,9 +16,10 @@ what it consumes), so identical steps are shared and a rerun skips whatever alre
 MLflow runs: a stage's run is the run that computed its steps. A stage run is opened only when one of its steps
 runs; a step reused from an earlier invocation leaves its results where they are (in the run that made them), and
 this invocation links to that run (``stage_run_ids``, then the parent's tags and description) instead of opening an
-empty copy. Later steps a rerun still has to compute for such a stage (an evaluation) are logged into that same run;
-a training always gets a run of its own. The k-means of stage j and the pseudo-labels made from it are logged into
-stage j + 1's run, the stage that trains on them.
+empty copy. Steps a rerun still has to compute for such a stage (a training that failed or was killed, an evaluation
+added later) continue in that same run, reopened; a training recomputed on purpose (``rerun_from``) gets a run of
+its own. The k-means of stage j and the pseudo-labels made from it are logged into stage j + 1's run, the stage
+that trains on them.
 """
 from __future__ import annotations
 
@@ -146,7 +147,7 @@ class StepRunner:
         runs = {**self.linked_runs, **self.stage_runs}
         return {run.label: runs[run] for run in sorted(runs, key=lambda r: (r.kind != "mcl", r.kind, r.stage))}
 
-    def resolve_run(self, run: RunRef, *, what: str, source: str | None) -> str:
+    def resolve_run(self, run: RunRef, *, what: str, source: str | None, force: bool = False) -> str:
         """The run id a step gets: the run that made it when it is reused (``source``), else this stage's run
         (module docstring). A plain id (the parent run) is used as it is."""
         if isinstance(run, str):
@@ -157,8 +158,13 @@ class StepRunner:
             return source  # the task returns its finished record and logs nothing
         if run in self.stage_runs:
             return self.stage_runs[run]
-        if run in self.linked_runs and what != "train":
-            return self.linked_runs[run]
+        if run in self.linked_runs and not (what == "train" and force):
+            # A step still to compute of a stage an earlier run began (a training that failed or was killed, an
+            # evaluation added later): it continues in that run, reopened, and is closed with this invocation.
+            linked = self.linked_runs[run]
+            self.tracker._call("reopen a run", self.tracker.client.update_run, linked, status="RUNNING")
+            self.stage_runs[run] = linked
+            return linked
         self.stage_runs[run] = t.open_stage_run(
             config=self.config, parent_run_id=self.parent_run_id, stage=run.stage, kind=run.kind,
             pipeline_id=self.pipeline_id, flow_run_id=self.flow_run_id)
@@ -171,7 +177,7 @@ class StepRunner:
         if stage is not None and "stage" in inspect.signature(task_fn.fn).parameters:
             kwargs["stage"] = stage
         force = None not in (self.rerun_from, stage) and stage >= self.rerun_from
-        run_id = self.resolve_run(run_id, what=what, source=None if force else recorded_run(out_dir))
+        run_id = self.resolve_run(run_id, what=what, source=None if force else recorded_run(out_dir), force=force)
         if force and what == "train":
             t.note_rerun(config=self.config, mlflow_run_id=run_id, rerun_from=self.rerun_from)
         try:

@@ -112,5 +112,7 @@ def publish_links(*, config: PipelineConfig | ClipPipelineConfig, summary: dict,
     out = {**summary, "mlflow_url": tracker.run_url(parent), "prefect_flow_run_url": flow_url,
            "stage_runs": {label: {"run_id": run_id, "url": urls[label]} for label, run_id in stage_runs.items()},
            **({"model": model} if model else {})}
-    write_json(Path(summary["dir"]) / "summary.json", {k: v for k, v in out.items() if k not in ("dir", "tracking_hint")})
+    path = Path(summary["dir"]) / "summary.json"
+    write_json(path, {k: v for k, v in out.items() if k not in ("dir", "tracking_hint")})
+    tracker.log_artifact(parent, path, artifact_path="eval")  # the run's copy names the runs too
     return out

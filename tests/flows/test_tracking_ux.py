@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import mlflow
+import mlflow.artifacts
 import mlflow.pyfunc
 import numpy as np
 import pytest
@@ -147,6 +148,9 @@ def test_a_rerun_that_reuses_every_step_opens_no_empty_runs(pipeline):
     assert rerun_parent.data.metrics["eval/mcl_concat/probe/color"] == first["results"]["MCL concat"]["probe/color"]
     saved = json.loads((Path(again["dir"]) / "summary.json").read_text())
     assert saved["stage_runs"] == first["stage_runs"] and saved["mlflow_run_id"] == again["mlflow_run_id"]
+    logged = mlflow.artifacts.download_artifacts(run_id=again["mlflow_run_id"], artifact_path="eval/summary.json",
+                                                 tracking_uri=config.tracking.uri)
+    assert json.loads(Path(logged).read_text())["stage_runs"] == first["stage_runs"]  # the run's copy too
     # the second registration moved the alias to the rerun's model version
     version = client.get_model_version_by_alias(config.name, "current")
     assert version.run_id == again["mlflow_run_id"]
