@@ -9,11 +9,9 @@ what finished and a failed run retrains only what failed; one parent MLflow run 
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import flow
-from prefect.runtime import flow_run
 
+from flows.pipeline_run import opened_pipeline, pipeline_dir
 from flows.runner import StepRunner
 from pipeline_config.schema import ClipPipelineConfig, digest_of
 from tasks import clip_tasks as c
@@ -87,23 +85,13 @@ class ClipStageRunner(StepRunner):
 @flow(name="clip-mcl-pipeline", flow_run_name=pipeline_run_name, log_prints=True)
 def clip_pipeline(config: ClipPipelineConfig) -> dict:
     """CLIP multistage contrastive learning end to end; returns {"results", "dir", "tracking_hint", ...}."""
-    pipeline_id = config.config_hash()
     data = c.prepare_clip_data(config=config)
-    pipeline_dir = Path(config.output_dir).resolve() / "pipelines" / pipeline_id
-    parent = t.open_pipeline_run(config=config, pipeline_id=pipeline_id, flow_run_id=flow_run.id,
-                                 pipeline_dir=str(pipeline_dir))
-    runner = ClipStageRunner(config=config, data=data, parent_run_id=parent, pipeline_id=pipeline_id)
-    status = "FAILED"
-    try:
+    with opened_pipeline(ClipStageRunner, config=config, data=data) as runner:
         outputs = runner.run_stages()
         results = dict(outputs.results)
         if config.mcl.num_stages > 1 and config.eval.soup:
             results["soup"] = runner.soup(trained=outputs.trained)
-        summary = c.summarize_clip(config=config, parent_run_id=parent, pipeline_id=pipeline_id, results=results,
-                                   cluster_records=outputs.clusters, out_dir=str(pipeline_dir))
-        summary = publish_links(config=config, summary=summary, stage_runs=runner.stage_run_ids(),
-                                opened_runs=list(runner.stage_runs.values()), table=c.clip_results_markdown(results))
-        status = "FINISHED"
-        return summary
-    finally:
-        runner.close(status=status)
+        summary = c.summarize_clip(config=config, parent_run_id=runner.parent_run_id, pipeline_id=runner.pipeline_id,
+                                   results=results, cluster_records=outputs.clusters, out_dir=str(pipeline_dir(config)))
+        return publish_links(config=config, summary=summary, stage_runs=runner.stage_run_ids(),
+                             opened_runs=list(runner.stage_runs.values()), table=c.clip_results_markdown(results))

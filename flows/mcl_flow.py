@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from pathlib import Path
 
 from prefect import flow
-from prefect.runtime import flow_run
 
+from flows.pipeline_run import opened_pipeline, pipeline_dir
 from flows.runner import RunRef, StageOutputs, StepRunner
 from pipeline_config.schema import PipelineConfig, digest_of
 from tasks import mcl_tasks as t
@@ -114,27 +113,18 @@ def mcl_pipeline(config: PipelineConfig, rerun_from: int | None = None) -> dict:
     Finished steps of earlier runs are reused; ``rerun_from=N`` recomputes stage N and later (MCL and control)
     and every evaluation that includes them.
     """
-    pipeline_id = config.config_hash()
     data = t.prepare_data(config=config)
-    parent = t.open_pipeline_run(config=config, pipeline_id=pipeline_id, flow_run_id=flow_run.id,
-                                 pipeline_dir=str(Path(config.output_dir).resolve() / "pipelines" / pipeline_id))
-    runner = ImageStageRunner(config=config, data=data, parent_run_id=parent, pipeline_id=pipeline_id,
-                              rerun_from=rerun_from)
-    status = "FAILED"
-    try:
+    with opened_pipeline(ImageStageRunner, config=config, data=data, rerun_from=rerun_from) as runner:
+        parent, pipeline_id = runner.parent_run_id, runner.pipeline_id
         outputs = runner.run_stages()
         results = {**outputs.results, **run_control(runner, mcl_exports=outputs.exports)}
         summary = t.summarize(config=config, parent_run_id=parent, pipeline_id=pipeline_id, results=results,
-                              cluster_records=outputs.clusters, out_dir=str(runner.root / "pipelines" / pipeline_id))
+                              cluster_records=outputs.clusters, out_dir=str(pipeline_dir(config)))
         model = log_pipeline_model(config=config, parent_run_id=parent, trained=outputs.trained,
                                    exports=outputs.exports)
-        summary = publish_links(config=config, summary=summary, stage_runs=runner.stage_run_ids(),
-                                opened_runs=list(runner.stage_runs.values()),
-                                table=t.results_table_markdown(results), model=model)
-        status = "FINISHED"
-        return summary
-    finally:
-        runner.close(status=status)
+        return publish_links(config=config, summary=summary, stage_runs=runner.stage_run_ids(),
+                             opened_runs=list(runner.stage_runs.values()),
+                             table=t.results_table_markdown(results), model=model)
 
 
 def run_control(runner: ImageStageRunner, *, mcl_exports: list[ExportRecord]) -> dict[str, dict]:

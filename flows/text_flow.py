@@ -8,11 +8,9 @@ content key, so a rerun skips what finished and the control's stage 0 *is* MCL's
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import flow
-from prefect.runtime import flow_run
 
+from flows.pipeline_run import opened_pipeline, pipeline_dir
 from flows.runner import StepRunner
 from pipeline_config.schema import digest_of
 from pipeline_config.text import TextPipelineConfig
@@ -88,25 +86,14 @@ def run_hyper(runner: TextStageRunner, *, trained: list[TrainRecord]) -> dict:
 @flow(name="text-mcl-pipeline", log_prints=True)
 def text_pipeline(config: TextPipelineConfig, rerun_from: int | None = None) -> dict:
     """Multistage contrastive learning over SimCSE stages on sentences; returns the summary record."""
-    pipeline_id = config.config_hash()
     data = x.prepare_text_data(config=config)
-    pipeline_dir = Path(config.output_dir).resolve() / "pipelines" / pipeline_id
-    parent = t.open_pipeline_run(config=config, pipeline_id=pipeline_id, flow_run_id=flow_run.id,
-                                 pipeline_dir=str(pipeline_dir))
-    runner = TextStageRunner(config=config, data=data, parent_run_id=parent, pipeline_id=pipeline_id,
-                             rerun_from=rerun_from)
-    status = "FAILED"
-    try:
+    with opened_pipeline(TextStageRunner, config=config, data=data, rerun_from=rerun_from) as runner:
         outputs = runner.run_stages()
         results = {**outputs.results, **run_text_control(runner, mcl_stages=outputs.evaluated)}
         conditioned = run_hyper(runner, trained=outputs.trained) if config.hyper.enabled else None
-        summary = x.summarize_text(config=config, parent_run_id=parent, pipeline_id=pipeline_id, results=results,
-                                   cluster_records=outputs.clusters, out_dir=str(pipeline_dir),
-                                   conditioned=conditioned)
-        status = "FINISHED"
-        return summary
-    finally:
-        runner.close(status=status)
+        return x.summarize_text(config=config, parent_run_id=runner.parent_run_id, pipeline_id=runner.pipeline_id,
+                                results=results, cluster_records=outputs.clusters, out_dir=str(pipeline_dir(config)),
+                                conditioned=conditioned)
 
 
 def text_tables(cfg: TextPipelineConfig, summary: dict, *, results_table) -> list:

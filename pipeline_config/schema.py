@@ -42,15 +42,23 @@ NOT_IN_KEY = {"json_schema_extra": {"affects_results": False}}
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
+    #: Fields added after the section's first version: content() counts each only when it differs from its
+    #: default (which behaves as the first version did), so earlier configs keep their content keys.
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ()
+
     def content(self) -> dict:
         """This section as JSON without the fields marked ``NOT_IN_KEY``, recursively: what a step's content
-        key digests, so a new field is part of the key unless its declaration says it cannot change a result."""
+        key digests, so a new field is part of the key unless its declaration says it cannot change a result
+        (or it is in ``ADDED_LATER`` and at its default)."""
         out = {}
-        for name, field in type(self).model_fields.items():
+        fields = type(self).model_fields
+        for name, field in fields.items():
             extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
             if extra.get("affects_results") is False:
                 continue
             value = getattr(self, name)
+            if name in self.ADDED_LATER and value == fields[name].get_default(call_default_factory=True):
+                continue
             out[name] = value.content() if isinstance(value, _Section) else self.model_dump(
                 mode="json", include={name})[name]
         return out
@@ -70,12 +78,7 @@ class TrifeatureConfig(_Section):
                                             "(contrastive.data.hierarchical: families sharing texture and close "
                                             "hues; labels fine / coarse / shape); num_colors/shapes/textures unused")
 
-    def content(self) -> dict:
-        """As every section's, but ``hierarchy`` counts only when set: earlier configs keep their content keys."""
-        content = super().content()
-        if self.hierarchy is None:
-            content.pop("hierarchy")
-        return content
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("hierarchy",)  # counts only when set
 
 
 class ImageFolderConfig(_Section):
@@ -227,15 +230,9 @@ class ModelConfig(_Section):
                              f"model.encoder to resnet18, resnet34 or resnet50 (model.encoder is {self.encoder})")
         return self
 
-    def content(self) -> dict:
-        """As every section's, but the fields added after the first version count only when they differ from
-        their defaults (which build the first version's encoders): earlier configs keep their content keys."""
-        content = super().content()
-        for name in ("stem", "in_channels", "image_size", "vit_patch_size", "vit_depth", "vit_width", "vit_heads",
-                     "vit_mlp_width"):
-            if name in content and getattr(self, name) == type(self).model_fields[name].default:
-                content.pop(name)
-        return content
+    # Their defaults build the first version's encoders.
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("stem", "in_channels", "image_size", "vit_patch_size", "vit_depth",
+                                              "vit_width", "vit_heads", "vit_mlp_width")
 
 
 class MethodConfig(_Section):
@@ -362,15 +359,9 @@ class AugmentConfig(_Section):
                                  f"view 2), got {value}")
         return self
 
-    def content(self) -> dict:
-        """As every section's, but the ops added after the first version count only when they differ from their
-        defaults (off): earlier configs keep their content keys."""
-        content = super().content()
-        for name in ("color_jitter_p", "color_jitter_hue", "grayscale_p", "blur_p", "blur_kernel_fraction",
-                     "blur_sigma", "solarize_p"):
-            if getattr(self, name) == type(self).model_fields[name].default:
-                content.pop(name)
-        return content
+    # The ops added after the first version; their defaults are off.
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("color_jitter_p", "color_jitter_hue", "grayscale_p", "blur_p",
+                                              "blur_kernel_fraction", "blur_sigma", "solarize_p")
 
 
 class LoopSettings(_Section):
@@ -512,14 +503,7 @@ class MclConfig(StageClusteringConfig):
     cumulative_concat: bool = Field(False, description="also evaluate stages 0..j concatenated for every j "
                                                        "(learning dynamics, paper Fig. 5)")
 
-    def content(self) -> dict:
-        """As every section's, but ``inherit`` and ``cumulative_concat`` count only when on: earlier configs keep
-        their content keys."""
-        content = super().content()
-        for name in ("inherit", "cumulative_concat"):
-            if not getattr(self, name):
-                content.pop(name, None)
-        return content
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("inherit", "cumulative_concat")  # count only when on
 
 
 class EvalConfig(_Section):
@@ -829,12 +813,7 @@ class ClipDistributedConfig(DistributedConfig):
                              f"{self.world_size()} processes (nproc_per_node x nnodes)")
         return self
 
-    def content(self) -> dict:
-        """As every section's, but data_slots counts only when set: earlier configs keep their content keys."""
-        content = super().content()
-        if self.data_slots is None:
-            content.pop("data_slots")
-        return content
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("data_slots",)  # counts only when set
 
 
 class ClipMclConfig(StageClusteringConfig):

@@ -4,14 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from contrastive.dimension_losses import local_offdiagonal_penalty, vicreg_loss
-from contrastive.engine.distributed import gather_with_grad
 from contrastive.errors import ConfigError
-from contrastive.hex import STRICT, HexRule
-from contrastive.methods.base import ContrastiveMethod
-from contrastive.methods.dimension_hex import check_dimension_hex, hierarchy_sets
+from contrastive.hex import STRICT
+from contrastive.methods.dimension_hex import DimensionContrastiveMethod
 
 
 @dataclass(frozen=True)
@@ -32,7 +29,7 @@ class VicregSettings:
                                   f"gamma 1)")
 
 
-class VICReg(ContrastiveMethod):
+class VICReg(DimensionContrastiveMethod):
     """VICReg (Bardes, Ponce & LeCun, 2022): backbone f, expander h (the projection head), loss
     :func:`contrastive.dimension_losses.vicreg_loss` on h(f(x)) of two views, both views in one forward (BatchNorm
     sees the 2B batch), projections gathered across ranks so the statistics are the global batch's.
@@ -42,28 +39,18 @@ class VICReg(ContrastiveMethod):
     (:func:`contrastive.dimension_losses.local_offdiagonal_penalty`, unbiased as VICReg's C).
     """
 
-    def __init__(self, *, backbone: nn.Module, head: nn.Module, dim: int, settings: VicregSettings = VicregSettings(),
-                 hex_rule: HexRule | None = None):
-        super().__init__()
-        check_dimension_hex(hex_rule, method="vicreg")
-        self.backbone = backbone
-        self.head = head
-        self.settings = settings
-        self.set_hex(hex_rule, dim=dim)
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.head(self.backbone(images))
+    method_name = "vicreg"
+    settings_type = VicregSettings
+    settings: VicregSettings
 
     def training_loss(self, view1, view2, *, step: int, groups: torch.Tensor | None = None):
-        z1, z2 = self(torch.cat([view1, view2])).float().chunk(2)
-        z1, z2 = gather_with_grad(z1), gather_with_grad(z2)
+        z1, z2 = self.projections(view1, view2)
         s = self.settings
         loss, stats = vicreg_loss(z1=z1, z2=z2, sim_coeff=s.sim_coeff, std_coeff=s.std_coeff,
                                   cov_coeff=s.cov_coeff, gamma=s.gamma)
         if self.hex_rule is None:
             return loss, stats
-        groups = None if groups is None else gather_with_grad(groups)
-        members, q, hex_stats = hierarchy_sets(self, z1=z1, z2=z2, step=step, groups=groups)
+        members, q, hex_stats = self.local_sets(z1=z1, z2=z2, step=step, groups=groups)
         dim = z1.shape[1]
         local = sum(local_offdiagonal_penalty(a=z, b=z, members=members, unbiased=True) for z in (z1, z2)) / dim
         term = local.mean()

@@ -110,41 +110,41 @@ def _nonempty(path: Path, number: int, row: dict, columns: tuple[str, ...]) -> N
             raise DataError(f"{path}:{number}: column {column!r} is empty")
 
 
+def _read_table(path: Path | str, *, what: str, columns: tuple[str, ...], build) -> list:
+    """``build(path, line number, row)`` for every row of a ``what`` file (e.g. "STS pairs") whose header names
+    ``columns``; every column but ``score`` must be non-empty. DataError when no row is below the header."""
+    path = _open(path, what=what)
+    records = []
+    for number, row in _rows(path, required=columns, what=what):
+        _nonempty(path, number, row, tuple(c for c in columns if c != "score"))
+        records.append(build(path, number, row))
+    if not records:
+        raise DataError(f"{path}: no {what.split()[-1]} below the header")
+    return records
+
+
+def _scored_pair(path: Path, number: int, row: dict) -> ScoredPair:
+    """A row of an STS file, or of a C-STS file (whose rows alone carry ``condition``: _rows keeps only the
+    required columns)."""
+    return ScoredPair(row["sentence1"], row["sentence2"], _score(path, number, row["score"]),
+                      condition=row.get("condition"))
+
+
 def read_sts_pairs(path: Path | str) -> list[ScoredPair]:
     """STS-B style pairs: columns sentence1, sentence2, score."""
-    path = _open(path, what="STS pairs")
-    pairs = []
-    for number, row in _rows(path, required=("sentence1", "sentence2", "score"), what="STS pairs"):
-        _nonempty(path, number, row, ("sentence1", "sentence2"))
-        pairs.append(ScoredPair(row["sentence1"], row["sentence2"], _score(path, number, row["score"])))
-    if not pairs:
-        raise DataError(f"{path}: no pairs below the header")
-    return pairs
+    return _read_table(path, what="STS pairs", columns=("sentence1", "sentence2", "score"), build=_scored_pair)
 
 
 def read_csts_pairs(path: Path | str) -> list[ScoredPair]:
     """C-STS style pairs: columns sentence1, sentence2, condition, score."""
-    path = _open(path, what="C-STS pairs")
-    pairs = []
-    for number, row in _rows(path, required=("sentence1", "sentence2", "condition", "score"), what="C-STS pairs"):
-        _nonempty(path, number, row, ("sentence1", "sentence2", "condition"))
-        pairs.append(ScoredPair(row["sentence1"], row["sentence2"], _score(path, number, row["score"]),
-                                condition=row["condition"]))
-    if not pairs:
-        raise DataError(f"{path}: no pairs below the header")
-    return pairs
+    return _read_table(path, what="C-STS pairs", columns=("sentence1", "sentence2", "condition", "score"),
+                       build=_scored_pair)
 
 
 def read_triples(path: Path | str) -> list[Triple]:
     """NLI triples for supervised SimCSE: columns anchor, positive, negative."""
-    path = _open(path, what="NLI triples")
-    triples = []
-    for number, row in _rows(path, required=("anchor", "positive", "negative"), what="NLI triples"):
-        _nonempty(path, number, row, ("anchor", "positive", "negative"))
-        triples.append(Triple(row["anchor"], row["positive"], row["negative"]))
-    if not triples:
-        raise DataError(f"{path}: no triples below the header")
-    return triples
+    return _read_table(path, what="NLI triples", columns=("anchor", "positive", "negative"),
+                       build=lambda path, number, row: Triple(row["anchor"], row["positive"], row["negative"]))
 
 
 def write_pairs(path: Path | str, pairs: list[ScoredPair]) -> Path:

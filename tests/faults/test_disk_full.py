@@ -9,17 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from contrastive.data.trifeature import prepare_trifeature
 from contrastive.engine import checkpoint as checkpoint_module
 from contrastive.engine.checkpoint import load_checkpoint
 from contrastive.errors import DiskFullError
 from tests.faults.train_tiny_stage import train
+from tests.faults.tiny_data import stage_weights, tiny_trifeature
 
 
 @pytest.fixture(scope="module")
 def dataset_dir(tmp_path_factory):
-    return prepare_trifeature(root=tmp_path_factory.mktemp("data"), num_train=128, num_test=32, image_size=16,
-                              num_colors=4, num_shapes=4, num_textures=4, seed=0)
+    return tiny_trifeature(tmp_path_factory.mktemp("data"))
 
 
 @pytest.fixture(scope="module")
@@ -30,13 +29,9 @@ def reference(dataset_dir, tmp_path_factory):
     return stage_dir
 
 
-def weights(stage_dir: Path) -> dict:
-    return torch.load(stage_dir / "model" / "model.pt", weights_only=False)["state_dict"]
-
-
 def assert_same_weights(stage_dir: Path, reference: Path) -> None:
-    for name, expected in weights(reference).items():
-        assert torch.allclose(weights(stage_dir)[name].float(), expected.float(), atol=1e-5), name
+    for name, expected in stage_weights(reference).items():
+        assert torch.allclose(stage_weights(stage_dir)[name].float(), expected.float(), atol=1e-5), name
 
 
 def leftovers(directory: Path) -> list[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from contrastive.data.trifeature import prepare_trifeature
+from tests.faults.tiny_data import stage_weights, tiny_trifeature
 
 SCRIPT = Path(__file__).with_name("train_tiny_stage.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,8 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def dataset_dir(tmp_path_factory):
-    return prepare_trifeature(root=tmp_path_factory.mktemp("data"), num_train=128, num_test=32, image_size=16,
-                              num_colors=4, num_shapes=4, num_textures=4, seed=0)
+    return tiny_trifeature(tmp_path_factory.mktemp("data"))
 
 
 def start(dataset_dir: Path, stage_dir: Path, *, nproc: int = 1) -> subprocess.Popen:
@@ -27,10 +26,6 @@ def start(dataset_dir: Path, stage_dir: Path, *, nproc: int = 1) -> subprocess.P
     launcher = [] if nproc == 1 else ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     return subprocess.Popen([sys.executable, *launcher, str(SCRIPT), str(dataset_dir), str(stage_dir)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-
-
-def final_weights(stage_dir: Path) -> dict:
-    return torch.load(stage_dir / "model" / "model.pt", weights_only=False)["state_dict"]
 
 
 @pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.slow)])
@@ -57,8 +52,8 @@ def test_sigkill_mid_stage_then_resume_equals_uninterrupted(dataset_dir, tmp_pat
     import json
     summary = json.loads((victim_dir / "train_summary.json").read_text())
     assert summary["resumed_from_step"] >= killed_at and summary["steps"] == 24
-    for name, expected in final_weights(tmp_path / "reference").items():
-        assert torch.allclose(final_weights(victim_dir)[name].float(), expected.float(), atol=1e-5), name
+    for name, expected in stage_weights(tmp_path / "reference").items():
+        assert torch.allclose(stage_weights(victim_dir)[name].float(), expected.float(), atol=1e-5), name
 
 
 def test_corrupt_last_checkpoint_resumes_from_previous(dataset_dir, tmp_path):

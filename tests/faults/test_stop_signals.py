@@ -7,17 +7,16 @@ import time
 import pytest
 import torch
 
-from contrastive.data.trifeature import prepare_trifeature
 from contrastive.engine import signals
 from contrastive.engine.checkpoint import load_checkpoint
 from contrastive.errors import StageInterrupted
 from tests.faults.train_tiny_stage import train
+from tests.faults.tiny_data import stage_weights, tiny_trifeature
 
 
 @pytest.fixture(scope="module")
 def dataset_dir(tmp_path_factory):
-    return prepare_trifeature(root=tmp_path_factory.mktemp("data"), num_train=128, num_test=32, image_size=16,
-                              num_colors=4, num_shapes=4, num_textures=4, seed=0)
+    return tiny_trifeature(tmp_path_factory.mktemp("data"))
 
 
 @pytest.fixture(autouse=True)
@@ -47,10 +46,6 @@ class SignalAt:
         pass
 
 
-def weights(stage_dir):
-    return torch.load(stage_dir / "model" / "model.pt", weights_only=False)["state_dict"]
-
-
 def run_stage(dataset_dir, stage_dir, callbacks=()):
     from contrastive import stages
     from tests.faults.train_tiny_stage import tiny_spec
@@ -76,8 +71,8 @@ def test_signal_mid_stage_checkpoints_the_step_then_resume_equals_uninterrupted(
 
     summary = run_stage(dataset_dir, stage_dir)
     assert summary["resumed_from_step"] == 11 and summary["steps"] == 24
-    for name, expected in weights(reference).items():
-        assert torch.allclose(weights(stage_dir)[name].float(), expected.float(), atol=1e-5), name
+    for name, expected in stage_weights(reference).items():
+        assert torch.allclose(stage_weights(stage_dir)[name].float(), expected.float(), atol=1e-5), name
 
 
 def test_second_signal_stops_at_once_naming_the_last_checkpoint(dataset_dir, tmp_path):
@@ -142,5 +137,5 @@ def test_sigterm_to_the_launcher_stops_torchrun_ranks_after_a_checkpoint_then_re
 
     summary = launch(stage_dir)
     assert summary["resumed_from_step"] == stopped.value.step and summary["steps"] == 48
-    for name, expected in weights(tmp_path / "reference").items():
-        assert torch.allclose(weights(stage_dir)[name].float(), expected.float(), atol=1e-5), name
+    for name, expected in stage_weights(tmp_path / "reference").items():
+        assert torch.allclose(stage_weights(stage_dir)[name].float(), expected.float(), atol=1e-5), name

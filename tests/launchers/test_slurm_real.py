@@ -11,20 +11,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from contrastive.data.trifeature import prepare_trifeature
 from contrastive.launchers.base import JobFailed, JobState
 from contrastive.launchers.slurm import SlurmLauncher, SlurmSpec
 from contrastive.launchers.stage import launch_stage, stage_job
 from contrastive.launchers.local import LocalTorchrunLauncher
 from tests.faults.train_tiny_stage import tiny_spec
+from tests.faults.tiny_data import stage_weights, tiny_trifeature
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def dataset_dir(tmp_path_factory):
-    return prepare_trifeature(root=tmp_path_factory.mktemp("data"), num_train=128, num_test=32, image_size=16,
-                              num_colors=4, num_shapes=4, num_textures=4, seed=0)
+    return tiny_trifeature(tmp_path_factory.mktemp("data"))
 
 
 @pytest.fixture(scope="module")
@@ -34,15 +33,11 @@ def reference(dataset_dir, tmp_path_factory):
     summary = launch_stage(LocalTorchrunLauncher(), tiny_job(dataset_dir, stage_dir, slow=False),
                            on_line=lambda line: None, poll_seconds=0.2)
     assert summary["steps"] == 24
-    return weights(stage_dir)
-
-
-def weights(stage_dir: Path) -> dict:
-    return torch.load(Path(stage_dir) / "model" / "model.pt", weights_only=False)["state_dict"]
+    return stage_weights(stage_dir)
 
 
 def assert_equal_weights(stage_dir: Path, expected: dict) -> None:
-    got = weights(stage_dir)
+    got = stage_weights(stage_dir)
     for name, value in expected.items():
         assert torch.allclose(got[name].float(), value.float(), atol=1e-5), name
 

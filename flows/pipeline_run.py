@@ -1,0 +1,38 @@
+"""What every pipeline flow (MCL, CLIP, text) does around its steps: open the parent MLflow run of the config, build
+the flow's step runner, and mark every run it opened finished or failed however the flow ends."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+from prefect.runtime import flow_run
+
+from flows.runner import StepRunner
+from tasks import mcl_tasks as t
+
+Runner = TypeVar("Runner", bound=StepRunner)
+
+
+def pipeline_dir(config) -> Path:
+    """Where a pipeline's summary and tables go: output_dir/pipelines/<config_hash>."""
+    return Path(config.output_dir).resolve() / "pipelines" / config.config_hash()
+
+
+@contextmanager
+def opened_pipeline(runner_type: type[Runner], *, config, data: dict, **runner_kwargs) -> Iterator[Runner]:
+    """The runner of this flow's steps, under the parent MLflow run of ``config`` (keyed by its config_hash).
+
+    Every run the runner opened is closed FINISHED when the block completes (a ``return`` inside it included) and
+    FAILED when it raises, so a failed flow never leaves runs marked running."""
+    pipeline_id = config.config_hash()
+    parent = t.open_pipeline_run(config=config, pipeline_id=pipeline_id, flow_run_id=flow_run.id,
+                                 pipeline_dir=str(pipeline_dir(config)))
+    runner = runner_type(config=config, data=data, parent_run_id=parent, pipeline_id=pipeline_id, **runner_kwargs)
+    status = "FAILED"
+    try:
+        yield runner
+        status = "FINISHED"
+    finally:
+        runner.close(status=status)
