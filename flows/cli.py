@@ -312,11 +312,18 @@ def sweep(config: ConfigArg,
         fail(f"--seeds must be comma-separated integers, got {seeds!r}")
         return
     started = time.perf_counter()
+    configs = []
     try:
         from flows.sweep_flow import mcl_sweep, plan_sweep, sweep_configs
         parsed, seed_list = plan_sweep(config=config, grid=list(grid or []), seeds=seed_list)
-        sweep_configs(config=config, grid=parsed, seeds=seed_list, overrides=list(overrides or []))  # fail fast
+        # Every point is loaded and checked before anything is computed.
+        configs = sweep_configs(config=config, grid=parsed, seeds=seed_list, overrides=list(overrides or []))
+        start_local_server()
+        shutdown.quiet_user_tracebacks()
         summary = mcl_sweep(config=config, grid=parsed, seeds=seed_list, overrides=list(overrides or []))
+    except StageInterrupted as exc:  # finished points are reused when the same command runs again
+        interrupted(exc, configs[0][2] if configs else None, command=shutdown.command_line())
+        return
     except MclpipeError as exc:
         fail(str(exc))
         return

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.faults.tiny_data import stage_weights, tiny_trifeature
+from tests.faults.tiny_data import assert_same_weights, stage_weights, tiny_trifeature
 
 SCRIPT = Path(__file__).with_name("train_tiny_stage.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,8 +52,7 @@ def test_sigkill_mid_stage_then_resume_equals_uninterrupted(dataset_dir, tmp_pat
     import json
     summary = json.loads((victim_dir / "train_summary.json").read_text())
     assert summary["resumed_from_step"] >= killed_at and summary["steps"] == 24
-    for name, expected in stage_weights(tmp_path / "reference").items():
-        assert torch.allclose(stage_weights(victim_dir)[name].float(), expected.float(), atol=1e-5), name
+    assert_same_weights(victim_dir, stage_weights(tmp_path / "reference"))
 
 
 def test_corrupt_last_checkpoint_resumes_from_previous(dataset_dir, tmp_path):

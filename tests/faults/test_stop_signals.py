@@ -5,13 +5,12 @@ import signal
 import time
 
 import pytest
-import torch
 
 from contrastive.engine import signals
 from contrastive.engine.checkpoint import load_checkpoint
 from contrastive.errors import StageInterrupted
 from tests.faults.train_tiny_stage import train
-from tests.faults.tiny_data import stage_weights, tiny_trifeature
+from tests.faults.tiny_data import assert_same_weights, stage_weights, tiny_trifeature
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +70,7 @@ def test_signal_mid_stage_checkpoints_the_step_then_resume_equals_uninterrupted(
 
     summary = run_stage(dataset_dir, stage_dir)
     assert summary["resumed_from_step"] == 11 and summary["steps"] == 24
-    for name, expected in stage_weights(reference).items():
-        assert torch.allclose(stage_weights(stage_dir)[name].float(), expected.float(), atol=1e-5), name
+    assert_same_weights(stage_dir, stage_weights(reference))
 
 
 def test_second_signal_stops_at_once_naming_the_last_checkpoint(dataset_dir, tmp_path):
@@ -137,5 +135,4 @@ def test_sigterm_to_the_launcher_stops_torchrun_ranks_after_a_checkpoint_then_re
 
     summary = launch(stage_dir)
     assert summary["resumed_from_step"] == stopped.value.step and summary["steps"] == 48
-    for name, expected in stage_weights(tmp_path / "reference").items():
-        assert torch.allclose(stage_weights(stage_dir)[name].float(), expected.float(), atol=1e-5), name
+    assert_same_weights(stage_dir, stage_weights(tmp_path / "reference"))

@@ -16,3 +16,10 @@ def tiny_trifeature(root: Path) -> Path:
 def stage_weights(stage_dir: Path | str) -> dict:
     """The state_dict of the model a stage saved at its end (stage_dir/model/model.pt)."""
     return torch.load(Path(stage_dir) / "model" / "model.pt", weights_only=False)["state_dict"]
+
+
+def assert_same_weights(stage_dir: Path | str, expected: dict) -> None:
+    """The model a stage saved equals ``expected`` (a state_dict, e.g. an uninterrupted run's) tensor by tensor."""
+    got = stage_weights(stage_dir)
+    for name, value in expected.items():
+        assert torch.allclose(got[name].float(), value.float(), atol=1e-5), name

@@ -16,7 +16,7 @@ from contrastive.launchers.slurm import SlurmLauncher, SlurmSpec
 from contrastive.launchers.stage import launch_stage, stage_job
 from contrastive.launchers.local import LocalTorchrunLauncher
 from tests.faults.train_tiny_stage import tiny_spec
-from tests.faults.tiny_data import stage_weights, tiny_trifeature
+from tests.faults.tiny_data import assert_same_weights, stage_weights, tiny_trifeature
 
 pytestmark = pytest.mark.slow
 
@@ -34,12 +34,6 @@ def reference(dataset_dir, tmp_path_factory):
                            on_line=lambda line: None, poll_seconds=0.2)
     assert summary["steps"] == 24
     return stage_weights(stage_dir)
-
-
-def assert_equal_weights(stage_dir: Path, expected: dict) -> None:
-    got = stage_weights(stage_dir)
-    for name, value in expected.items():
-        assert torch.allclose(got[name].float(), value.float(), atol=1e-5), name
 
 
 def tiny_job(dataset_dir, stage_dir, *, slow: bool):
@@ -85,7 +79,7 @@ def test_two_rank_stage_on_slurm_equals_the_local_run(slurm_cluster, dataset_dir
     assert summary["steps"] == 24 and summary["resumed_from_step"] is None
     assert any(f"mclpipe: job {jobs[0].job_id} (restart 0)" in line and "rendezvous" in line for line in lines)
     assert "mclpipe: stage exited with 0" in lines
-    assert_equal_weights(stage_dir, reference)
+    assert_same_weights(stage_dir, reference)
 
 
 def test_scancel_mid_stage_then_the_rerun_resumes_from_the_checkpoint(slurm_cluster, dataset_dir, reference,
@@ -103,7 +97,7 @@ def test_scancel_mid_stage_then_the_rerun_resumes_from_the_checkpoint(slurm_clus
     summary = launch_stage(slurm, tiny_job(dataset_dir, stage_dir, slow=False), on_line=lambda line: None,
                            poll_seconds=0.5)
     assert summary["resumed_from_step"] >= killed_at and summary["steps"] == 24
-    assert_equal_weights(stage_dir, reference)
+    assert_same_weights(stage_dir, reference)
 
 
 def test_time_limit_signal_requeues_the_job_which_resumes(slurm_cluster, dataset_dir, reference, tmp_path):
@@ -123,7 +117,7 @@ def test_time_limit_signal_requeues_the_job_which_resumes(slurm_cluster, dataset
     assert "requeueing job" in log and f"job {handle.job_id} (restart 1)" in log
     summary = json.loads((stage_dir / "train_summary.json").read_text())
     assert summary["resumed_from_step"] >= 5 and summary["steps"] == 24
-    assert_equal_weights(stage_dir, reference)
+    assert_same_weights(stage_dir, reference)
 
 
 def test_a_failing_stage_fails_with_the_job_id_and_its_last_lines(slurm_cluster, tmp_path):
