@@ -327,6 +327,14 @@ class Tracker:
             yield
         finally:
             monitor.finish()
+            # The monitor publishes only whole sampling windows, so a block shorter than one (or the tail of a
+            # longer one) would leave nothing: publish what it collected, plus one sample at the end.
+            try:
+                monitor.collect_metrics()
+                monitor.publish_metrics(monitor.aggregate_metrics())
+                monitor.mlflow_logger.flush()
+            except Exception as exc:  # noqa: BLE001 - system metrics never fail a stage
+                log.warning("could not log the last system metrics sample: %s", exc)
 
 
 def _metric_key(key: str) -> str:
