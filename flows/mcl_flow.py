@@ -28,7 +28,7 @@ def train_key(config: PipelineConfig, *, stage: int, data: dict, pseudo_key: str
                "augment": config.augment.content(), "train": config.train.content(),
                "seed": t.stage_seed(config, stage), "data": data["digest"], "pseudo_labels": pseudo_key,
                "remainder_policy": config.mcl.remainder_policy if pseudo_key else None,
-               "processes": config.distributed.nproc_per_node * config.distributed.nnodes}
+               "processes": config.distributed.world_size()}
     if inherit_key is not None:  # mcl.inherit: the weights it starts from; absent otherwise (keys unchanged)
         content["inherit_from"] = inherit_key
     return digest_of(content)
