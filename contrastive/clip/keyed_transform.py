@@ -1,21 +1,20 @@
 """Training transforms whose randomness is a function of (seed, epoch, sample key) only.
 
-open_clip's train transform draws its crop (and any colour jitter or grayscale) from torch's global generator, so
-which augmentation a sample gets depends on how many processes read the data, how many decode threads run and in
-which order they finish. Drawing per sample from ``(seed, epoch, key)`` makes a stage's batches the same whatever
-the number of processes (a 2-rank run equals a 1-process run with the same global batch) and makes decode threads
-(``data.decode_workers``) and resumption exact.
+open_clip's train transform draws its crop (and any colour jitter or grayscale) from torch's and Python's global
+generators, so which augmentation a sample gets depends on how many processes read the data, how many decode
+threads run and in which order they finish. Drawing per sample from ``(seed, epoch, key)`` makes a stage's batches
+the same whatever the number of processes (a 2-rank run equals a 1-process run with the same global batch) and
+makes decode threads (``data.decode_workers``) and resumption exact.
 
-The expensive random op, ``RandomResizedCrop`` (it resizes the full-size image), draws from a per-sample
-counter-based generator and runs in parallel on the decode threads. Any other random op of the composition (colour
-jitter, grayscale, flips: cheap, on the already-small crop) runs under one lock with the global generator seeded
-from the same per-sample stream, because torchvision offers them no generator argument.
+Every random op draws its parameters from a per-sample counter-based generator and applies them through
+torchvision's functional API, so decode threads run in parallel and never touch the global generators (which the
+training thread keeps drawing from). The random ops known here are torchvision's RandomResizedCrop, flips,
+ColorJitter, RandomGrayscale, GaussianBlur, RandomSolarize and RandomApply, and open_clip's ``color_jitter`` and
+``gray_scale``; a composition holding any other random op is refused when the transform is built.
 """
 from __future__ import annotations
 
 import math
-import random
-import threading
 import zlib
 from typing import Callable
 
@@ -25,18 +24,38 @@ from PIL import Image
 from torchvision import transforms as T
 from torchvision.transforms import functional as F
 
-# Ops whose output depends only on their input run unlocked: torchvision's and open_clip's deterministic ones.
-# Any other op may draw random numbers (torchvision's from torch, open_clip's jitter and grayscale from Python's
-# random module), so it runs locked with both generators seeded per sample.
-_DETERMINISTIC = (T.ToTensor, T.Normalize, T.Resize, T.CenterCrop, T.PILToTensor, T.ConvertImageDtype, T.Lambda)
+from contrastive.errors import ConfigError
+
+# Ops whose output depends only on their input: torchvision's and open_clip's deterministic ones.
+_DETERMINISTIC = (T.ToTensor, T.Normalize, T.Resize, T.CenterCrop, T.PILToTensor, T.ConvertImageDtype, T.Lambda,
+                  T.Grayscale)
 _DETERMINISTIC_NAMES = {"_convert_to_rgb", "MaybeConvertMode", "MaybeToTensor", "ResizeKeepRatio",
                         "CenterCropOrPad"}
-_GLOBAL_RNG_LOCK = threading.Lock()
+# open_clip's random ops (open_clip/transform.py): ``p`` and the torchvision op ``transf`` they apply with it.
+_OPEN_CLIP_RANDOM = {"color_jitter", "gray_scale"}
+_RANDOM = (T.RandomResizedCrop, T.RandomHorizontalFlip, T.RandomVerticalFlip, T.RandomGrayscale, T.ColorJitter,
+           T.GaussianBlur, T.RandomSolarize, T.RandomApply, T.Compose)
+
+
+def _name(op) -> str:
+    return getattr(op, "__name__", None) or type(op).__name__
 
 
 def _is_deterministic(op) -> bool:
-    name = getattr(op, "__name__", None) or type(op).__name__
-    return isinstance(op, _DETERMINISTIC) or name in _DETERMINISTIC_NAMES
+    return isinstance(op, _DETERMINISTIC) or _name(op) in _DETERMINISTIC_NAMES
+
+
+def check_ops(ops) -> None:
+    """Raise ConfigError naming the first op whose randomness this module cannot draw per sample."""
+    for op in ops:
+        if isinstance(op, (T.RandomApply, T.Compose)):
+            check_ops(op.transforms)
+        elif not (_is_deterministic(op) or isinstance(op, _RANDOM) or _name(op) in _OPEN_CLIP_RANDOM):
+            raise ConfigError(
+                f"the CLIP training transform holds {_name(op)}, whose random draws cannot be keyed per sample (it "
+                "would draw from torch's global generator, on decode threads, in any order): use the augmentations "
+                "open_clip's aug_cfg offers (crop scale, colour jitter, grayscale) or add the op to "
+                "contrastive/clip/keyed_transform.py")
 
 
 def sample_generator(*, seed: int, epoch: int, key: str) -> np.random.Generator:
@@ -72,38 +91,74 @@ def crop_box(*, height: int, width: int, scale: tuple[float, float], ratio: tupl
 class KeyedTransform:
     """``transform(image, key)``: the composition ``transform`` with per-sample randomness (see the module doc).
 
-    transform: a ``torchvision.transforms.Compose`` (open_clip's train transform) or any callable; a callable that
-    is not a composition runs whole under the lock with the seeded global generator.
+    transform: a ``torchvision.transforms.Compose`` (open_clip's train transform) or one op.
+
+    Raises:
+        ConfigError: the composition holds a random op whose draws this module does not know.
     """
 
     def __init__(self, transform: Callable, *, seed: int, epoch: int):
         self.ops = list(transform.transforms) if isinstance(transform, T.Compose) else [transform]
+        check_ops(self.ops)
         self.seed, self.epoch = seed, epoch
 
     def __call__(self, image: Image.Image, key: str):
         generator = sample_generator(seed=self.seed, epoch=self.epoch, key=key)
-        out = image
-        for op in self.ops:
-            if isinstance(op, T.RandomResizedCrop):
-                width, height = F.get_image_size(out)
-                top, left, h, w = crop_box(height=height, width=width, scale=op.scale, ratio=op.ratio,
-                                           generator=generator)
-                out = F.resized_crop(out, top, left, h, w, op.size, op.interpolation, antialias=op.antialias)
-            elif _is_deterministic(op):
-                out = op(out)
-            else:
-                out = _seeded_call(op, out, seed=int(generator.integers(0, 2**62)))
-        return out
+        return apply_keyed(self.ops, image, generator=generator)
 
 
-def _seeded_call(op: Callable, image, *, seed: int):
-    """op(image) with torch's and Python's global generators seeded, then restored (one thread at a time)."""
-    with _GLOBAL_RNG_LOCK:
-        torch_state, python_state = torch.get_rng_state(), random.getstate()
-        torch.manual_seed(seed)
-        random.seed(seed)
-        try:
-            return op(image)
-        finally:
-            torch.set_rng_state(torch_state)
-            random.setstate(python_state)
+def apply_keyed(ops, image, *, generator: np.random.Generator):
+    """Apply ``ops`` in order, every random parameter drawn from ``generator`` (draw order = op order)."""
+    out = image
+    for op in ops:
+        out = _apply_op(op, out, generator=generator)
+    return out
+
+
+def _apply_op(op, image, *, generator: np.random.Generator):
+    """One op with its random parameters drawn from ``generator``: torchvision's distributions and order of
+    application, its functional ops."""
+    if _is_deterministic(op):
+        return op(image)
+    if isinstance(op, T.Compose):
+        return apply_keyed(op.transforms, image, generator=generator)
+    if isinstance(op, T.RandomResizedCrop):
+        width, height = F.get_image_size(image)
+        top, left, h, w = crop_box(height=height, width=width, scale=op.scale, ratio=op.ratio, generator=generator)
+        return F.resized_crop(image, top, left, h, w, op.size, op.interpolation, antialias=op.antialias)
+    if isinstance(op, T.ColorJitter):
+        return color_jitter(image, op=op, generator=generator)
+    if isinstance(op, T.GaussianBlur):
+        sigma = float(generator.uniform(op.sigma[0], op.sigma[1]))
+        return F.gaussian_blur(image, op.kernel_size, [sigma, sigma])
+    # The rest apply with a probability: one uniform draw each, whether it fires or not.
+    fires = bool(generator.random() < op.p)
+    if isinstance(op, T.RandomApply):
+        return apply_keyed(op.transforms, image, generator=generator) if fires else image
+    if not fires:
+        return image
+    if isinstance(op, T.RandomHorizontalFlip):
+        return F.hflip(image)
+    if isinstance(op, T.RandomVerticalFlip):
+        return F.vflip(image)
+    if isinstance(op, T.RandomGrayscale):
+        channels, _, _ = F.get_dimensions(image)
+        return F.rgb_to_grayscale(image, num_output_channels=channels)
+    if isinstance(op, T.RandomSolarize):
+        return F.solarize(image, op.threshold)
+    if _name(op) == "color_jitter":  # open_clip: ColorJitter with probability p
+        return color_jitter(image, op=op.transf, generator=generator)
+    if _name(op) == "gray_scale":  # open_clip: Grayscale(3) with probability p
+        return op.transf(image)
+    raise ConfigError(f"no keyed draw for {_name(op)}")  # check_ops refused it already
+
+
+def color_jitter(image, *, op: T.ColorJitter, generator: np.random.Generator):
+    """torchvision's ColorJitter: the four adjustments in a random order, each factor ~ U(its range)."""
+    factors = [None if bounds is None else float(generator.uniform(bounds[0], bounds[1]))
+               for bounds in (op.brightness, op.contrast, op.saturation, op.hue)]
+    adjust = (F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue)
+    for index in generator.permutation(4):
+        if factors[index] is not None:
+            image = adjust[index](image, factors[index])
+    return image

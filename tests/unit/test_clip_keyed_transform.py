@@ -76,3 +76,74 @@ def test_matches_torchvision_resized_crop_for_the_drawn_box(size):
                                generator=sample_generator(seed=4, epoch=0, key="k"))
     expected = T.PILToTensor()(T.functional.resized_crop(image, top, left, h, w, [size, size], op.interpolation))
     assert torch.equal(got, expected)
+
+
+def test_colour_ops_follow_torchvision_with_the_drawn_parameters():
+    """ColorJitter: factors ~ U(range) in a random order of the four adjustments; RandomGrayscale: one uniform draw
+    against p. Reproduced by hand from the same per-sample stream."""
+    image = _image(3, size=24)
+    jitter, gray = T.ColorJitter(0.4, 0.3, 0.2, 0.1), T.RandomGrayscale(0.5)
+    got = KeyedTransform(T.Compose([jitter, gray, T.PILToTensor()]), seed=5, epoch=2)(image, "x")
+    draws = sample_generator(seed=5, epoch=2, key="x")
+    factors = [draws.uniform(0.6, 1.4), draws.uniform(0.7, 1.3), draws.uniform(0.8, 1.2), draws.uniform(-0.1, 0.1)]
+    adjust = [T.functional.adjust_brightness, T.functional.adjust_contrast, T.functional.adjust_saturation,
+              T.functional.adjust_hue]
+    expected = image
+    for index in draws.permutation(4):
+        expected = adjust[index](expected, factors[index])
+    if draws.random() < 0.5:
+        expected = T.functional.rgb_to_grayscale(expected, num_output_channels=3)
+    assert torch.equal(got, T.PILToTensor()(expected))
+
+
+def test_open_clip_colour_ops_are_keyed_too():
+    open_clip_transform = pytest.importorskip("open_clip.transform")
+    compose = T.Compose([T.RandomResizedCrop(16, scale=(0.5, 1.0)),
+                         open_clip_transform.color_jitter(0.4, 0.4, 0.4, 0.1, p=0.8),
+                         open_clip_transform.gray_scale(p=0.5), T.ToTensor()])
+    keyed = KeyedTransform(compose, seed=0, epoch=0)
+    views = [keyed(_image(i), str(i)) for i in range(12)]
+    assert all(torch.equal(v, keyed(_image(i), str(i))) for i, v in enumerate(views))
+    grey = [bool(torch.equal(v[0], v[1]) and torch.equal(v[1], v[2])) for v in views]
+    assert any(grey) and not all(grey)  # p = 0.5 over 12 samples: both outcomes occur
+
+
+def test_decode_threads_leave_the_training_threads_draws_alone():
+    """The training thread's global-generator draws are the same while decode threads augment (the old
+    seed-and-restore of the global generator could rewind them)."""
+    import threading
+    import time
+
+    def draws() -> list[torch.Tensor]:  # the sleeps let the decode threads run between the draws
+        out = []
+        for _ in range(300):
+            out.append(torch.rand(4))
+            time.sleep(0.0002)
+        return out
+    compose = T.Compose([T.RandomResizedCrop(16), T.ColorJitter(0.4, 0.4, 0.4), T.RandomGrayscale(0.5),
+                         T.RandomHorizontalFlip(), T.ToTensor()])
+    keyed = KeyedTransform(compose, seed=0, epoch=0)
+    torch.manual_seed(7)
+    alone = draws()
+    stop = threading.Event()
+
+    def decode():
+        while not stop.is_set():
+            keyed(_image(1), "k")
+    threads = [threading.Thread(target=decode) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    try:
+        torch.manual_seed(7)
+        beside = draws()  # the old seed-and-restore code matched 2 of 300
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert all(torch.equal(a, b) for a, b in zip(alone, beside))
+
+
+def test_an_unknown_random_op_is_refused_with_the_fix():
+    from contrastive.errors import ConfigError
+    with pytest.raises(ConfigError, match="RandomRotation.*aug_cfg"):
+        KeyedTransform(T.Compose([T.RandomApply([T.RandomRotation(10)], p=0.5), T.ToTensor()]), seed=0, epoch=0)
