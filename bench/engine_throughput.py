@@ -3,7 +3,8 @@
 1. Unimodal SimCLR from an image folder. A temporary folder of JPEGs (64 x 64, 4 class subfolders, random shapes
    on noise, drawn with PIL) is trained on for one epoch, batch 64, the default preset's encoder (``small_cnn``
    widths 32/64/128/256, head 256-256-128, SimCLR temperature 0.2), crop-only augmentation (scale 0.25-1, ratio
-   3/4-4/3), fp32, one DataLoader worker, the same number of torch threads on both sides.
+   3/4-4/3), fp32, one DataLoader worker, the same number of torch threads on both sides: once at 1 thread and
+   once at torch's default (every core), one row each.
 
    - ours: ``contrastive.stages.train_stage`` with an ``ImageStageSpec`` on ``prepare_image_folder(...,
      image_size=32, storage="files")``: whole batches decoded in a DataLoader worker (``iter_batches``), uint8 to
@@ -51,11 +52,7 @@ BATCH = 64
 IMAGE_SIZE = 32  # training resolution
 SOURCE_SIZE = 64  # side of the JPEGs written
 CLASSES = 4
-THREADS = 1  # torch threads of the training process, both sides (see THREADS_NOTE)
-THREADS_NOTE = ("torch threads 1 on both sides, the fastest for ours here: in side runs on this 2-core machine "
-                "(shared with other jobs) ours (memory path) gave 687-737 images/s with 1 thread and 108-1136 with "
-                "2 (a 2-thread step waits for whichever thread another job preempts), the files path 513 with 1 and "
-                "108-364 with 2; the baseline gave 371-503 with 1 and 227-566 with 2")
+THREADS = 1  # torch threads of the training process, both sides, in the rows not run at every setting
 WARMUP_STEPS = 2
 ROUNDS = 3  # interleaved runs of each side (A B, B A, A B), medians compared
 DDP_WORLD = 2
@@ -214,6 +211,78 @@ class Baseline:
 
 
 # ---------------------------------------------------------------------------------------------------- 1. unimodal
+BASELINE_TEXT = ("torchvision ImageFolder + per-sample transforms.v2 (Resize, RandomResizedCrop x2, ToImage, "
+                 "ToDtype) + DataLoader(64, 1 worker, shuffle) + the same model/loss, Adam")
+
+
+def thread_settings() -> list[int]:
+    """Torch threads to compare at: 1 (one core for the model, the other for data on both sides) and torch's
+    default, every core (what ``train.threads: 0`` and a peer loop that does not set it get)."""
+    return sorted({1, os.cpu_count() or 1})
+
+
+def files_comparison(*, folder: Path, files_dir: Path, stage_dirs: Path, threads: int, steps: int) -> dict:
+    """ROUNDS interleaved epochs of ours (files, 1 decode worker) and the baseline (1 worker), both at ``threads``
+    torch threads, each after a warm-up of its own. Returns {"ours": [records], "baseline": [records]}."""
+    baseline = Baseline(folder=folder, threads=threads)
+    warm_up_ours(dataset_dir=files_dir, work=stage_dirs, name=f"files-t{threads}", threads=threads, workers=1)
+    baseline.epoch(WARMUP_STEPS)
+    # Rounds A B, B A: the order alternates so drifts of the shared machine's load fall on both sides.
+    candidates = {"ours": lambda n: run_ours(dataset_dir=files_dir, work=stage_dirs, name=f"files-t{threads}-{n}",
+                                             threads=threads, workers=1),
+                  "baseline": lambda n: baseline.epoch(steps)}
+    runs: dict[str, list[dict]] = {"ours": [], "baseline": []}
+    for round_number in range(ROUNDS):
+        for name in (list(candidates) if round_number % 2 == 0 else list(candidates)[::-1]):
+            record = candidates[name](round_number)
+            runs[name].append(record)
+            log(f"engine: {threads} thread(s): {name} {record['steps']} steps in {record['seconds']:.2f} s = "
+                f"{record['samples_per_second']:.0f} images/s (first batch after {record['first_batch_s']:.2f} s)")
+    assert all(r["steps"] == steps for rs in runs.values() for r in rs), "both sides must run the same steps"
+    return runs
+
+
+def files_result(*, runs: dict, threads: int, num_images: int, steps: int) -> Result:
+    def med(name: str, key: str) -> float:
+        return median([r[key] for r in runs[name]])
+
+    ours_rate, base_rate = med("ours", "samples_per_second"), med("baseline", "samples_per_second")
+    ours_steady, base_steady = med("ours", "steady_samples_per_second"), med("baseline", "steady_samples_per_second")
+    ratio = ours_rate / base_rate
+    per_run = lambda name: ", ".join(f"{r['samples_per_second']:.0f}" for r in runs[name])  # noqa: E731
+    default = " (torch's default: every core)" if threads == os.cpu_count() and threads > 1 else ""
+    return Result(
+        name=f"Engine: unimodal training from an image folder (files), {threads} torch thread(s){default}",
+        workload=_workload(num_images=num_images, steps=steps, threads=threads, reader="1 DataLoader worker"),
+        baseline=BASELINE_TEXT, baseline_s=steps * BATCH / base_rate, ours_s=steps * BATCH / ours_rate, ratio=ratio,
+        ratio_note=f"images/s ratio, median of {ROUNDS} runs each", goal=">= 1.5x (images/s)", passed=ratio >= 1.5,
+        notes=[f"images/s over the epoch (median of {ROUNDS} interleaved runs): ours {ours_rate:.0f} "
+               f"(runs {per_run('ours')}), baseline {base_rate:.0f} (runs {per_run('baseline')})",
+               f"first batch after: ours {med('ours', 'first_batch_s'):.2f} s (its decode worker comes from a "
+               "forkserver that preloads torch), baseline "
+               f"{med('baseline', 'first_batch_s'):.2f} s (fork); after the first batch: ours {ours_steady:.0f} "
+               f"images/s, baseline {base_steady:.0f} images/s ({ours_steady / base_steady:.2f}x)",
+               "ours: prepare_image_folder(storage='files') + stages.train_stage (batches decoded whole in the "
+               "worker, crops of the whole batch made on a background thread ahead of the step, channels_last), "
+               "timed by the engine's clock around its epoch (the end-of-epoch checkpoint included); the whole "
+               f"train_stage call (dataset open, model build, epoch, model save) took {med('ours', 'call_seconds'):.2f}"
+               f" s against {med('ours', 'seconds'):.2f} s on the engine's clock",
+               f"threads: {threads} torch thread(s) on both sides; both sides' decode worker shares the cores with "
+               "the training process",
+               f"final loss: ours {runs['ours'][-1]['final_loss']:.3f}, baseline "
+               f"{runs['baseline'][-1]['final_loss']:.3f} (a sanity check that both train; the baseline's model "
+               "continues from its earlier runs)",
+               f"each side warmed up with a {WARMUP_STEPS}-step run first; preparing the folder is not timed; "
+               f"machine: {LOAD_AT_START[0]} of this module"],
+        details={"runs": runs})
+
+
+def _workload(*, num_images: int, steps: int, threads: int, reader: str) -> str:
+    return (f"{fmt_count(num_images)} JPEGs {SOURCE_SIZE}x{SOURCE_SIZE} -> {IMAGE_SIZE} px, SimCLR small_cnn "
+            f"32/64/128/256, batch {BATCH}, crop-only, 1 epoch ({steps} steps), fp32, CPU, {threads} torch "
+            f"thread(s), {reader}")
+
+
 def unimodal(*, quick: bool, work: Path) -> list[Result]:
     from contrastive.data.image_folder import prepare_image_folder
 
@@ -229,73 +298,25 @@ def unimodal(*, quick: bool, work: Path) -> list[Result]:
     stage_dirs = work / "stages"
     steps = num_images // BATCH  # every image is in the train split (test_fraction 0)
 
-    baseline = Baseline(folder=folder, threads=THREADS)
-    warm_up_ours(dataset_dir=files_dir, work=stage_dirs, name="files", threads=THREADS, workers=1)
-    baseline.epoch(WARMUP_STEPS)
-    # Rounds A B, B A: the order alternates so drifts of the shared machine's load fall on both sides.
-    candidates = {"ours": lambda n: run_ours(dataset_dir=files_dir, work=stage_dirs, name=f"files-{n}",
-                                             threads=THREADS, workers=1),
-                  "baseline": lambda n: baseline.epoch(steps)}
-    runs: dict[str, list[dict]] = {"ours": [], "baseline": []}
-    for round_number in range(ROUNDS):
-        for name in (list(candidates) if round_number % 2 == 0 else list(candidates)[::-1]):
-            record = candidates[name](round_number)
-            runs[name].append(record)
-            log(f"engine: {name} {record['steps']} steps in {record['seconds']:.2f} s = "
-                f"{record['samples_per_second']:.0f} images/s (first batch after {record['first_batch_s']:.2f} s)")
+    comparisons = {threads: files_comparison(folder=folder, files_dir=files_dir, stage_dirs=stage_dirs,
+                                             threads=threads, steps=steps) for threads in thread_settings()}
+    results = [files_result(runs=runs, threads=threads, num_images=num_images, steps=steps)
+               for threads, runs in comparisons.items()]
     warm_up_ours(dataset_dir=memory_dir, work=stage_dirs, name="memory", threads=THREADS, workers=0)
     memory = run_ours(dataset_dir=memory_dir, work=stage_dirs, name="memory", threads=THREADS, workers=0)
     log(f"engine: ours (memory) {memory['steps']} steps in {memory['seconds']:.2f} s = "
         f"{memory['samples_per_second']:.0f} images/s")
-
-    def med(name: str, key: str) -> float:
-        return median([r[key] for r in runs[name]])
-
-    ours_rate, base_rate = med("ours", "samples_per_second"), med("baseline", "samples_per_second")
-    ours_steady, base_steady = med("ours", "steady_samples_per_second"), med("baseline", "steady_samples_per_second")
-    ratio = ours_rate / base_rate
-    assert all(r["steps"] == steps for rs in runs.values() for r in rs), "both sides must run the same steps"
-    workload = (f"{fmt_count(num_images)} JPEGs {SOURCE_SIZE}x{SOURCE_SIZE} -> {IMAGE_SIZE} px, SimCLR small_cnn "
-                f"32/64/128/256, batch {BATCH}, crop-only, 1 epoch ({steps} steps), fp32, CPU, "
-                f"{THREADS} torch thread(s), 1 DataLoader worker")
-    baseline_text = ("torchvision ImageFolder + per-sample transforms.v2 (Resize, RandomResizedCrop x2, ToImage, "
-                     "ToDtype) + DataLoader(64, 1 worker, shuffle) + the same model/loss, Adam")
-    per_run = lambda name: ", ".join(f"{r['samples_per_second']:.0f}" for r in runs[name])  # noqa: E731
-    results = [Result(
-        name="Engine: unimodal training from an image folder (files)",
-        workload=workload, baseline=baseline_text, baseline_s=steps * BATCH / base_rate,
-        ours_s=steps * BATCH / ours_rate, ratio=ratio, ratio_note="images/s ratio, median of "
-        f"{ROUNDS} runs each", goal=">= 1.5x (images/s)", passed=ratio >= 1.5,
-        notes=[f"images/s over the epoch (median of {ROUNDS} interleaved runs): ours {ours_rate:.0f} "
-               f"(runs {per_run('ours')}), baseline {base_rate:.0f} (runs {per_run('baseline')})",
-               f"where the time goes: first batch after ours {med('ours', 'first_batch_s'):.2f} s (its decode "
-               "worker is forked from the forkserver, which preloads nothing, so every epoch's worker imports "
-               "torch and contrastive again; in a side run, multiprocessing.set_forkserver_preload(['torch', "
-               "'contrastive.data.loading']) before the first loader cut that from 1.24 s to 0.05 s), baseline "
-               f"{med('baseline', 'first_batch_s'):.2f} s (fork); after the "
-               f"first batch: ours {ours_steady:.0f} images/s, baseline {base_steady:.0f} images/s "
-               f"({ours_steady / base_steady:.2f}x: channels_last convs, batched crops, whole-batch decoding)",
-               "ours: prepare_image_folder(storage='files') + stages.train_stage (batches decoded whole in the "
-               "worker, crops batched in the training process, channels_last), timed by the engine's clock around "
-               "its epoch (the end-of-epoch checkpoint included); the whole train_stage call (dataset open, model "
-               f"build, epoch, model save) took {med('ours', 'call_seconds'):.2f} s against "
-               f"{med('ours', 'seconds'):.2f} s on the engine's clock",
-               THREADS_NOTE,
-               f"final loss: ours {runs['ours'][-1]['final_loss']:.3f}, baseline "
-               f"{runs['baseline'][-1]['final_loss']:.3f} (a sanity check that both train; the baseline's model "
-               "continues from its earlier runs)",
-               f"each side warmed up with a {WARMUP_STEPS}-step run first; preparing the folder is not timed; "
-               f"machine: {LOAD_AT_START[0]} of this module"],
-        details={"runs": runs}),
-        Result(
+    base_rate = median([r["samples_per_second"] for r in comparisons[THREADS]["baseline"]])
+    results.append(Result(
         name="Engine: unimodal training, in-memory fast path",
-        workload=workload.replace("1 DataLoader worker", "no worker (images.npy slices)"),
-        baseline=baseline_text, baseline_s=steps * BATCH / base_rate, ours_s=memory["seconds"],
+        workload=_workload(num_images=num_images, steps=steps, threads=THREADS, reader="no worker (images.npy "
+                           "slices)"),
+        baseline=BASELINE_TEXT, baseline_s=steps * BATCH / base_rate, ours_s=memory["seconds"],
         ratio=memory["samples_per_second"] / base_rate, ratio_note="images/s ratio", goal="context", passed=None,
         notes=[f"images/s: ours (storage='memory') {memory['samples_per_second']:.0f} (one run after a warm-up), "
-               f"baseline {base_rate:.0f} (the median above); the folder decoded once into images.npy by "
-               "prepare_image_folder (not timed)", THREADS_NOTE],
-        details={"ours": memory})]
+               f"baseline {base_rate:.0f} (the median of the {THREADS}-thread row); the folder decoded once into "
+               "images.npy by prepare_image_folder (not timed)"],
+        details={"ours": memory}))
     results.append(ddp_scaling(dataset_dir=files_dir, work=work / "ddp", num_images=num_images))
     return results
 

@@ -7,12 +7,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
+from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
 
 from flows.runner import StepRunner
 from tasks import mcl_tasks as t
 
 Runner = TypeVar("Runner", bound=StepRunner)
+# How a stop from outside reaches a flow: StageInterrupted (a KeyboardInterrupt: Ctrl-C, SIGTERM, Slurm's
+# pre-emption signal) or Prefect's TerminationSignal (the flow run cancelled).
+STOPPED = (KeyboardInterrupt, TerminationSignal)
 
 
 def pipeline_dir(config) -> Path:
@@ -25,7 +29,8 @@ def opened_pipeline(runner_type: type[Runner], *, config, data: dict, **runner_k
     """The runner of this flow's steps, under the parent MLflow run of ``config`` (keyed by its config_hash).
 
     Every run the runner opened is closed FINISHED when the block completes (a ``return`` inside it included) and
-    FAILED when it raises, so a failed flow never leaves runs marked running."""
+    FAILED when it raises, KILLED when a person or a scheduler stopped it (Ctrl-C, SIGTERM, a cancellation from the
+    Prefect UI), so a failed flow never leaves runs marked running and an interrupted one does not read as broken."""
     pipeline_id = config.config_hash()
     parent = t.open_pipeline_run(config=config, pipeline_id=pipeline_id, flow_run_id=flow_run.id,
                                  pipeline_dir=str(pipeline_dir(config)))
@@ -34,5 +39,8 @@ def opened_pipeline(runner_type: type[Runner], *, config, data: dict, **runner_k
     try:
         yield runner
         status = "FINISHED"
+    except STOPPED:
+        status = "KILLED"
+        raise
     finally:
         runner.close(status=status)

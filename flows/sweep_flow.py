@@ -17,6 +17,7 @@ from prefect.runtime import flow_run
 from contrastive import sweep
 from contrastive.errors import ConfigError, MclpipeError
 from flows.mcl_flow import mcl_pipeline
+from flows.pipeline_run import STOPPED
 from pipeline_config.loader import load_config, resolve_config_path
 from pipeline_config.schema import PipelineConfig, digest_of, preflight
 from tasks.sweep_tasks import close_sweep_run, nest_pipeline_run, open_sweep_run, publish_sweep
@@ -93,5 +94,8 @@ def mcl_sweep(config: str, grid: dict[str, list[str]], seeds: list[int],
                                "again: finished steps are reused")
         status = "FINISHED"
         return result
+    except STOPPED:
+        status = "KILLED"
+        raise
     finally:
         close_sweep_run(config=base, sweep_run_id=run_id, status=status)

@@ -115,6 +115,34 @@ def run_one(*, name, seed, root, dataset_dir, epochs, batch, k):
     return result
 
 
+LABELS = {"simclr": "SimCLR", "moco_v2": "MoCo-v2", "nnclr": "NNCLR", "byol": "BYOL", "amdim": "AMDIM",
+          "yadim": "YADIM", "cpc_v2": "CPC v2"}
+ATTRIBUTES = ("color", "shape", "texture")
+
+
+def mean_std(values: list[float]) -> str:
+    values = np.asarray(values, dtype=float)
+    return f"{values.mean():.3f} ± {values.std(ddof=1):.3f}" if len(values) > 1 else f"{values[0]:.3f}"
+
+
+def report(results: dict) -> str:
+    """Markdown: per method, stage 0 and MCL concat linear-probe accuracy per attribute (mean ± sample std over
+    the seeds present), the concat gain on shape, the cluster-pure / random loss ratio and minutes per seed."""
+    methods = list(dict.fromkeys(key.split("/")[0] for key in results))
+    lines = ["| method | seeds | stage 0 colour | stage 0 shape | stage 0 texture | MCL concat colour | "
+             "MCL concat shape | MCL concat texture | shape gain (concat - stage 0) | loss pure / random | "
+             "min per seed |", "|---|---|" + "---|" * 9]
+    for name in methods:
+        runs = [r for key, r in results.items() if key.split("/")[0] == name]
+        cells = [mean_std([r[rep][f"probe/{a}"] for r in runs]) for rep in ("stage0", "concat") for a in ATTRIBUTES]
+        gain = mean_std([r["concat"]["probe/shape"] - r["stage0"]["probe/shape"] for r in runs])
+        ratio = np.mean([r["loss_cluster_pure"] / r["loss_random"] for r in runs])
+        minutes = np.mean([r["seconds"] for r in runs]) / 60
+        lines.append(f"| {LABELS.get(name, name)} | {len(runs)} | " + " | ".join(cells)
+                     + f" | {gain} | x{ratio:.2f} | {minutes:.1f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--methods", nargs="+", default=["simclr", "byol"])
@@ -125,7 +153,11 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--root", default="runs/zoo_mcl")
     parser.add_argument("--out", default="runs/zoo_mcl.json")
+    parser.add_argument("--report", action="store_true", help="print the markdown table of --out and stop")
     args = parser.parse_args()
+    if args.report:
+        print(report(json.loads(Path(args.out).read_text())))
+        return
     root = Path(args.root)
     dataset_dir = prepare_trifeature(root=root / "data", num_train=args.num_train, num_test=500, image_size=32,
                                      seed=0)

@@ -1,11 +1,13 @@
 """The MCL flow under Prefect's test harness: MLflow run tree, artifacts, caching and rerun after a failure."""
 import json
+import signal
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from contrastive import stages
+from contrastive.errors import StageInterrupted
 from flows.mcl_flow import mcl_pipeline
 from tests.flows.mlflow_runs import artifact_paths, run_tree
 
@@ -22,6 +24,8 @@ def count_training(monkeypatch):
         calls.append(name)
         if name in fail_for:
             raise RuntimeError(f"injected failure in {name}")
+        if f"stop-{name}" in fail_for:  # what Ctrl-C or SIGTERM raises inside a stage
+            raise StageInterrupted(signum=signal.SIGINT)
         return real(spec, **kwargs)
 
     monkeypatch.setattr(stages, "train_stage", wrapped)
@@ -70,6 +74,18 @@ def test_run_tree_artifacts_and_cache(tiny_config, count_training):
     parents, children = run_tree(uri)
     assert len(parents) == 2 and len(children) == 5
     assert {r["run_id"] for r in again["stage_runs"].values()} == {c.info.run_id for c in children}
+
+
+def test_an_interrupted_pipeline_marks_its_runs_killed_not_failed(tiny_config, count_training):
+    _, fail_for = count_training
+    config = tiny_config()
+    fail_for.add("stop-train1")
+    with pytest.raises(KeyboardInterrupt):
+        mcl_pipeline(config)
+    parents, children = run_tree(config.tracking.uri)
+    assert [p.info.status for p in parents] == ["KILLED"]
+    assert {c.data.tags["stage"]: c.info.status for c in children if c.data.tags["kind"] == "mcl"} == {
+        "0": "KILLED", "1": "KILLED"}  # stage 0 finished its steps; the pipeline run it belongs to was stopped
 
 
 def test_failed_stage_rerun_retrains_only_what_failed(tiny_config, count_training):
