@@ -275,14 +275,22 @@ class StepRunner:
                                                              run_id=self.parent_run_id)
         return out
 
+    def left_open(self, run_id: str) -> bool:
+        """A reused stage's run that an earlier attempt did not finish: marked FAILED by a failed one, KILLED by a
+        stopped one, or still
+        RUNNING after one of this same flow run was killed (SIGKILL, a lost node) before it could close it."""
+        run = self.tracker.client.get_run(run_id)
+        return run.info.status in ("FAILED", "KILLED") or (
+            run.info.status == "RUNNING" and self.flow_run_id is not None
+            and run.data.tags.get("prefect.flow_run_id") == str(self.flow_run_id))
+
     def close(self, *, status: str) -> None:
         """Mark every MLflow run of this invocation finished or failed; a tracking outage here must not hide the
         error that ended the flow."""
         logger = get_run_logger()
         runs = [*self.stage_runs.values(), self.parent_run_id]
-        if status == "FINISHED":  # reused stages' runs a failed earlier attempt marked failed: every step is done now
-            runs += [run_id for run_id in set(self.linked_runs.values()) - set(runs)
-                     if self.tracker.client.get_run(run_id).info.status == "FAILED"]
+        if status == "FINISHED":  # reused stages' runs an earlier attempt left unfinished: every step is done now
+            runs += [run_id for run_id in set(self.linked_runs.values()) - set(runs) if self.left_open(run_id)]
         for run_id in runs:
             try:
                 t.close_run(config=self.config, mlflow_run_id=run_id, status=status)

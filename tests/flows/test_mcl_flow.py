@@ -87,6 +87,12 @@ def test_an_interrupted_pipeline_marks_its_runs_killed_not_failed(tiny_config, c
     assert {c.data.tags["stage"]: c.info.status for c in children if c.data.tags["kind"] == "mcl"} == {
         "0": "KILLED", "1": "KILLED"}  # stage 0 finished its steps; the pipeline run it belongs to was stopped
 
+    fail_for.clear()
+    mcl_pipeline(config)  # the rerun finishes what was stopped in the same stage runs, which then read finished
+    parents, children = run_tree(config.tracking.uri)
+    assert sorted(p.info.status for p in parents) == ["FINISHED", "KILLED"]  # the stopped attempt stays on record
+    assert {c.info.status for c in children} == {"FINISHED"}
+
 
 def test_failed_stage_rerun_retrains_only_what_failed(tiny_config, count_training):
     calls, fail_for = count_training
