@@ -277,8 +277,8 @@ class StepRunner:
 
     def left_open(self, run_id: str) -> bool:
         """A reused stage's run that an earlier attempt did not finish: marked FAILED by a failed one, KILLED by a
-        stopped one, or still
-        RUNNING after one of this same flow run was killed (SIGKILL, a lost node) before it could close it."""
+        stopped one, or still RUNNING after one of this same flow run was killed (SIGKILL, a lost node) before it
+        could close it."""
         run = self.tracker.client.get_run(run_id)
         return run.info.status in ("FAILED", "KILLED") or (
             run.info.status == "RUNNING" and self.flow_run_id is not None
