@@ -127,20 +127,40 @@ def mean_std(values: list[float]) -> str:
 
 def report(results: dict) -> str:
     """Markdown: per method, stage 0 and MCL concat linear-probe accuracy per attribute (mean ± sample std over
-    the seeds present), the concat gain on shape, the cluster-pure / random loss ratio and minutes per seed."""
+    the seeds present), the control's concat on shape and MCL's margin over it, the cluster-pure / random loss
+    ratio and minutes per seed (control included)."""
     methods = list(dict.fromkeys(key.split("/")[0] for key in results))
     lines = ["| method | seeds | stage 0 colour | stage 0 shape | stage 0 texture | MCL concat colour | "
-             "MCL concat shape | MCL concat texture | shape gain (concat - stage 0) | loss pure / random | "
-             "min per seed |", "|---|---|" + "---|" * 9]
+             "MCL concat shape | MCL concat texture | control concat shape | shape: MCL concat - control | "
+             "loss pure / random | min per seed |", "|---|---|" + "---|" * 10]
     for name in methods:
         runs = [r for key, r in results.items() if key.split("/")[0] == name]
         cells = [mean_std([r[rep][f"probe/{a}"] for r in runs]) for rep in ("stage0", "concat") for a in ATTRIBUTES]
-        gain = mean_std([r["concat"]["probe/shape"] - r["stage0"]["probe/shape"] for r in runs])
+        controlled = [r for r in runs if "control_concat" in r]
+        control = mean_std([r["control_concat"]["probe/shape"] for r in controlled]) if controlled else "-"
+        gain = mean_std([r["concat"]["probe/shape"] - r["control_concat"]["probe/shape"] for r in controlled]) \
+            if controlled else "-"
         ratio = np.mean([r["loss_cluster_pure"] / r["loss_random"] for r in runs])
-        minutes = np.mean([r["seconds"] for r in runs]) / 60
+        minutes = np.mean([r["seconds"] + r.get("control_seconds", 0.0) for r in runs]) / 60
         lines.append(f"| {LABELS.get(name, name)} | {len(runs)} | " + " | ".join(cells)
-                     + f" | {gain} | x{ratio:.2f} | {minutes:.1f} |")
+                     + f" | {control} | {gain} | x{ratio:.2f} | {minutes:.1f} |")
     return "\n".join(lines)
+
+
+def run_control(*, name, seed, root, dataset_dir, epochs, batch) -> dict:
+    """The control of one measured pair: a second stage trained like stage 1 (same seed, same epochs) but on random
+    batches, concatenated with stage 0. Its gain over stage 0 is what an ensemble of two runs gives without MCL's
+    cluster-pure batches."""
+    work = root / f"{name}-seed{seed}"
+    started = time.perf_counter()
+    control = stages.train_stage(spec(dataset_dir=dataset_dir, stage_dir=work / "control1", method=METHODS[name],
+                                      seed=seed + 100, epochs=epochs, batch=batch))
+    stages.export_stage_embeddings(dataset_dir=dataset_dir, model_path=Path(control["model_path"]),
+                                   out_dir=work / "emb_control1", batch_size=256, device="cpu")
+    probe = dict(probe_c=1.0, probe_max_iter=200, probe_max_train=4000, knn_k=10, seed=seed)
+    concat = stages.evaluate_embeddings(dataset_dir=dataset_dir, embeddings_dirs=[work / "emb0",
+                                                                                   work / "emb_control1"], **probe)
+    return {"control_concat": concat, "control_seconds": time.perf_counter() - started}
 
 
 def main() -> None:
@@ -153,6 +173,8 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--root", default="runs/zoo_mcl")
     parser.add_argument("--out", default="runs/zoo_mcl.json")
+    parser.add_argument("--control", action="store_true", help="also train each pair's control (stage 1 on random "
+                        "batches, concatenated with stage 0)")
     parser.add_argument("--report", action="store_true", help="print the markdown table of --out and stop")
     args = parser.parse_args()
     if args.report:
@@ -169,9 +191,18 @@ def main() -> None:
         for seed in args.seeds:
             key = f"{name}/{seed}"
             if key in results:
+                if args.control and "control_concat" not in results[key]:
+                    results[key].update(run_control(name=name, seed=seed, root=root, dataset_dir=dataset_dir,
+                                                    epochs=args.epochs, batch=args.batch))
+                    out.write_text(json.dumps(results, indent=1))
+                    print(key, "control concat", {a: round(v, 3) for a, v in
+                                                  results[key]["control_concat"].items() if "probe" in a}, flush=True)
                 continue
             results[key] = run_one(name=name, seed=seed, root=root, dataset_dir=dataset_dir, epochs=args.epochs,
                                    batch=args.batch, k=args.k)
+            if args.control:
+                results[key].update(run_control(name=name, seed=seed, root=root, dataset_dir=dataset_dir,
+                                                epochs=args.epochs, batch=args.batch))
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(results, indent=1))
             r = results[key]
