@@ -51,13 +51,15 @@ stack: $(STAMP)
 stack-stop:
 	bash .ci/stack.sh stop
 
-# A real browser (Debian's chromium) through the MLflow and Prefect UIs after a tiny pipeline on the team stack;
+# A real browser (Debian's chromium) through the MLflow and Prefect UIs after a tiny pipeline on the team stack and a
+# custom run from the deployment form executed by a process worker (docs/ui.md);
 # screenshots in $(UI_CHECK_DIR).
 UI_CHECK_DIR ?= $(CURDIR)/runs/ui-check
 ui-check: $(STAMP)
 	bash .ci/setup-postgres.sh
 	bash .ci/setup-browser.sh
-	MCLPIPE_UI_SCREENSHOTS=$(UI_CHECK_DIR) $(BIN)/python -m pytest -q -m slow tests/e2e/test_ui_browser.py
+	MCLPIPE_UI_SCREENSHOTS=$(UI_CHECK_DIR) $(BIN)/python -m pytest -q -m slow tests/e2e/test_ui_browser.py \
+		tests/e2e/test_ui_deployment.py
 
 clean:
 	rm -rf runs mlflow.db .prefect

@@ -36,7 +36,7 @@ case ${1:-start} in
     if ! running prefect; then
       PREFECT_HOME="$STACK/prefect" PREFECT_SERVER_ANALYTICS_ENABLED=false \
         PREFECT_API_DATABASE_CONNECTION_URL="postgresql+asyncpg://$PG/prefect" \
-        PREFECT_UI_API_URL="http://127.0.0.1:$PREFECT_PORT/api" \
+        PREFECT_UI_API_URL="http://127.0.0.1:$PREFECT_PORT/api" PREFECT_UI_URL="http://127.0.0.1:$PREFECT_PORT" \
         nohup "$BIN/prefect" server start --host 127.0.0.1 --port "$PREFECT_PORT" >"$STACK/prefect.log" 2>&1 &
       echo $! >"$STACK/prefect.pid"
     fi

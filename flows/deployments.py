@@ -11,6 +11,7 @@ from pathlib import Path
 
 from prefect.schedules import Cron, Interval
 
+from contrastive.errors import ConfigError
 from pipeline_config.loader import load_config, preset_names
 from pipeline_config.schema import PipelineConfig
 
@@ -71,9 +72,30 @@ def deploy_to_work_pool(*, config_name: str, work_pool: str, image: str | None =
     deployment id.
     """
     config = load_config(config_name, overrides or [])
+    require_work_pool(work_pool)
     flow = flow_for(config)
     if image is None:
         flow = flow.from_source(source=source or str(REPO_ROOT), entrypoint=ENTRYPOINTS[config.pipeline])
-    return flow.deploy(name=deployment_name(config), work_pool_name=work_pool, image=image, build=False,
-                       push=False, parameters={"config": config.model_dump(mode="json")},
-                       schedules=schedules_of(config), tags=["mclpipe", config.pipeline], print_next_steps=False)
+    # Not flow.deploy(): in prefect 3.8.8 it first lists the pool's online workers with offset and limit sent as
+    # null, which the server (under fastapi 0.154) rejects with 422, so `mclpipe deploy` never reached the server.
+    # to_deployment + apply registers the same deployment (storage pull step, entrypoint, pool, image) without it.
+    deployment = flow.to_deployment(
+        name=deployment_name(config), work_pool_name=work_pool, parameters={"config": config.model_dump(mode="json")},
+        schedules=schedules_of(config), tags=["mclpipe", config.pipeline],
+        description=f"{config.pipeline} pipeline from config {config_name!r} (config hash {config.config_hash()})")
+    return str(deployment.apply(work_pool_name=work_pool, image=image))
+
+
+def require_work_pool(name: str) -> None:
+    """The work pool must exist on the server before a deployment names it (a worker of it runs the flow runs)."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+    from prefect.settings import PREFECT_API_URL
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_work_pool(name)
+        except ObjectNotFound:
+            raise ConfigError(f"work pool {name!r} does not exist on the Prefect server at "
+                              f"{PREFECT_API_URL.value() or 'the local server'}: create it first (prefect work-pool "
+                              f"create {name} --type process, or docker / kubernetes)") from None

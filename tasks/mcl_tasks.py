@@ -294,8 +294,11 @@ def open_pipeline_run(*, config: PipelineConfig, pipeline_id: str, flow_run_id: 
             "pipeline_name": config.name}
     if flow_run_id:
         tags["prefect.flow_run_id"] = flow_run_id
+    # A retried flow run reopens its parent run: the one of this flow run that is a pipeline (its stage runs carry
+    # the flow run's id too, and the latest of them was reopened as the parent before) of this pipeline.
+    reuse = {"prefect.flow_run_id": flow_run_id, "kind": "pipeline", "pipeline_id": pipeline_id}
     run_id = tracker.start_run(name=f"{config.name}-{pipeline_id[:8]}", tags=tags,
-                               reuse_tags={"prefect.flow_run_id": flow_run_id} if flow_run_id else None)
+                               reuse_tags=reuse if flow_run_id else None)
     tracker.log_params(run_id, config.model_dump(mode="json"))
     tracker.log_text(run_id, dump_config(config), "config.yaml")
     return run_id

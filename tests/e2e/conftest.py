@@ -1,11 +1,55 @@
+import os
+from pathlib import Path
+
 import pytest
+
+# Stage 1 of the worker's pipeline trains long enough (30 epochs of 8 steps) for the retry test to kill it between
+# its first checkpoint and its end; the other stages stay one epoch.
+WORKER_STAGE1 = "stage_overrides.1.train.epochs=30"
 
 
 @pytest.fixture(scope="session")
-def team_stack_run(tmp_path_factory):
-    """The team stack (tests/e2e/stack.py) and one tiny `mclpipe run` on it, shared by the slow stack and UI tests."""
-    from tests.e2e.stack import team_stack, tiny_run_args
+def team_stack(tmp_path_factory):
+    """The team stack (tests/e2e/stack.py), one for the session's slow stack, worker and UI tests."""
+    from tests.e2e.stack import team_stack
     with team_stack(tmp_path_factory.mktemp("stack")) as stack:
-        result = stack.mclpipe("run", *tiny_run_args(stack.root, "name=stack_tiny"))
-        assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-        yield stack, result
+        yield stack
+
+
+@pytest.fixture(scope="session")
+def team_stack_run(team_stack):
+    """One tiny `mclpipe run` on the team stack, shared by the slow stack and UI tests."""
+    from tests.e2e.stack import tiny_run_args
+    result = team_stack.mclpipe("run", *tiny_run_args(team_stack.root, "name=stack_tiny"))
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return team_stack, result
+
+
+@pytest.fixture(scope="session")
+def worker_deployment(team_stack):
+    """The tiny pipeline deployed to a process work pool of the team stack, with a real worker running its flow
+    runs (tests/e2e/worker.py)."""
+    from tests.e2e.worker import worker_deployment
+    with worker_deployment(team_stack, WORKER_STAGE1) as deployment:
+        yield deployment
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's chromium driven by playwright (.ci/setup-browser.sh), for the UI tests."""
+    from tests.e2e.test_ui_browser import ARGS, CHROMIUM
+
+    playwright_api = pytest.importorskip("playwright.sync_api", reason="run .ci/setup-browser.sh (the `ui` extra)")
+    if not Path(CHROMIUM).exists():
+        pytest.fail("no /usr/bin/chromium: run .ci/setup-browser.sh")
+    with playwright_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def shots(tmp_path):
+    out = Path(os.environ.get("MCLPIPE_UI_SCREENSHOTS") or tmp_path / "screenshots")
+    out.mkdir(parents=True, exist_ok=True)
+    return out

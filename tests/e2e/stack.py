@@ -77,7 +77,9 @@ def team_stack(root: Path):
                    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                    "PREFECT_API_DATABASE_CONNECTION_URL": f"postgresql+asyncpg://{pg}/{databases['prefect']}",
                    # the UI asks this address for its data (default 127.0.0.1:4200, not this server's port)
-                   "PREFECT_UI_API_URL": f"http://127.0.0.1:{prefect_port}/api"}
+                   "PREFECT_UI_API_URL": f"http://127.0.0.1:{prefect_port}/api",
+                   # the links in automations' notifications ({{ flow_run|ui_url }}, docs/ui.md)
+                   "PREFECT_UI_URL": f"http://127.0.0.1:{prefect_port}"}
     prefect_env.pop("PREFECT_API_URL", None)
     prefect = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
                                 str(prefect_port)], env=prefect_env, stdout=logs["prefect"], stderr=subprocess.STDOUT)

@@ -9,7 +9,6 @@ Screenshots go to $MCLPIPE_UI_SCREENSHOTS (`make ui-check`) or the test's tmp di
 No browser is downloaded: .ci/setup-browser.sh installs chromium from Debian.
 """
 import json
-import os
 import urllib.request
 from pathlib import Path
 
@@ -21,24 +20,6 @@ CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
         "--disable-component-update", "--disable-sync"]
 WAIT_MS = 90_000  # the UIs are single-page apps; on a loaded 2-core machine their first render is slow
-
-
-@pytest.fixture(scope="module")
-def browser():
-    playwright_api = pytest.importorskip("playwright.sync_api", reason="run .ci/setup-browser.sh (the `ui` extra)")
-    if not Path(CHROMIUM).exists():
-        pytest.fail("no /usr/bin/chromium: run .ci/setup-browser.sh")
-    with playwright_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield browser
-        browser.close()
-
-
-@pytest.fixture
-def shots(tmp_path):
-    out = Path(os.environ.get("MCLPIPE_UI_SCREENSHOTS") or tmp_path / "screenshots")
-    out.mkdir(parents=True, exist_ok=True)
-    return out
 
 
 def summary_of(stack) -> dict:

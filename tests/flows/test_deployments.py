@@ -28,3 +28,34 @@ def test_deployments_carry_schedule_and_typed_parameters():
     assert "PipelineConfig" in stored.parameter_openapi_schema["definitions"]
     assert stored.parameter_openapi_schema["definitions"]["TrainConfig"]["additionalProperties"] is False
     assert stored.schedules and stored.schedules[0].schedule.cron == "0 3 * * *"
+
+
+def test_deploy_to_a_process_work_pool_registers_the_checkout(tmp_path):
+    """`mclpipe deploy CONFIG --work-pool P --source DIR` on a real server: the deployment names the pool, pulls the
+    code from DIR and runs the flow's entrypoint with the typed config; a pool that does not exist is a ConfigError
+    naming the command that creates it (flow.deploy() in prefect 3.8.8 failed here with a 422 from the server)."""
+    import pytest
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    from contrastive.errors import ConfigError
+    from flows.deployments import ENTRYPOINTS, REPO_ROOT, deploy_to_work_pool
+
+    with pytest.raises(ConfigError, match="prefect work-pool create nowhere --type process"):
+        deploy_to_work_pool(config_name="trifeature_tiny", work_pool="nowhere")
+
+    async def create_pool():
+        async with get_client() as client:
+            await client.create_work_pool(WorkPoolCreate(name="unit-cpu", type="process"))
+    asyncio.run(create_pool())
+    deployment_id = deploy_to_work_pool(config_name="trifeature_tiny", work_pool="unit-cpu",
+                                        overrides=["train.epochs=2"], source=str(REPO_ROOT))
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_deployment(deployment_id)
+
+    stored = asyncio.run(read())
+    assert stored.work_pool_name == "unit-cpu" and stored.entrypoint == ENTRYPOINTS["mcl"]
+    assert stored.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(REPO_ROOT)}}]
+    assert PipelineConfig.model_validate(stored.parameters["config"]).train.epochs == 2
+    assert set(stored.tags) == {"mclpipe", "mcl"}

@@ -9,3 +9,27 @@ def test_stage_seeds_are_distinct_across_pipeline_seeds_and_stages():
     seeds = {(seed, stage): stage_seed(PipelineConfig(seed=seed), stage) for seed in range(10) for stage in range(100)}
     assert len(set(seeds.values())) == len(seeds)
     assert stage_seed(ClipPipelineConfig(seed=2), 1) == stage_seed(PipelineConfig(seed=2), 1)
+
+
+def test_a_retried_flow_run_reopens_its_parent_run_not_a_stage_run(tmp_path):
+    """A retried Prefect flow run keeps its id; its stage runs carry that id too. The retry reopened the latest
+    run with the id (a stage run) as the pipeline's parent, so the results and the model went into stage 1's run."""
+    from tasks.mcl_tasks import open_pipeline_run, open_stage_run, tracker_for
+
+    config = PipelineConfig(output_dir=str(tmp_path / "runs"),
+                            tracking={"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "retry"})
+    opened = {"config": config, "pipeline_id": config.config_hash(), "pipeline_dir": str(tmp_path / "p")}
+    parent = open_pipeline_run.fn(**opened, flow_run_id="flow-1")
+    stages = [open_stage_run.fn(config=config, parent_run_id=parent, stage=stage, kind="mcl",
+                                pipeline_id=config.config_hash(), flow_run_id="flow-1") for stage in (0, 1)]
+    tracker = tracker_for(config)
+    for run_id in (parent, *stages):
+        tracker.end_run(run_id, status="FAILED")
+
+    assert open_pipeline_run.fn(**opened, flow_run_id="flow-1") == parent  # the retry
+    assert tracker.client.get_run(parent).info.status == "RUNNING"
+    assert tracker.client.get_run(stages[1]).info.status == "FAILED"
+    assert open_stage_run.fn(config=config, parent_run_id=parent, stage=1, kind="mcl",
+                             pipeline_id=config.config_hash(), flow_run_id="flow-1") == stages[1]
+    # another flow run of the same config opens a parent of its own
+    assert open_pipeline_run.fn(**opened, flow_run_id="flow-2") not in (parent, *stages)

@@ -1,0 +1,32 @@
+"""flows/runner.py StepRunner.close after a retried flow run (the Prefect harness of tests/flows/conftest.py)."""
+from prefect import flow
+from prefect.runtime import flow_run
+
+from flows.runner import StageRun, StepRunner
+from pipeline_config.schema import PipelineConfig
+from tasks.mcl_tasks import tracker_for
+
+
+def test_close_finishes_reused_runs_a_killed_attempt_of_this_flow_run_left_running(tmp_path):
+    """A flow run killed (SIGKILL) after stage 0 leaves stage 0's MLflow run RUNNING; its retry (same flow run id)
+    reuses stage 0, so only its close can finish that run. Another flow run's running stage is not touched."""
+    config = PipelineConfig(output_dir=str(tmp_path / "runs"),
+                            tracking={"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "close"})
+    tracker = tracker_for(config)
+
+    @flow
+    def retried_attempt() -> dict:
+        this = str(flow_run.id)
+        parent = tracker.start_run(name="p", tags={"kind": "pipeline", "prefect.flow_run_id": this})
+        killed = tracker.start_run(name="s0", tags={"prefect.flow_run_id": this}, parent_run_id=parent)
+        failed = tracker.start_run(name="s1", tags={"prefect.flow_run_id": "earlier"}, parent_run_id=parent)
+        tracker.end_run(failed, status="FAILED")
+        other = tracker.start_run(name="s2", tags={"prefect.flow_run_id": "another"}, parent_run_id=parent)
+        runner = StepRunner(config=config, data={}, parent_run_id=parent, pipeline_id=config.config_hash())
+        runner.linked_runs = {StageRun("mcl", 0): killed, StageRun("mcl", 1): failed, StageRun("mcl", 2): other}
+        runner.close(status="FINISHED")
+        return {"parent": parent, "killed": killed, "failed": failed, "other": other}
+
+    runs = retried_attempt()
+    status = {name: tracker.client.get_run(run_id).info.status for name, run_id in runs.items()}
+    assert status == {"parent": "FINISHED", "killed": "FINISHED", "failed": "FINISHED", "other": "RUNNING"}
