@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -66,8 +67,8 @@ def run_step(step, *, storage: Path, force: bool = False, **kwargs) -> StepRecor
                                   ) from exc
 
 
-def _run_locked_step(step, *, storage: Path, force: bool, **kwargs) -> StepRecord:
-    bound = step.with_options(result_storage=storage)
+def _run_locked_step(step, *, storage: Path, force: bool, title: str | None = None, **kwargs) -> StepRecord:
+    bound = step.with_options(result_storage=storage, **({"task_run_name": title} if title else {}))
     if force:
         out_dir = Path(kwargs["out_dir"])
         if (out_dir / RECORD).exists():
@@ -77,6 +78,33 @@ def _run_locked_step(step, *, storage: Path, force: bool, **kwargs) -> StepRecor
     if not record.is_on_disk():
         record = bound.with_options(refresh_cache=True)(**kwargs)
     return record
+
+
+_KIND_LABELS = {"mcl": "MCL", "control": "control"}
+_STEP_VERBS = {"train": "train", "export": "export", "cluster": "k-means", "reshard": "re-shard",
+               "soup": "model soup", "hyper": "Hyper-CL"}
+_EVAL_VERBS = {"eval": "probe", "encode": "encode", "diagnose": "diagnose"}
+
+
+def step_title(*, what: str, run: "RunRef", stage: int | None, for_stage: int | None = None) -> str:
+    """The name of a step's Prefect task run, so the flow graph reads like the pipeline: ``train stage 1 (MCL)``,
+    ``k-means stage 0``, ``pseudo-labels for stage 2``, ``probe MCL concat``, ``probe stage 1 (control)``."""
+    # Stage 0 is shared by MCL and its control: no kind for it (its k-means logs into MCL stage 1's run).
+    step_stage = stage if stage is not None else getattr(run, "stage", 0)
+    kind = f" ({_KIND_LABELS.get(run.kind, run.kind)})" if isinstance(run, StageRun) and step_stage > 0 else ""
+    if what == "pseudo_labels":
+        return f"pseudo-labels for stage {for_stage}"
+    verb, _, name = what.partition(".")
+    if name:  # eval.<name>, encode.<name>, diagnose.<name>: name a stage or a concatenation
+        if span := re.fullmatch(r"(\w+)_concat_(\d+)_(\d+)", name):  # mcl_concat_0_2: stages 0-2 so far
+            label = _KIND_LABELS.get(span[1], span[1])
+            return f"{_EVAL_VERBS.get(verb, verb)} {label} concat of stages {span[2]}-{span[3]}"
+        words = name.replace("control_stage", "stage ").replace("stage", "stage ").replace("_", " ").split()
+        label = " ".join("MCL" if w == "mcl" else w for w in words)
+        suffix = " (control)" if name.startswith("control_stage") else kind if name.startswith("stage") else ""
+        return f"{_EVAL_VERBS.get(verb, verb)} {label}{suffix}"
+    where = f" stage {stage}" if stage is not None else ""
+    return f"{_STEP_VERBS.get(verb, verb)}{where}{kind}"
 
 
 @dataclass(frozen=True)
@@ -177,12 +205,15 @@ class StepRunner:
         if stage is not None and "stage" in inspect.signature(task_fn.fn).parameters:
             kwargs["stage"] = stage
         force = None not in (self.rerun_from, stage) and stage >= self.rerun_from
+        run_ref = run_id
         run_id = self.resolve_run(run_id, what=what, source=None if force else recorded_run(out_dir), force=force)
         if force and what == "train":
             t.note_rerun(config=self.config, mlflow_run_id=run_id, rerun_from=self.rerun_from)
         try:
             record = run_step(task_fn, storage=self.storage, force=force, config=self.config, key=key,
-                              out_dir=out_dir, mlflow_run_id=run_id, **kwargs)
+                              out_dir=out_dir, mlflow_run_id=run_id, **kwargs,
+                              title=step_title(what=what, run=run_ref, stage=stage,
+                                               for_stage=kwargs.get("for_stage")))
         except StageInterrupted as exc:  # say which step the signal stopped
             exc.what = exc.what or f"the {what} step" + (f" of stage {stage}" if stage is not None else "")
             raise

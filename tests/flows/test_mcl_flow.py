@@ -42,6 +42,13 @@ def test_run_tree_artifacts_and_cache(tiny_config, count_training):
         assert all(0.0 <= v <= 1.0 for v in metrics.values())
     # three MCL stages + two control stages (the control shares stage 0)
     assert sorted(calls) == ["train0", "train1", "train1", "train2", "train2"]
+    # the flow graph reads like the pipeline: task runs named by what they do
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.sorting import TaskRunSort
+    with get_client(sync_client=True) as client:  # limit and sort given: null ones get a 422 (fastapi 0.154)
+        names = {task_run.name for task_run in client.read_task_runs(limit=200, sort=TaskRunSort.EXPECTED_START_TIME_DESC)}
+    assert {"train stage 0", "train stage 1 (MCL)", "train stage 2 (control)", "k-means stage 0",
+            "pseudo-labels for stage 2", "probe MCL concat", "probe control concat"} <= names
 
     uri = config.tracking.uri
     client = MlflowClient(tracking_uri=uri)

@@ -30,3 +30,19 @@ def test_close_finishes_reused_runs_a_killed_attempt_of_this_flow_run_left_runni
     runs = retried_attempt()
     status = {name: tracker.client.get_run(run_id).info.status for name, run_id in runs.items()}
     assert status == {"parent": "FINISHED", "killed": "FINISHED", "failed": "FINISHED", "other": "RUNNING"}
+
+
+def test_step_titles_read_like_the_pipeline():
+    from flows.runner import step_title
+    assert step_title(what="train", run=StageRun("mcl", 0), stage=0) == "train stage 0"
+    assert step_title(what="train", run=StageRun("mcl", 1), stage=1) == "train stage 1 (MCL)"
+    assert step_title(what="export", run=StageRun("control", 2), stage=2) == "export stage 2 (control)"
+    assert step_title(what="cluster", run=StageRun("mcl", 0), stage=0) == "k-means stage 0"
+    assert step_title(what="pseudo_labels", run=StageRun("mcl", 1), stage=0, for_stage=1) == "pseudo-labels for stage 1"
+    assert step_title(what="eval.stage1", run=StageRun("mcl", 1), stage=1) == "probe stage 1 (MCL)"
+    assert step_title(what="eval.control_stage2", run=StageRun("control", 2), stage=2) == "probe stage 2 (control)"
+    assert step_title(what="eval.mcl_concat", run="parent-run-id", stage=None) == "probe MCL concat"
+    assert step_title(what="eval.mcl_concat_0_2", run=StageRun("mcl", 2), stage=2) == "probe MCL concat of stages 0-2"
+    assert step_title(what="soup", run="parent-run-id", stage=None) == "model soup"
+    # stage 0's k-means logs into MCL stage 1's run (its clusters feed stage 1) and is still stage 0's
+    assert step_title(what="cluster", run=StageRun("mcl", 1), stage=0) == "k-means stage 0"
