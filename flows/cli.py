@@ -28,7 +28,7 @@ from rich.table import Table  # noqa: E402
 from contrastive.errors import MclpipeError, StageInterrupted  # noqa: E402
 from flows import shutdown  # noqa: E402
 from flows.local_server import start_local_server  # noqa: E402
-from pipeline_config.loader import dump_config, load_config, preset_names  # noqa: E402
+from pipeline_config.loader import described_config, load_config, preset_names  # noqa: E402
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Multistage contrastive learning (MCL) pipelines on Prefect, tracked in MLflow.")
@@ -349,9 +349,10 @@ def results(config: ConfigArg, overrides: SetOpt = None) -> None:
 
 @app.command("show-config")
 def show_config(config: ConfigArg, overrides: SetOpt = None) -> None:
-    """Print the fully resolved config (every valid key, with defaults) and its hash."""
+    """Print the fully resolved config: every valid key with its description, the values that differ from the
+    defaults marked [changed], and its hash. The output is YAML that loads back to the same config."""
     cfg = load_or_fail(config, overrides)
-    console.print(dump_config(cfg), highlight=False, markup=False)
+    console.print(described_config(cfg), highlight=False, markup=False, soft_wrap=True)
     console.print(f"# config_hash: {cfg.config_hash()}")
 
 

@@ -1,12 +1,14 @@
 """Load a PipelineConfig from YAML plus ``--set a.b=c`` overrides, with one-line errors that name the fix."""
 from __future__ import annotations
 
+import difflib
+import typing
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from contrastive.errors import ConfigError
 from pipeline_config.schema import PipelineConfig
@@ -27,7 +29,9 @@ def resolve_config_path(name_or_path: str | Path) -> Path:
     preset = resources.files(PRESETS_PACKAGE) / f"{path.name.removesuffix('.yaml')}.yaml"
     if preset.is_file():
         return Path(str(preset))
-    raise ConfigError(f"config file {str(name_or_path)!r} not found: give a YAML path or one of the presets "
+    guess = difflib.get_close_matches(path.name.removesuffix(".yaml"), preset_names(), n=1)
+    hint = f"did you mean {guess[0]!r}? " if guess else ""
+    raise ConfigError(f"config file {str(name_or_path)!r} not found: {hint}give a YAML path or one of the presets "
                       f"{', '.join(preset_names())}")
 
 
@@ -58,13 +62,37 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     return raw
 
 
-def format_validation_error(exc: ValidationError) -> str:
+def _section_model(annotation) -> type[BaseModel] | None:
+    """The config section class an annotation holds (``X``, ``X | None``), else None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        if (model := _section_model(arg)) is not None:
+            return model
+    return None
+
+
+def valid_keys(schema: type[BaseModel], path: list[str]) -> list[str]:
+    """The keys the section at ``path`` of ``schema`` accepts ([] where the path leaves the typed sections)."""
+    model: type[BaseModel] | None = schema
+    for part in path:
+        field = model.model_fields.get(str(part))
+        model = _section_model(field.annotation) if field is not None else None
+        if model is None:
+            return []
+    return list(model.model_fields)
+
+
+def format_validation_error(exc: ValidationError, schema: type[BaseModel] | None = None) -> str:
     parts = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "config"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling; `mclpipe show-config` prints every valid key)"
+            *section, key = [str(p) for p in err["loc"]]
+            guess = difflib.get_close_matches(key, valid_keys(schema, section), n=1) if schema else []
+            hint = f"did you mean {'.'.join([*section, guess[0]])}? " if guess else "check the spelling; "
+            msg = f"unknown key ({hint}`mclpipe show-config` prints every valid key with its description)"
         parts.append(f"{where}: {msg}")
     return "invalid config: " + "; ".join(parts)
 
@@ -84,10 +112,11 @@ def config_schema_for(raw: dict):
 
 
 def config_from_dict(raw: dict) -> PipelineConfig:
+    schema = config_schema_for(raw)
     try:
-        return config_schema_for(raw).model_validate(raw)
+        return schema.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc)) from None
+        raise ConfigError(format_validation_error(exc, schema)) from None
 
 
 def load_config(name_or_path: str | Path, overrides: list[str] | None = None) -> PipelineConfig:
@@ -104,3 +133,39 @@ def load_config(name_or_path: str | Path, overrides: list[str] | None = None) ->
 
 def dump_config(config: PipelineConfig) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def _flow_yaml(key: str, value: Any) -> str:
+    """``key: value`` on one line (lists and mappings in YAML flow style)."""
+    return yaml.safe_dump({key: value}, default_flow_style=True, sort_keys=False, width=10**6).strip()[1:-1]
+
+
+def described_config(config: BaseModel) -> str:
+    """The config as YAML that loads back to it, every key followed by its schema description as a comment, and
+    ``[changed; default: X]`` where the value differs from the schema's default (what ``mclpipe show-config``
+    prints)."""
+    try:
+        default = type(config).model_validate({"pipeline": getattr(config, "pipeline", "mcl")})
+    except ValidationError:
+        default = None
+    return "\n".join(_described_lines(config, default, indent="")) + "\n"
+
+
+def _described_lines(section: BaseModel, default: BaseModel | None, *, indent: str) -> list[str]:
+    lines = []
+    values = section.model_dump(mode="json")
+    defaults = default.model_dump(mode="json") if default is not None else {}
+    for name, field in type(section).model_fields.items():
+        value = getattr(section, name)
+        description = " ".join((field.description or "").split())
+        if isinstance(value, BaseModel):
+            lines.append(f"{indent}{name}:" + (f"  # {description}" if description else ""))
+            lines += _described_lines(value, getattr(default, name, None), indent=indent + "  ")
+            continue
+        notes = []
+        if default is not None and name in defaults and values[name] != defaults[name]:
+            notes.append(f"[changed; default: {_flow_yaml('x', defaults[name])[3:]}]")
+        if description:
+            notes.append(description)
+        lines.append(f"{indent}{_flow_yaml(name, values[name])}" + (f"  # {' '.join(notes)}" if notes else ""))
+    return lines

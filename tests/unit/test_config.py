@@ -1,7 +1,10 @@
+import re
+
 import pytest
+import yaml
 
 from contrastive.errors import ConfigError
-from pipeline_config.loader import load_config, parse_override, preset_names
+from pipeline_config.loader import config_from_dict, described_config, load_config, parse_override, preset_names
 from pipeline_config.schema import PipelineConfig, check_feasible
 
 
@@ -34,6 +37,38 @@ def test_bad_configs_name_the_fix(override, fix):
 def test_missing_config_file_lists_presets():
     with pytest.raises(ConfigError, match="trifeature_mcl"):
         load_config("no/such/file.yaml")
+
+
+@pytest.mark.parametrize("override, suggestion", [
+    ("train.epoch=3", "did you mean train.epochs?"),
+    ("mcl.num_stage=2", "did you mean mcl.num_stages?"),
+    ("data.trifeature.num_trian=10", "did you mean data.trifeature.num_train?"),
+])
+def test_an_unknown_key_suggests_the_closest_valid_one(override, suggestion):
+    with pytest.raises(ConfigError, match=re.escape(suggestion)):
+        load_config("trifeature_tiny", [override])
+
+
+def test_a_misspelt_preset_name_suggests_the_preset():
+    with pytest.raises(ConfigError, match="did you mean 'trifeature_mcl'"):
+        load_config("trifeature_mlc")
+
+
+@pytest.mark.parametrize("preset", ["trifeature_mcl", "clip_tiny", "text_tiny"])
+def test_described_config_loads_back_to_the_same_config(preset):
+    config = load_config(preset, ["seed=3"])
+    text = described_config(config)
+    assert config_from_dict(yaml.safe_load(text)).config_hash() == config.config_hash()
+
+
+def test_described_config_marks_changes_and_describes_keys():
+    lines = described_config(load_config("trifeature_mcl", ["train.epochs=3"])).splitlines()
+    epochs = next(line for line in lines if line.strip().startswith("epochs:") and line.startswith("  e"))
+    assert epochs == "  epochs: 3  # [changed; default: 8]"
+    device = next(line for line in lines if line.startswith("device:"))
+    assert device == "device: auto"  # the default: no mark (and the schema gives it no description)
+    storage = next(line for line in lines if line.strip().startswith("storage:"))
+    assert "[changed" not in storage and "memory = decode once into images.npy" in storage
 
 
 def test_cluster_capacity_rule():
