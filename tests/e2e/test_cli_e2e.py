@@ -35,7 +35,7 @@ def test_run_then_rerun_hits_the_cache(tmp_path):
     second = mclpipe(tmp_path, "run", *tiny_args(tmp_path))
     assert second.returncode == 0, second.stderr[-3000:]
     log = second.stdout + second.stderr
-    assert log.count("train-stage") >= 5 and "training stage" not in log  # every stage came from the cache
+    assert log.count("Task run 'train stage") >= 5 and "training stage" not in log  # every stage came from the cache
     assert "Cached" in log
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")

@@ -187,8 +187,8 @@ def test_retry_of_a_killed_flow_run_skips_finished_stages(worker_deployment, ale
     # stage 0 was skipped: its files untouched, its cached steps' task runs "Cached" in the retried run
     assert {p: p.stat().st_mtime_ns for p in stage0.rglob("*") if p.is_file()} == stage0_files
     retried = [t for t in task_runs(stack, flow_run_id) if t["flow_run_run_count"] == 2]
-    states = {(t["name"].rsplit("-", 1)[0], t["state_name"]) for t in retried}
-    assert ("train-stage", "Cached") in states and ("train-stage", "Completed") in states, states
+    states = {(t["name"], t["state_name"]) for t in retried}
+    assert ("train stage 0", "Cached") in states and ("train stage 1 (MCL)", "Completed") in states, states
 
     # MLflow: one pipeline parent (reopened, not duplicated) with its two stage runs, all finished; stage 1
     # continued from its checkpoint in the run it began in

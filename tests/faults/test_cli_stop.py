@@ -53,7 +53,7 @@ def test_ctrl_c_in_a_terminal_stops_cleanly_and_the_printed_command_resumes(tmp_
     assert gone(processes, timeout=10) == []  # the temporary Prefect server went with the CLI
     states = prefect_states(workdir)
     assert [state for _, state in states["flow_runs"]] == ["CRASHED"]
-    assert sum(state == "CRASHED" for name, state in states["task_runs"] if name.startswith("train-stage")) == 1
+    assert sum(state == "CRASHED" for name, state in states["task_runs"] if name.startswith("train stage")) == 1
     stopped_at = torch.load(checkpoint, weights_only=False)["step"]
     assert 0 < stopped_at < 32  # mid-stage: 4 epochs of 8 or 9 steps
 
