@@ -2,7 +2,7 @@
 the flow's step runner, and mark every run it opened finished or failed however the flow ends."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -25,6 +25,21 @@ def pipeline_dir(config) -> Path:
 
 
 @contextmanager
+def closing_runs(close: Callable[[str], None]) -> Iterator[None]:
+    """Call ``close(status)`` however the block ends: FINISHED when it completes (a ``return`` inside it included),
+    KILLED when a person or a scheduler stopped it (``STOPPED``), FAILED when it raises anything else."""
+    status = "FAILED"
+    try:
+        yield
+        status = "FINISHED"
+    except STOPPED:
+        status = "KILLED"
+        raise
+    finally:
+        close(status)
+
+
+@contextmanager
 def opened_pipeline(runner_type: type[Runner], *, config, data: dict, **runner_kwargs) -> Iterator[Runner]:
     """The runner of this flow's steps, under the parent MLflow run of ``config`` (keyed by its config_hash).
 
@@ -35,12 +50,5 @@ def opened_pipeline(runner_type: type[Runner], *, config, data: dict, **runner_k
     parent = t.open_pipeline_run(config=config, pipeline_id=pipeline_id, flow_run_id=flow_run.id,
                                  pipeline_dir=str(pipeline_dir(config)))
     runner = runner_type(config=config, data=data, parent_run_id=parent, pipeline_id=pipeline_id, **runner_kwargs)
-    status = "FAILED"
-    try:
+    with closing_runs(lambda status: runner.close(status=status)):
         yield runner
-        status = "FINISHED"
-    except STOPPED:
-        status = "KILLED"
-        raise
-    finally:
-        runner.close(status=status)

@@ -17,7 +17,7 @@ from prefect.runtime import flow_run
 from contrastive import sweep
 from contrastive.errors import ConfigError, MclpipeError
 from flows.mcl_flow import mcl_pipeline
-from flows.pipeline_run import STOPPED
+from flows.pipeline_run import closing_runs
 from pipeline_config.loader import load_config, resolve_config_path
 from pipeline_config.schema import PipelineConfig, digest_of, preflight
 from tasks.sweep_tasks import close_sweep_run, nest_pipeline_run, open_sweep_run, publish_sweep
@@ -73,8 +73,7 @@ def mcl_sweep(config: str, grid: dict[str, list[str]], seeds: list[int],
     run_id = open_sweep_run(config=base, sweep_id=sweep_id, flow_run_id=flow_run.id, grid=grid, seeds=seeds)
     finished: list[sweep.SweepRun] = []
     failed: list[str] = []
-    status = "FAILED"
-    try:
+    with closing_runs(lambda status: close_sweep_run(config=base, sweep_run_id=run_id, status=status)):
         for point, seed, cfg in planned:
             label = f"{sweep.point_label(point)}, seed={seed}"
             try:
@@ -92,10 +91,4 @@ def mcl_sweep(config: str, grid: dict[str, list[str]], seeds: list[int],
             raise MclpipeError(f"{len(failed)} of {len(planned)} sweep runs failed ({'; '.join(failed)}); the "
                                f"comparison of the others is in {out_dir}. Fix the cause and run the same sweep "
                                "again: finished steps are reused")
-        status = "FINISHED"
         return result
-    except STOPPED:
-        status = "KILLED"
-        raise
-    finally:
-        close_sweep_run(config=base, sweep_run_id=run_id, status=status)
