@@ -99,7 +99,8 @@ def step_title(*, what: str, run: "RunRef", stage: int | None, for_stage: int | 
         if span := re.fullmatch(r"(\w+)_concat_(\d+)_(\d+)", name):  # mcl_concat_0_2: stages 0-2 so far
             label = _KIND_LABELS.get(span[1], span[1])
             return f"{_EVAL_VERBS.get(verb, verb)} {label} concat of stages {span[2]}-{span[3]}"
-        words = name.replace("control_stage", "stage ").replace("stage", "stage ").replace("_", " ").split()
+        # control_stage1 -> stage 1 (the suffix says control), stage1 -> stage 1, mcl_concat -> MCL concat
+        words = re.sub(r"^(?:control_)?stage(\d+)", r"stage \1", name).replace("_", " ").split()
         label = " ".join("MCL" if w == "mcl" else w for w in words)
         suffix = " (control)" if name.startswith("control_stage") else kind if name.startswith("stage") else ""
         return f"{_EVAL_VERBS.get(verb, verb)} {label}{suffix}"
