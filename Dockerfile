@@ -18,6 +18,7 @@ WORKDIR /home/mcl/app
 
 COPY --chown=mcl:mcl pyproject.toml README.md ./
 COPY --chown=mcl:mcl contrastive ./contrastive
+COPY --chown=mcl:mcl launchers ./launchers
 COPY --chown=mcl:mcl pipeline_config ./pipeline_config
 COPY --chown=mcl:mcl tasks ./tasks
 COPY --chown=mcl:mcl flows ./flows

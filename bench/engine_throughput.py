@@ -6,7 +6,7 @@
    3/4-4/3), fp32, one DataLoader worker, the same number of torch threads on both sides: once at 1 thread and
    once at torch's default (every core), one row each.
 
-   - ours: ``contrastive.stages.train_stage`` with an ``ImageStageSpec`` on ``prepare_image_folder(...,
+   - ours: ``contrastive.modalities.image.steps.train_stage`` with an ``ImageStageSpec`` on ``prepare_image_folder(...,
      image_size=32, storage="files")``: whole batches decoded in a DataLoader worker (``iter_batches``), uint8 to
      the training process, two views cropped there for the whole batch (``TwoViewAugment``: one ``grid_sample``),
      channels_last (the training config's default), Adam, cosine schedule, the end-of-epoch checkpoint.
@@ -89,7 +89,7 @@ def stage_spec(*, dataset_dir: Path, stage_dir: Path, threads: int, workers: int
                max_steps: int | None = None):
     from bench import fixtures
     from contrastive.engine.task import LoopSpec, OptimSpec
-    from contrastive.stages import ImageStageSpec
+    from contrastive.modalities.image.steps import ImageStageSpec
 
     return ImageStageSpec(
         dataset_dir=str(dataset_dir), stage_dir=str(stage_dir), pseudo_labels_path=None,
@@ -128,7 +128,7 @@ def _steady(arrivals: list[float]) -> float | None:
 
 def warm_up_ours(*, dataset_dir: Path, work: Path, name: str, threads: int, workers: int) -> None:
     """A WARMUP_STEPS-step stage: first-touch costs (allocator, our workers' forkserver) are paid here."""
-    from contrastive import stages
+    from contrastive.modalities.image import steps as stages
 
     stages.train_stage(stage_spec(dataset_dir=dataset_dir, stage_dir=work / f"{name}-warmup", threads=threads,
                                   workers=workers, max_steps=WARMUP_STEPS))
@@ -137,7 +137,7 @@ def warm_up_ours(*, dataset_dir: Path, work: Path, name: str, threads: int, work
 def run_ours(*, dataset_dir: Path, work: Path, name: str, threads: int, workers: int) -> dict:
     """One full epoch in a fresh stage directory (one holding a checkpoint would resume). Returns the stage's
     summary plus the wall seconds of the whole call, when the first batch reached the loop and the rate after it."""
-    from contrastive import stages
+    from contrastive.modalities.image import steps as stages
 
     arrivals = _Arrivals()
     started = time.perf_counter()
@@ -333,7 +333,7 @@ def _ddp_rank(rank: int, world: int, port: int, dataset_dir: str, work: str) -> 
     import torch
     import torch.distributed as dist
 
-    from contrastive import stages
+    from contrastive.modalities.image import steps as stages
     from contrastive.engine.distributed import DistInfo
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -454,7 +454,7 @@ class _CountingLoader:
 
 
 def clip_vs_open_clip(*, quick: bool, work: Path) -> Result:
-    """Our CLIP stage (``contrastive.clip.stages.train_stage``, random batches = stage 0) against open_clip_train's
+    """Our CLIP stage (``contrastive.modalities.image_text.steps.train_stage``, random batches = stage 0) against open_clip_train's
     ``train_one_epoch`` on the same shards, model (``create_clip``: same init, same frozen parameters), transform,
     tokenizer, AdamW settings, batch and number of steps; decoding on the training thread on both sides."""
     try:
@@ -469,9 +469,9 @@ def clip_vs_open_clip(*, quick: bool, work: Path) -> Result:
 
     import torch
 
-    from contrastive.clip.data import write_tiny_shards
-    from contrastive.clip.model import TINY_MODEL, ClipSpec, create_clip, register_model_configs
-    from contrastive.clip.stages import ClipStageSpec, train_stage
+    from contrastive.modalities.image_text.data import write_tiny_shards
+    from contrastive.modalities.image_text.model import TINY_MODEL, ClipSpec, create_clip, register_model_configs
+    from contrastive.modalities.image_text.steps import ClipStageSpec, train_stage
     from contrastive.engine.optim import excluded_from_decay
     from contrastive.engine.task import LoopSpec, OptimSpec
 
@@ -561,7 +561,7 @@ def clip_vs_open_clip(*, quick: bool, work: Path) -> Result:
                + ", ".join(f"{r['samples_per_second']:.0f}" for r in runs["ours"]) + "), open_clip_train "
                f"{theirs['samples_per_second']:.0f} (runs "
                + ", ".join(f"{r['samples_per_second']:.0f}" for r in runs["open_clip"]) + ")",
-               "same model and init (contrastive.clip.model.create_clip, same frozen parameters), open_clip's train "
+               "same model and init (contrastive.modalities.image_text.model.create_clip, same frozen parameters), open_clip's train "
                "transform and tokenizer, AdamW(betas 0.9/0.98, eps 1e-6, weight decay 0.2 off biases/norms/"
                "logit scale), cosine schedule without warm-up; ours: the engine's clock around its epoch (also "
                "the end-of-epoch checkpoint), open_clip: train_one_epoch's wall time",

@@ -1,4 +1,4 @@
-"""Embedding export throughput: ``contrastive.stages.export_stage_embeddings`` (load dataset + model, embed every
+"""Embedding export throughput: ``contrastive.modalities.image.steps.export_stage_embeddings`` (load dataset + model, embed every
 sample in batches of 512 as the export task does, write float16 shards + ids + manifest) against a bare forward
 loop over the same data (dataset and model already in memory, ``get_batch`` -> /255 -> ``model.embed``, results
 discarded).
@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import contrastive.stages as stages_module
+import contrastive.modalities.image.steps as stages_module
 from bench import fixtures
 from bench.common import (Result, RssPeak, fmt_bytes, fmt_count, fmt_seconds, interleaved, log, loglog_slope, median,
                           module_main)
 from contrastive.data.dataset import ImageArrayDataset
-from contrastive.stages import export_stage_embeddings, load_trained_model
+from contrastive.modalities.image.steps import export_stage_embeddings, load_trained_model
 
 _real_compute = stages_module.compute_embeddings
 _LOOP_SECONDS = [0.0]

@@ -24,18 +24,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from contrastive.augment import TwoViewAugment
+from contrastive.modalities.image.augment import TwoViewAugment
 from contrastive.data.hierarchical import HierarchySpec, generate_hierarchical
 from contrastive.engine.distributed import DistInfo
 from contrastive.engine.loop import train
 from contrastive.engine.rng import seed_everything
 from contrastive.engine.task import LoopSpec, OptimSpec
 from contrastive.evaluate import linear_probe_accuracy
-from contrastive.hex import EpsilonRule, HexSettings, QRule
-from contrastive.losses import cosine_matrix, two_view_negatives
+from contrastive.methods.hex import EpsilonRule, HexSettings, QRule
+from contrastive.methods.losses import cosine_matrix, two_view_negatives
 from contrastive.mcl.sampler import ClusterBatchSampler
 from contrastive.methods import build_method
-from contrastive.modalities.image import ImageBatchSource, ImageContrastiveTask
+from contrastive.modalities.image.adapter import ImageBatchSource, ImageContrastiveTask
 
 MODEL = dict(encoder="small_cnn", widths=[32, 64, 128, 256], projection_hidden=256, projection_dim=128)
 AUGMENT = dict(crop_scale=(0.25, 1.0), crop_ratio=(0.75, 4 / 3), hflip=False, color_jitter=0.0)

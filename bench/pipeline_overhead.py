@@ -1,6 +1,6 @@
 """Pipeline overhead: one training stage through the Prefect tasks and MLflow logging (``open_stage_run`` ->
 ``train_stage`` via ``flows.mcl_flow.run_step`` -> ``close_run``, inside a flow run) against the same training
-called directly (``contrastive.stages.train_stage`` with the very spec the task passed it, minus
+called directly (``contrastive.modalities.image.steps.train_stage`` with the very spec the task passed it, minus
 the task's callbacks).
 
 Goal (issue 6): at most 5 % slower. The stage has the default pipeline's shape (batch 64, 64 steps an epoch, so
@@ -44,7 +44,7 @@ from prefect.runtime import flow_run  # noqa: E402
 
 from bench import fixtures  # noqa: E402
 from bench.common import (Result, fmt_bytes, fmt_seconds, interleaved, log, median, module_main)  # noqa: E402
-from contrastive import stages  # noqa: E402
+from contrastive.modalities.image import steps as stages  # noqa: E402
 from flows.runner import RESULT_STORE, run_step  # noqa: E402
 from pipeline_config.schema import PipelineConfig  # noqa: E402
 from tasks import mcl_tasks as t  # noqa: E402
@@ -193,7 +193,7 @@ def _run(*, quick: bool) -> list[Result]:
         name="Pipeline overhead (Prefect tasks + MLflow)",
         workload=(f"one stage: {epochs} epochs x {num_train} images 32 px, batch {BATCH}, {steps} steps, default "
                   "CNN, CPU; log every 10 steps, checkpoint every 100"),
-        baseline="contrastive.stages.train_stage called directly (same kwargs, no callbacks)",
+        baseline="contrastive.modalities.image.steps.train_stage called directly (same kwargs, no callbacks)",
         baseline_s=direct_s, ours_s=prefect_s, ratio=estimated,
         ratio_note=f"measured parts; whole-stage medians {measured:.2f}x",
         goal="<= 5 % slower (ratio >= 0.952)", passed=overhead <= 0.05,

@@ -1,17 +1,17 @@
 """Shard reading for CLIP stages, two comparisons on the same tiny img2dataset-style shards (32 px JPEG + caption +
-json, written by ``contrastive.clip.data.write_tiny_shards``):
+json, written by ``contrastive.modalities.image_text.data.write_tiny_shards``):
 
-1. our webdataset loader (``contrastive.clip.data.stream_batches``: shard order per epoch, seeded shuffle buffer,
+1. our webdataset loader (``contrastive.modalities.image_text.data.stream_batches``: shard order per epoch, seeded shuffle buffer,
    decode + transform, batches) against open_clip's own ``open_clip_train.data.get_wds_dataset`` (train mode:
    shard shuffle, sample shuffle, decode, transform, batches). Same transform for both (open_clip's
    ``image_transform(32, is_train=True)``), captions left as strings on both sides (open_clip's tokenizer replaced
    by identity: tokenizing is the trainer's job in ours), decoding on the main thread in both (workers = 0).
    Goal (issue 6): throughput ratio >= 1.0.
-2. the cluster-pure group-stream reader (``contrastive.clip.grouped``, via its ``measure_reader_throughput``)
+2. the cluster-pure group-stream reader (``contrastive.modalities.image_text.grouped``, via its ``measure_reader_throughput``)
    against plain sequential webdataset reading, after a one-off re-shard into 100 random groups (its rate
    reported separately). Informational: the CLIP issue asks for the figure, not a threshold.
 
-If ``contrastive.clip`` is not there (yet), both rows say "not available" and nothing fails.
+If ``contrastive.modalities.image_text`` is not there (yet), both rows say "not available" and nothing fails.
 """
 from __future__ import annotations
 
@@ -36,10 +36,10 @@ def _not_available(reason: str) -> list[Result]:
 
 def run(*, quick: bool) -> list[Result]:
     try:
-        from contrastive.clip.data import SkipCounter, stream_batches, write_tiny_shards
-        from contrastive.clip.grouped import measure_reader_throughput
+        from contrastive.modalities.image_text.data import SkipCounter, stream_batches, write_tiny_shards
+        from contrastive.modalities.image_text.grouped import measure_reader_throughput
     except ImportError as exc:
-        return _not_available(f"contrastive.clip could not be imported ({exc})")
+        return _not_available(f"contrastive.modalities.image_text could not be imported ({exc})")
     try:
         import open_clip_train.data as open_clip_data
         import webdataset as wds

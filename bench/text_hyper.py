@@ -12,12 +12,12 @@ import importlib.util
 import torch
 
 from bench.common import Result, interleaved, log, median, module_main
-from contrastive.text import generator as gen
-from contrastive.text.encoders import TextEncoderSpec, build_encoder, resolve_hf_path
-from contrastive.text.hyper import HyperProjection, project
-from contrastive.text.simcse import SimCSE
-from contrastive.text.stages import embed_sentences
-from contrastive.text.tokenizer import HFTokenizer, WordTokenizer
+from contrastive.modalities.text import generator as gen
+from contrastive.modalities.text.encoders import TextEncoderSpec, build_encoder, resolve_hf_path
+from contrastive.modalities.text.hyper import HyperProjection, project
+from contrastive.modalities.text.simcse import SimCSE
+from contrastive.modalities.text.steps import embed_sentences
+from contrastive.modalities.text.tokenizer import HFTokenizer, WordTokenizer
 
 
 def encoders(sentences: list[str]):

@@ -10,7 +10,7 @@ anything.
   alignment needs two augmented views of the same samples, so it is computed only when they are given.
 
 Everything takes numpy arrays; :func:`diagnose_stage` reads a stage's directories (dataset, embeddings,
-clusters, model) the way :mod:`contrastive.stages` does.
+clusters, model) the way :mod:`contrastive.modalities.image.steps` does.
 """
 from __future__ import annotations
 
@@ -209,12 +209,12 @@ def diagnose_stage(*, dataset_dir: Path, embeddings_dir: Path, out_dir: Path, cl
     labels, plus the stage's k-means clusters when ``clusters_dir`` is given. With ``model_path`` and
     ``augment_kwargs``, alignment is measured on ``alignment_samples`` images. Writes ``out_dir/metrics.json`` and
     ``out_dir/similarity.png``; returns {"metrics", "plot"}."""
-    from contrastive.augment import TwoViewAugment
+    from contrastive.modalities.image.augment import TwoViewAugment
     from contrastive.mcl.clustering import load_assignments
     from contrastive.data.loading import load_dataset
     from contrastive.embeddings import load_embeddings
     from contrastive.mcl.ids import align_labels_to_ids
-    from contrastive.stages import load_trained_model, write_json
+    from contrastive.modalities.image.steps import load_trained_model, write_json
     from contrastive.engine.distributed import device_for
 
     dataset = load_dataset(dataset_dir)

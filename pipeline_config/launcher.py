@@ -195,21 +195,21 @@ def build_launcher(launcher: LauncherConfig, *, rdzv_endpoint: str | None = None
     """The library launcher of this section (None for ``local``: the caller keeps today's in-process / local
     torchrun path) and how often to poll it. ``rdzv_endpoint``: distributed.rdzv_endpoint, for a hand-made
     multi-node ``torchrun`` launch."""
-    from contrastive.launchers.local import LocalTorchrunLauncher
+    from launchers.local import LocalTorchrunLauncher
 
     if launcher.kind == "local":
         return None, 0.0
     if launcher.kind == "torchrun":
         return LocalTorchrunLauncher(rdzv_endpoint=rdzv_endpoint), 1.0
     if launcher.kind == "slurm":
-        from contrastive.launchers.slurm import SlurmLauncher, SlurmSpec
+        from launchers.slurm import SlurmLauncher, SlurmSpec
         s = launcher.slurm
         spec = SlurmSpec(nodes=s.nodes, gpus_per_node=s.gpus_per_node, cpus_per_task=s.cpus_per_task,
                          partition=s.partition, time_limit=s.time_limit, account=s.account,
                          extra_sbatch=tuple(s.extra_sbatch), setup=tuple(s.setup),
                          signal_lead_seconds=s.signal_lead_seconds, rdzv_port=s.rdzv_port, poll_seconds=s.poll_seconds)
         return SlurmLauncher(spec=spec), s.poll_seconds
-    from contrastive.launchers.kubernetes import KubernetesLauncher, KubernetesSpec
+    from launchers.kubernetes import KubernetesLauncher, KubernetesSpec
     k = launcher.kubernetes
     spec = KubernetesSpec(image=k.image, namespace=k.namespace, gpus=k.gpus, nodes=k.nodes, cpu=k.cpu,
                           memory=k.memory, volume_claim=k.volume_claim, mount_path=k.mount_path,

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from contrastive.engine.task import LoopSpec, OptimSpec
-from contrastive.hex import HexSettings, hex_key_content
+from contrastive.methods.hex import HexSettings, hex_key_content
 from contrastive.data.hierarchical import HierarchySpec
 from contrastive.methods.moco import MocoSettings
 from contrastive.methods.nnclr import NnclrSettings
@@ -121,7 +121,7 @@ class ShardsConfig(_Section):
     @field_validator("train_urls", "test_urls")
     @classmethod
     def _local(cls, value):
-        from contrastive.clip.data import is_remote
+        from contrastive.modalities.image_text.data import is_remote
         patterns = [value] if isinstance(value, str) else list(value or [])
         remote = [p for p in patterns for part in p.split("::") if is_remote(part.strip())]
         if remote:
@@ -244,7 +244,7 @@ class MethodConfig(_Section):
     ts: TsSettings = Field(TsSettings(), description="TS: cosine temperature schedule tau_min..tau_max")
     fd: FdSettings = Field(FdSettings(), description="FD: viewmaker L1 budget and size")
     hex: HexSettings = Field(HexSettings(), description="HEX: negatives in H(i) count with weight Q in the InfoNCE "
-                                                        "denominator (contrastive.hex.HexSettings)")
+                                                        "denominator (contrastive.methods.hex.HexSettings)")
     moco: MocoSettings = MocoSettings()
     nnclr: NnclrSettings = NnclrSettings()
     # The dimension-contrastive methods (docs/hex.md); in content keys only when in use.
@@ -321,7 +321,7 @@ class MethodConfig(_Section):
 class AugmentConfig(_Section):
     """Random resized crop only by default: colour jitter destroys the colour attribute and flips turn one
     diagonal stripe texture into the other (shared/DESIGN.md section 4). The keyword arguments of
-    ``contrastive.augment.TwoViewAugment``, whose docstring lists the SimCLR (ImageNet) and BYOL presets, e.g.
+    ``contrastive.modalities.image.augment.TwoViewAugment``, whose docstring lists the SimCLR (ImageNet) and BYOL presets, e.g.
     SimCLR: crop_scale=[0.08, 1] hflip=true color_jitter=0.4 color_jitter_hue=0.1 color_jitter_p=0.8
     grayscale_p=0.2 blur_p=0.5; BYOL: blur_p=[1.0, 0.1] solarize_p=[0.0, 0.2]."""
 

@@ -2,7 +2,7 @@
 
 Built like the image ``PipelineConfig``: every section rejects unknown keys, ``content()`` feeds the content keys
 of the steps, and the stage loop, k-means and pseudo-label settings are the shared ``MclConfig``. The typed specs
-of the library (``contrastive.text.encoders.TextEncoderSpec``, ``contrastive.text.stages.TextStageSpec``) are
+of the library (``contrastive.modalities.text.encoders.TextEncoderSpec``, ``contrastive.modalities.text.steps.TextStageSpec``) are
 built from here.
 """
 from __future__ import annotations
@@ -14,14 +14,14 @@ from pydantic import Field, model_validator
 
 from contrastive.engine.task import OptimSpec
 from contrastive.errors import ConfigError
-from contrastive.text.encoders import TextEncoderSpec
+from contrastive.modalities.text.encoders import TextEncoderSpec
 from pipeline_config.launcher import LauncherConfig
 from pipeline_config.schema import (NOT_IN_KEY, DistributedConfig, EvalConfig, LoopSettings, MclConfig,
                                     ScheduleConfig, TrackingConfig, _PipelineBase, _Section)
 
 
 class TextGeneratorConfig(_Section):
-    """Template sentences with independent subject / action / place / sentiment / tense (contrastive.text.generator)."""
+    """Template sentences with independent subject / action / place / sentiment / tense (contrastive.modalities.text.generator)."""
     num_train: int = Field(2000, ge=16)
     num_test: int = Field(500, ge=16)
     num_sts_pairs: int = Field(400, ge=10, description="STS pairs (score = shared attributes) from test sentences")
@@ -60,7 +60,7 @@ class TextDataConfig(_Section):
 
 
 class TextModelConfig(_Section):
-    """The sentence encoder (contrastive.text.encoders.TextEncoderSpec, same names)."""
+    """The sentence encoder (contrastive.modalities.text.encoders.TextEncoderSpec, same names)."""
     encoder: Literal["tiny", "hf"] = Field("tiny", description="tiny = small transformer from scratch; hf = a local "
                                                                "Hugging Face checkpoint (model.hf_path)")
     hf_path: str | None = Field(None, description="checkpoint directory, or minilm for the packaged "
@@ -107,14 +107,14 @@ class TextTrainConfig(LoopSettings):
 
 
 class IsotropyConfig(_Section):
-    """The isotropy diagnostics measured while training (contrastive.text.isotropy) on a fixed probe set."""
+    """The isotropy diagnostics measured while training (contrastive.modalities.text.isotropy) on a fixed probe set."""
     every_steps: int = Field(20, ge=0, description="measure every this many steps (and at step 0); 0 = off")
     num_sentences: int = Field(256, ge=2, description="training sentences in the probe set")
     num_frequent: int = Field(10, ge=1, description="most frequent tokens counted as function words")
 
 
 class HyperConfig(_Section):
-    """Hyper-CL as an optional final step (contrastive.text.conditioned): a hypernetwork maps a condition embedding
+    """Hyper-CL as an optional final step (contrastive.modalities.text.conditioned): a hypernetwork maps a condition embedding
     to a rank-``rank`` projection of the final representation, trained on the C-STS pairs."""
     enabled: bool = False
     conditions: Literal["auto", "encoder", "onehot"] = Field(
@@ -199,5 +199,5 @@ def preflight_text(config: TextPipelineConfig) -> None:
     if config.method.name == "simcse_sup" and data.kind == "files" and data.files.nli is None:
         raise ConfigError("method.name simcse_sup needs NLI triples: set data.files.nli (anchor, positive, negative)")
     if config.model.encoder == "hf":
-        from contrastive.text.encoders import resolve_hf_path
+        from contrastive.modalities.text.encoders import resolve_hf_path
         resolve_hf_path(config.model.hf_path)

@@ -6,7 +6,7 @@ same samples and the same augmentation draws (1 for a method whose loss never lo
 
     .venv/bin/python scripts/measure_zoo_mcl.py --methods simclr byol --seeds 0 1 2 --out runs/zoo_mcl.json
 
-Library calls only (no Prefect, no MLflow): contrastive.stages and contrastive.mcl.steps, the steps the flow runs.
+Library calls only (no Prefect, no MLflow): contrastive.modalities.image.steps and contrastive.mcl.steps, the steps the flow runs.
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from contrastive import stages  # noqa: E402
-from contrastive.augment import TwoViewAugment  # noqa: E402
+from contrastive.modalities.image import steps as stages  # noqa: E402
+from contrastive.modalities.image.augment import TwoViewAugment  # noqa: E402
 from contrastive.data.loading import iter_batches  # noqa: E402
 from contrastive.data.trifeature import prepare_trifeature  # noqa: E402
 from contrastive.engine.task import LoopSpec, OptimSpec  # noqa: E402

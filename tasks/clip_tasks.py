@@ -1,4 +1,4 @@
-"""Prefect tasks of the CLIP MCL pipeline: unpack the config, call one ``contrastive.clip.stages`` function, log to
+"""Prefect tasks of the CLIP MCL pipeline: unpack the config, call one ``contrastive.modalities.image_text.steps`` function, log to
 MLflow through ``tasks.tracking``, return a small JSON record (paths, numbers).
 
 Same caching contract as ``tasks.mcl_tasks``: every expensive task takes ``key`` (digest of the config that affects
@@ -13,10 +13,10 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
-from contrastive.clip import stages
-from contrastive.clip.data import count_samples, data_fingerprint, expand_urls
-from contrastive.clip.evaluate import plot_metric_groups
-from contrastive.clip.model import ClipSpec, file_fingerprint, resolve_pretrained
+from contrastive.modalities.image_text import steps as stages
+from contrastive.modalities.image_text.data import count_samples, data_fingerprint, expand_urls
+from contrastive.modalities.image_text.evaluate import plot_metric_groups
+from contrastive.modalities.image_text.model import ClipSpec, file_fingerprint, resolve_pretrained
 from pipeline_config.schema import ClipPipelineConfig, check_clip_feasible, check_clip_pretrained, digest_of
 from tasks.mcl_tasks import (cached_task, finish_eval_record, numeric_metrics, publish_summary, stage_seed,
                              tracker_for, train_and_record)
@@ -99,7 +99,7 @@ def train_clip_stage(*, config: ClipPipelineConfig, key: str, out_dir: str, stag
         local_loss=config.distributed.local_loss, data_slots=config.distributed.data_slots, threads=t.threads)
     return train_and_record(
         config=config, tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, stage=stage, spec=spec,
-        entry="contrastive.clip.stages:train_stage_from_json",
+        entry="contrastive.modalities.image_text.steps:train_stage_from_json",
         train_here=lambda callbacks: stages.train_stage(spec, callbacks=callbacks), batches_from=spec.grouped_dir,
         total_steps=t.epochs * (t.max_steps_per_epoch or max(1, data["num_train"] // t.global_batch_size)),
         extra_metrics=lambda summary: numeric_metrics("data", summary["data"]))

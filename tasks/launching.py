@@ -16,7 +16,7 @@ from prefect import get_run_logger
 
 from contrastive.engine.launch import SUMMARY, run_under_torchrun
 from contrastive.errors import ConfigError
-from contrastive.launchers.stage import launch_stage, stage_job
+from launchers.stage import launch_stage, stage_job
 from pipeline_config.launcher import build_launcher, node_python
 
 

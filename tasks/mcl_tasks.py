@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.context import TaskRunContext
 
-from contrastive import stages
+from contrastive.modalities.image import steps as stages
 from contrastive.mcl import steps
 from contrastive.engine.checkpoint import write_json
 from contrastive.data.loading import load_dataset
@@ -342,7 +342,7 @@ def train_stage(*, config: PipelineConfig, key: str, out_dir: str, stage: int, d
         init_model_path=init_from.model_path if init_from is not None else None)
     return train_and_record(
         config=config, tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, stage=stage, spec=spec,
-        entry="contrastive.stages:train_stage_from_json",
+        entry="contrastive.modalities.image.steps:train_stage_from_json",
         train_here=lambda callbacks: stages.train_stage(spec, callbacks=callbacks),
         batches_from=spec.pseudo_labels_path,
         total_steps=t.epochs * (t.max_steps_per_epoch or max(1, data["num_train"] // t.batch_size)),
@@ -361,7 +361,7 @@ def export_embeddings(*, config: PipelineConfig, key: str, out_dir: str, trained
     with gpu_slot(config):
         if uses_processes(config):  # each rank embeds its share of the samples into its own shards
             result = run_stage_processes(config=config, what="export",
-                                         entry="contrastive.stages:export_stage_from_json", kwargs={"export": export}, stage_dir=export["out_dir"],
+                                         entry="contrastive.modalities.image.steps:export_stage_from_json", kwargs={"export": export}, stage_dir=export["out_dir"],
                                          result_file=stages.EXPORT_SUMMARY, log_path=Path(out_dir) / "torchrun.log")
         else:
             result = stages.export_stage_embeddings(**export)
@@ -379,7 +379,7 @@ def sample_scope(dataset_dir: str | None) -> tuple[np.ndarray | None, dict[str, 
     the CLIP pipeline's shards). A text dataset (the text pipeline's sentences) has the same index."""
     if dataset_dir is None:
         return None, None
-    from contrastive.text.dataset import is_text_dataset, load_text_dataset
+    from contrastive.modalities.text.dataset import is_text_dataset, load_text_dataset
     dataset = load_text_dataset(dataset_dir) if is_text_dataset(dataset_dir) else load_dataset(dataset_dir)
     train = dataset.indices("train")
     return dataset.ids[train], {name: labels[train] for name, labels in dataset.labels.items()}

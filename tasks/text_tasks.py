@@ -1,4 +1,4 @@
-"""Prefect tasks of the text pipeline: unpack the config, call one ``contrastive.text`` function, log to MLflow
+"""Prefect tasks of the text pipeline: unpack the config, call one ``contrastive.modalities.text`` function, log to MLflow
 through ``tasks.tracking`` and return a small record (paths, numbers).
 
 Same caching contract as ``tasks.mcl_tasks`` (whose MLflow helpers, ``train_and_record`` and ``finish_*`` ends
@@ -11,9 +11,9 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
-from contrastive.text import stages
-from contrastive.text.dataset import GeneratorParams, load_text_dataset, prepare_generated_text, prepare_text_files
-from contrastive.text.isotropy import plot_isotropy_history
+from contrastive.modalities.text import steps as stages
+from contrastive.modalities.text.dataset import GeneratorParams, load_text_dataset, prepare_generated_text, prepare_text_files
+from contrastive.modalities.text.isotropy import plot_isotropy_history
 from pipeline_config.text import TextPipelineConfig, check_text_feasible
 from tasks.mcl_tasks import (cached_task, finish_eval_record, publish_summary, results_table_markdown, stage_seed,
                              tracker_for, train_and_record)
@@ -147,8 +147,8 @@ def hyper_cl(*, config: TextPipelineConfig, key: str, out_dir: str, trained: lis
     if (done := finished_record(out_dir, EvalRecord)) is not None:
         return done
     from contrastive.engine.task import LoopSpec, OptimSpec
-    from contrastive.text.conditioned import run_hyper_cl
-    from contrastive.text.hyper import HyperSpec
+    from contrastive.modalities.text.conditioned import run_hyper_cl
+    from contrastive.modalities.text.hyper import HyperSpec
 
     tracker = tracker_for(config)
     h = config.hyper

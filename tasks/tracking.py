@@ -395,7 +395,7 @@ class EncoderModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
         import torch
 
-        from contrastive.stages import load_trained_model
+        from contrastive.modalities.image.steps import load_trained_model
         names = sorted(context.artifacts, key=lambda name: int(name.removeprefix("stage")))
         self.encoders = [load_trained_model(model_path=Path(context.artifacts[n]), device=torch.device("cpu"))
                          for n in names]

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 from webdataset.tariterators import base_plus_ext
 
-from contrastive.clip.data import IMAGE_EXTENSIONS, expand_urls, is_remote
+from contrastive.modalities.image_text.data import IMAGE_EXTENSIONS, expand_urls, is_remote
 from contrastive.data.dataset import (INDEX_FILE, MANIFEST_FILE, _array_bytes_for_digest, _build_index,
                                       _write_json_atomic, atomic_dataset_dir, is_index_prepared, params_hash)
 from contrastive.data.image_files import DEFAULT_MAX_SKIP_FRACTION, IndexedImageDataset

@@ -5,9 +5,9 @@ from dataclasses import dataclass
 
 import torch
 
-from contrastive.dimension_losses import barlow_twins_loss, local_offdiagonal_penalty, standardise
+from contrastive.methods.dimension_losses import barlow_twins_loss, local_offdiagonal_penalty, standardise
 from contrastive.errors import ConfigError
-from contrastive.hex import STRICT
+from contrastive.methods.hex import STRICT
 from contrastive.methods.dimension_hex import DimensionContrastiveMethod
 
 
@@ -26,12 +26,12 @@ class BarlowSettings:
 
 class BarlowTwins(DimensionContrastiveMethod):
     """Barlow Twins (Zbontar et al., 2021): backbone f, projector (the projection head), loss
-    :func:`contrastive.dimension_losses.barlow_twins_loss` on the two views' projections standardised over the
+    :func:`contrastive.methods.dimension_losses.barlow_twins_loss` on the two views' projections standardised over the
     (global, gathered) batch.
 
     With ``hex_rule``: L = L_BT + lambd * Q * (1/B) sum_i sum_{k != l} (C^{S_i}_kl)^2, C^{S_i} the cross-correlation
     of the standardised views over S_i = {i} u H(i), re-centred there
-    (:func:`contrastive.dimension_losses.local_offdiagonal_penalty`, 1/|S_i| as Barlow's C).
+    (:func:`contrastive.methods.dimension_losses.local_offdiagonal_penalty`, 1/|S_i| as Barlow's C).
     """
 
     method_name = "barlow_twins"

@@ -3,12 +3,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from contrastive.hex import HexRule, HexSelection
-from contrastive.losses import cosine_matrix
+from contrastive.methods.hex import HexRule, HexSelection
+from contrastive.methods.losses import cosine_matrix
 
 
 class ContrastiveMethod(nn.Module):
-    """A two-view method, trained by the engine through ``contrastive.modalities.image.ImageContrastiveTask``.
+    """A two-view method, trained by the engine through ``contrastive.modalities.image.adapter.ImageContrastiveTask``.
 
     Everything a method must keep across a resume (momentum encoders, queues as registered buffers) lives in its
     ``state_dict``, which the checkpoint stores.

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from contrastive.errors import ConfigError
-from contrastive.hex import STRICT
+from contrastive.methods.hex import STRICT
 from contrastive.methods.base import ContrastiveMethod
 
 

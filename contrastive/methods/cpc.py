@@ -10,7 +10,7 @@ from torch import nn
 
 from contrastive.engine.distributed import gather_with_grad
 from contrastive.errors import ConfigError
-from contrastive.hex import STRICT
+from contrastive.methods.hex import STRICT
 from contrastive.methods.base import ContrastiveMethod
 from contrastive.methods.parts import cut_patches
 from contrastive.models.cpc import ContextNetwork

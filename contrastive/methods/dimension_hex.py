@@ -1,6 +1,6 @@
 """HEX for the dimension-contrastive methods (VICReg, Barlow Twins): which samples form each anchor's local
 hierarchy S_i = {i} u H(i), and the scalar Q its local redundancy term is weighted with
-(:mod:`contrastive.dimension_losses`)."""
+(:mod:`contrastive.methods.dimension_losses`)."""
 from __future__ import annotations
 
 import torch
@@ -8,7 +8,7 @@ from torch import nn
 
 from contrastive.engine.distributed import gather_with_grad
 from contrastive.errors import ConfigError
-from contrastive.hex import HexRule
+from contrastive.methods.hex import HexRule
 from contrastive.methods.base import ContrastiveMethod
 
 

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from contrastive.hex import HexRule
+from contrastive.methods.hex import HexRule
 from contrastive.methods.base import ContrastiveMethod
 from contrastive.methods.baselines import BASELINES, build_baseline
 from contrastive.methods.barlow import BarlowSettings, BarlowTwins

@@ -9,8 +9,8 @@ from torch import nn
 
 from contrastive.engine.distributed import gather_with_grad
 from contrastive.errors import ConfigError
-from contrastive.hex import STRICT, HexRule
-from contrastive.losses import queue_info_nce
+from contrastive.methods.hex import STRICT, HexRule
+from contrastive.methods.losses import queue_info_nce
 from contrastive.methods.base import ContrastiveMethod
 
 

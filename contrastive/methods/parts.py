@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from contrastive.errors import ConfigError
-from contrastive.hex import STRICT
+from contrastive.methods.hex import STRICT
 
 PART_NAMES = ("augmentation", "encoder", "extraction", "similarity", "loss")
 CHOICES = {

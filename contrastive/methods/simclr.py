@@ -4,15 +4,15 @@ import torch
 from torch import nn
 
 from contrastive.engine.distributed import gather_with_grad
-from contrastive.hex import HexRule
-from contrastive.losses import hex_info_nce, nt_xent, two_view_negatives
+from contrastive.methods.hex import HexRule
+from contrastive.methods.losses import hex_info_nce, nt_xent, two_view_negatives
 from contrastive.methods.base import ContrastiveMethod
 
 
 class SimCLR(ContrastiveMethod):
     """SimCLR (Chen et al., 2020): backbone f, projection head g, NT-Xent on g(f(x)) of two views.
 
-    With ``hex_rule`` (a :class:`contrastive.hex.HexRule`), the loss is :func:`contrastive.losses.hex_info_nce`: the
+    With ``hex_rule`` (a :class:`contrastive.methods.hex.HexRule`), the loss is :func:`contrastive.methods.losses.hex_info_nce`: the
     negatives in H(i) count with weight Q in the denominator (HEX), or with the authors' hard-negative estimate;
     H(i), epsilon and Q are logged every step. dim: the projection size (needed by hierarchy = online_clusters).
     """

@@ -16,8 +16,8 @@ import torch
 
 from contrastive.engine.distributed import gather_with_grad
 from contrastive.errors import ConfigError
-from contrastive.hex import STRICT
-from contrastive.losses import nt_xent
+from contrastive.methods.hex import STRICT
+from contrastive.methods.losses import nt_xent
 from contrastive.methods.simclr import SimCLR
 
 

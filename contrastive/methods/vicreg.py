@@ -5,9 +5,9 @@ from dataclasses import dataclass
 
 import torch
 
-from contrastive.dimension_losses import local_offdiagonal_penalty, vicreg_loss
+from contrastive.methods.dimension_losses import local_offdiagonal_penalty, vicreg_loss
 from contrastive.errors import ConfigError
-from contrastive.hex import STRICT
+from contrastive.methods.hex import STRICT
 from contrastive.methods.dimension_hex import DimensionContrastiveMethod
 
 
@@ -31,12 +31,12 @@ class VicregSettings:
 
 class VICReg(DimensionContrastiveMethod):
     """VICReg (Bardes, Ponce & LeCun, 2022): backbone f, expander h (the projection head), loss
-    :func:`contrastive.dimension_losses.vicreg_loss` on h(f(x)) of two views, both views in one forward (BatchNorm
+    :func:`contrastive.methods.dimension_losses.vicreg_loss` on h(f(x)) of two views, both views in one forward (BatchNorm
     sees the 2B batch), projections gathered across ranks so the statistics are the global batch's.
 
     With ``hex_rule``: L = L_VICReg + cov_coeff * Q * (1/B) sum_i [c(Z_{S_i}) + c(Z'_{S_i})], c the VICReg
     covariance term (1/D) sum_{k != l} C_kl^2 computed over S_i = {i} u H(i) and re-centred there
-    (:func:`contrastive.dimension_losses.local_offdiagonal_penalty`, unbiased as VICReg's C).
+    (:func:`contrastive.methods.dimension_losses.local_offdiagonal_penalty`, unbiased as VICReg's C).
     """
 
     method_name = "vicreg"

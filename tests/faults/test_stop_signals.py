@@ -46,7 +46,7 @@ class SignalAt:
 
 
 def run_stage(dataset_dir, stage_dir, callbacks=()):
-    from contrastive import stages
+    from contrastive.modalities.image import steps as stages
     from tests.faults.train_tiny_stage import tiny_spec
     return stages.train_stage(tiny_spec(dataset_dir, stage_dir), callbacks=list(callbacks))
 
@@ -112,7 +112,7 @@ def test_sigterm_to_the_launcher_stops_torchrun_ranks_after_a_checkpoint_then_re
     from tests.faults.train_tiny_stage import tiny_spec
 
     def launch(stage_dir):
-        return run_under_torchrun(entry="contrastive.stages:train_stage_from_json",
+        return run_under_torchrun(entry="contrastive.modalities.image.steps:train_stage_from_json",
                                   kwargs={"spec": tiny_spec(dataset_dir, stage_dir, epochs=6).to_json()},
                                   stage_dir=stage_dir, nproc_per_node=2, backend="gloo",
                                   log_path=tmp_path / f"{stage_dir.name}.log")

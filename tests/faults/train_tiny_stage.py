@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from contrastive import stages
+from contrastive.modalities.image import steps as stages
 from contrastive.engine.distributed import device_for, dist_from_env, init_process_group
 from contrastive.engine.task import LoopSpec, OptimSpec
 

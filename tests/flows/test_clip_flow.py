@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
-from contrastive.clip import stages
+from contrastive.modalities.image_text import steps as stages
 from flows.clip_flow import clip_pipeline
 from pipeline_config.loader import load_config
 from tests.flows.mlflow_runs import artifact_paths, run_tree

@@ -2,7 +2,7 @@
 concatenations of stages 0..j are evaluated."""
 from pathlib import Path
 
-from contrastive import stages
+from contrastive.modalities.image import steps as stages
 from flows.mcl_flow import mcl_pipeline
 
 

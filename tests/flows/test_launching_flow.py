@@ -13,7 +13,7 @@ from prefect.context import get_run_context
 from prefect.logging.handlers import APILogWorker
 
 from contrastive.errors import ConfigError
-from contrastive.launchers.base import JobHandle, JobState, JobStatus, LogTail
+from launchers.base import JobHandle, JobState, JobStatus, LogTail
 from pipeline_config.loader import load_config
 from tasks.launching import gpu_slot, job_name, run_stage_processes, uses_processes
 
@@ -59,7 +59,7 @@ class ScriptedJob:
 @task
 def launch(config, stage_dir: str, job) -> dict:
     with gpu_slot(config):
-        return run_stage_processes(config=config, what="train", entry="contrastive.stages:train_stage_from_json",
+        return run_stage_processes(config=config, what="train", entry="contrastive.modalities.image.steps:train_stage_from_json",
                                    kwargs={"spec": {}}, stage_dir=stage_dir, launcher=job)
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from contrastive import stages
+from contrastive.modalities.image import steps as stages
 from contrastive.errors import StageInterrupted
 from flows.mcl_flow import mcl_pipeline
 from tests.flows.mlflow_runs import artifact_paths, run_tree

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from contrastive import stages
+from contrastive.modalities.image import steps as stages
 from flows.mcl_flow import mcl_pipeline
 from tests.slurm import require_slurm
 

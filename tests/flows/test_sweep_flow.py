@@ -7,7 +7,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, TaskRunFilter
 from prefect.client.schemas.sorting import ArtifactSort
 
-from contrastive import stages
+from contrastive.modalities.image import steps as stages
 from flows.sweep_flow import mcl_sweep
 
 

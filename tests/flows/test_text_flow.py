@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from contrastive.text import stages
+from contrastive.modalities.text import steps as stages
 from flows.text_flow import text_pipeline
 from pipeline_config.loader import load_config
 from tests.flows.mlflow_runs import artifact_paths, run_tree

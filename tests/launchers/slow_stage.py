@@ -1,5 +1,5 @@
 """Entry points the Slurm tests' jobs run (importable on the nodes through PYTHONPATH = the repo root)."""
-from contrastive import stages
+from contrastive.modalities.image import steps as stages
 from tests.faults.train_tiny_stage import SlowDown
 
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from contrastive.launchers.base import JobFailed, JobState
-from contrastive.launchers.slurm import SlurmLauncher, SlurmSpec
-from contrastive.launchers.stage import launch_stage, stage_job
-from contrastive.launchers.local import LocalTorchrunLauncher
+from launchers.base import JobFailed, JobState
+from launchers.slurm import SlurmLauncher, SlurmSpec
+from launchers.stage import launch_stage, stage_job
+from launchers.local import LocalTorchrunLauncher
 from tests.faults.train_tiny_stage import tiny_spec
 from tests.faults.tiny_data import assert_same_weights, stage_weights, tiny_trifeature
 
@@ -37,7 +37,7 @@ def reference(dataset_dir, tmp_path_factory):
 
 
 def tiny_job(dataset_dir, stage_dir, *, slow: bool):
-    entry = "tests.launchers.slow_stage:train_slow_from_json" if slow else "contrastive.stages:train_stage_from_json"
+    entry = "tests.launchers.slow_stage:train_slow_from_json" if slow else "contrastive.modalities.image.steps:train_stage_from_json"
     return stage_job(name=f"tiny-{stage_dir.name}", entry=entry,
                      kwargs={"spec": tiny_spec(dataset_dir, stage_dir).to_json()}, backend="gloo",
                      stage_dir=stage_dir, nproc_per_node=2, env={"OMP_NUM_THREADS": "1"})
@@ -121,7 +121,7 @@ def test_time_limit_signal_requeues_the_job_which_resumes(slurm_cluster, dataset
 
 
 def test_a_failing_stage_fails_with_the_job_id_and_its_last_lines(slurm_cluster, tmp_path):
-    job = stage_job(name="broken", entry="contrastive.stages:train_stage_from_json",
+    job = stage_job(name="broken", entry="contrastive.modalities.image.steps:train_stage_from_json",
                     kwargs={"spec": {"no": "such spec"}}, backend="gloo", stage_dir=tmp_path / "stage",
                     nproc_per_node=1)
     with pytest.raises(JobFailed) as raised:

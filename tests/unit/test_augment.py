@@ -1,4 +1,4 @@
-"""contrastive/augment.py: the default pipeline draws and outputs bitwise what the first version did; a global
+"""contrastive/modalities/image/augment.py: the default pipeline draws and outputs bitwise what the first version did; a global
 batch split over ranks is augmented as one process would; grayscale, blur, solarize and hue against closed forms;
 every op that is off is the identity and draws nothing."""
 import math
@@ -8,14 +8,14 @@ import torch
 import torch.nn.functional as F
 from torchvision.transforms.v2 import functional as TF
 
-from contrastive.augment import (TwoViewAugment, adjust_hue, blur_radius, color_jitter, gaussian_blur,
+from contrastive.modalities.image.augment import (TwoViewAugment, adjust_hue, blur_radius, color_jitter, gaussian_blur,
                                  gaussian_kernels, random_grayscale, solarize)
 from contrastive.errors import ConfigError
 from pipeline_config.loader import load_config
 from pipeline_config.schema import AugmentConfig
 
 
-# --- frozen copy of the first version's augmentations (contrastive/augment.py before grayscale/blur/solarize) ----
+# --- frozen copy of the first version's augmentations (contrastive/modalities/image/augment.py before grayscale/blur/solarize) ----
 def _old_uniform(low, high, size, generator):
     return low + (high - low) * torch.rand(size, generator=generator)
 

@@ -1,6 +1,6 @@
 import torch
 
-from contrastive.augment import TwoViewAugment, random_resized_crop
+from contrastive.modalities.image.augment import TwoViewAugment, random_resized_crop
 
 
 def test_full_crop_is_identity():

@@ -5,9 +5,9 @@ import tarfile
 import numpy as np
 import pytest
 
-from contrastive.clip.data import (SkipCounter, bounded_map, count_samples, expand_urls, iter_decoded,
+from contrastive.modalities.image_text.data import (SkipCounter, bounded_map, count_samples, expand_urls, iter_decoded,
                                    iter_raw_samples, stream_batches, tar_member, to_webdataset_url, write_tiny_shards)
-from contrastive.clip.model import TINY_MODEL, ClipSpec, create_clip
+from contrastive.modalities.image_text.model import TINY_MODEL, ClipSpec, create_clip
 from contrastive.errors import ConfigError, DataError
 
 

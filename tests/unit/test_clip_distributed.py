@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from contrastive.clip.data import ClipBatch, iter_raw_samples, write_tiny_shards
+from contrastive.modalities.image_text.data import ClipBatch, iter_raw_samples, write_tiny_shards
 from contrastive.engine.distributed import DistInfo
-from contrastive.clip.grouped import reshard_by_group
-from contrastive.clip.model import TINY_MODEL, ClipSpec, create_clip
-from contrastive.clip.stages import ClipStageSpec, train_stage
+from contrastive.modalities.image_text.grouped import reshard_by_group
+from contrastive.modalities.image_text.model import TINY_MODEL, ClipSpec, create_clip
+from contrastive.modalities.image_text.steps import ClipStageSpec, train_stage
 from contrastive.engine.task import LoopSpec, OptimSpec
 from tests.distributed import run_gloo_ranks
-from contrastive.clip.task import ClipTrainModule
+from contrastive.modalities.image_text.adapter import ClipTrainModule
 
 SPEC = ClipSpec(model_name=TINY_MODEL, init_seed=0, trainable_image_blocks=1)
 WORLD = 2

@@ -5,9 +5,9 @@ import os
 import numpy as np
 import pytest
 
-from contrastive.clip.data import SkipCounter, iter_raw_samples, write_tiny_shards
-from contrastive.clip.grouped import (MANIFEST, GroupedBatchReader, measure_reader_throughput, reshard_by_group)
-from contrastive.clip.model import TINY_MODEL, ClipSpec, create_clip
+from contrastive.modalities.image_text.data import SkipCounter, iter_raw_samples, write_tiny_shards
+from contrastive.modalities.image_text.grouped import (MANIFEST, GroupedBatchReader, measure_reader_throughput, reshard_by_group)
+from contrastive.modalities.image_text.model import TINY_MODEL, ClipSpec, create_clip
 from contrastive.errors import ConfigError, DataError
 
 

@@ -5,8 +5,8 @@ import torch
 from PIL import Image
 from torchvision import transforms as T
 
-from contrastive.clip.data import SkipCounter, bounded_map, stream_batches, write_tiny_shards
-from contrastive.clip.keyed_transform import KeyedTransform, crop_box, sample_generator
+from contrastive.modalities.image_text.data import SkipCounter, bounded_map, stream_batches, write_tiny_shards
+from contrastive.modalities.image_text.keyed_transform import KeyedTransform, crop_box, sample_generator
 
 
 def _image(seed: int = 0, size: int = 48) -> Image.Image:

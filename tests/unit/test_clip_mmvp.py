@@ -6,8 +6,8 @@ import pytest
 import torch
 from PIL import Image
 
-from contrastive.clip.evaluate import average_state_dicts, concat_stage_features, retrieval_recall
-from contrastive.clip.mmvp import (CATEGORIES, mmvp_scores, pair_images, pair_similarities, pair_statements,
+from contrastive.modalities.image_text.evaluate import average_state_dicts, concat_stage_features, retrieval_recall
+from contrastive.modalities.image_text.mmvp import (CATEGORIES, mmvp_scores, pair_images, pair_similarities, pair_statements,
                                    read_mmvp, write_tiny_mmvp)
 from contrastive.errors import DataError
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from contrastive.clip.data import ClipBatch
-from contrastive.clip.loss import clip_loss
-from contrastive.clip.model import (TINY_MODEL, ClipSpec, create_clip, freeze_for_finetuning, load_stage_model,
+from contrastive.modalities.image_text.data import ClipBatch
+from contrastive.modalities.image_text.loss import clip_loss
+from contrastive.modalities.image_text.model import (TINY_MODEL, ClipSpec, create_clip, freeze_for_finetuning, load_stage_model,
                                     save_stage_model, trainable_names)
-from contrastive.clip.task import ClipTask, ClipTrainModule
+from contrastive.modalities.image_text.adapter import ClipTask, ClipTrainModule
 from contrastive.engine.loop import train
 from contrastive.engine.precision import autocast_context
 from contrastive.engine.task import LoopSpec, OptimSpec

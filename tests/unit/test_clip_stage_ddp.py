@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from contrastive.clip.data import iter_raw_samples, write_tiny_shards
-from contrastive.clip.grouped import reshard_by_group
-from contrastive.clip.model import TINY_MODEL, ClipSpec, create_clip, load_stage_model
-from contrastive.clip.stages import ClipStageSpec, train_stage
+from contrastive.modalities.image_text.data import iter_raw_samples, write_tiny_shards
+from contrastive.modalities.image_text.grouped import reshard_by_group
+from contrastive.modalities.image_text.model import TINY_MODEL, ClipSpec, create_clip, load_stage_model
+from contrastive.modalities.image_text.steps import ClipStageSpec, train_stage
 from contrastive.engine.distributed import DistInfo
 from contrastive.engine.task import LoopSpec, OptimSpec
 from contrastive.errors import ConfigError

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from contrastive.errors import ConfigError
-from contrastive.hex import EpsilonRule, HexRule, QRule, cosine_schedule, percentile, step_schedule
-from contrastive.losses import (cross_view_info_nce, hex_cross_entropy, hex_info_nce,
+from contrastive.methods.hex import EpsilonRule, HexRule, QRule, cosine_schedule, percentile, step_schedule
+from contrastive.methods.losses import (cross_view_info_nce, hex_cross_entropy, hex_info_nce,
                                 nt_xent, queue_info_nce, two_view_negatives)
 
 

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from contrastive.errors import ConfigError
-from contrastive.hex import EpsilonRule, HexRule, HexSettings, hex_key_content, minmax_rows, row_percentiles
-from contrastive.losses import (HardNegativeWeighting, cross_view_info_nce, hex_info_nce, nt_xent, queue_info_nce,
+from contrastive.methods.hex import EpsilonRule, HexRule, HexSettings, hex_key_content, minmax_rows, row_percentiles
+from contrastive.methods.losses import (HardNegativeWeighting, cross_view_info_nce, hex_info_nce, nt_xent, queue_info_nce,
                                 two_view_negatives)
 from contrastive.methods.simclr import SimCLR
 
@@ -94,7 +94,7 @@ def test_floor_is_per_row_and_stops_the_gradient_through_h():
 
 
 def cross_view_rows(positive, negatives, hierarchy, weighting, *, temperature):
-    from contrastive.losses import hex_terms
+    from contrastive.methods.losses import hex_terms
     return hex_terms(positive_logits=positive, negative_logits=negatives, hierarchy=hierarchy, q=weighting,
                      temperature=temperature)
 
@@ -194,7 +194,7 @@ def test_earlier_hex_configs_keep_their_cache_keys():
 
 
 def test_authors_settings_validate_with_the_fix():
-    from contrastive.hex import HardNegativeSettings
+    from contrastive.methods.hex import HardNegativeSettings
     from pipeline_config.loader import config_from_dict
     from pipeline_config.schema import MethodConfig
     with pytest.raises(ConfigError, match="tau_plus"):

@@ -3,7 +3,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from contrastive.losses import nt_xent
+from contrastive.methods.losses import nt_xent
 
 
 def nt_xent_reference(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:

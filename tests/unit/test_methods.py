@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from contrastive.hex import HexRule, QRule
+from contrastive.methods.hex import HexRule, QRule
 from contrastive.methods import MoCoV2, NNCLR, SimCLR, build_method
 from contrastive.models import ProjectionHead, SmallCNN
 from contrastive.engine.rng import seed_everything

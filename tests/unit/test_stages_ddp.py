@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from contrastive import stages
+from contrastive.modalities.image import steps as stages
 from contrastive.data.trifeature import prepare_trifeature
 from contrastive.engine.distributed import DistInfo
 from contrastive.engine.task import OptimSpec

@@ -3,7 +3,7 @@ embeddings either way; unreadable images keep their place with a zero embedding.
 import numpy as np
 import pytest
 
-from contrastive import stages
+from contrastive.modalities.image import steps as stages
 from contrastive.data.image_folder import prepare_image_folder
 from contrastive.data.trifeature import prepare_trifeature
 from contrastive.embeddings import load_embeddings

@@ -3,7 +3,7 @@ memory it had before (on CUDA, release_device_memory then returns the cache to t
 import gc
 import weakref
 
-from contrastive import stages
+from contrastive.modalities.image import steps as stages
 from contrastive.data.trifeature import prepare_trifeature
 from tests.faults.train_tiny_stage import tiny_spec
 

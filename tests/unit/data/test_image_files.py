@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from contrastive.clip import data as clip_data
+from contrastive.modalities.image_text import data as clip_data
 from contrastive.data import loading
 from contrastive.data.dataset import ImageArrayDataset
 from contrastive.data.image_files import ImageFileDataset

@@ -13,7 +13,7 @@ import torch
 import webdataset as wds
 from PIL import Image
 
-from contrastive import stages
+from contrastive.modalities.image import steps as stages
 from contrastive.data.image_files import ImageFileDataset, IndexedImageDataset
 from contrastive.data.image_folder import load_square_rgb, prepare_image_folder
 from contrastive.data.loading import iter_batches, load_dataset

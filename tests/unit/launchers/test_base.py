@@ -1,9 +1,9 @@
-"""run_job and LogTail (contrastive/launchers/base.py): streaming, failure messages, cancel on the way out."""
+"""run_job and LogTail (launchers/base.py): streaming, failure messages, cancel on the way out."""
 from pathlib import Path
 
 import pytest
 
-from contrastive.launchers.base import JobFailed, JobHandle, JobSpec, JobState, JobStatus, LogTail, run_job
+from launchers.base import JobFailed, JobHandle, JobSpec, JobState, JobStatus, LogTail, run_job
 
 
 def test_log_tail_returns_whole_new_lines_only(tmp_path):

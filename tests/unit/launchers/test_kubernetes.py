@@ -1,4 +1,4 @@
-"""The Kubernetes launcher (contrastive/launchers/kubernetes.py) up to the API boundary: the Job and Service of a
+"""The Kubernetes launcher (launchers/kubernetes.py) up to the API boundary: the Job and Service of a
 2-node config against hand-written manifests and the client's API models, and submit / poll / logs / cancel
 through the official client against a fake API server speaking HTTP on loopback. No real cluster is involved."""
 import json
@@ -13,8 +13,8 @@ kubernetes = pytest.importorskip("kubernetes", reason="pip install 'mclpipe[kube
 from kubernetes import client  # noqa: E402
 
 from contrastive.errors import MclpipeError  # noqa: E402
-from contrastive.launchers.base import JobFailed, JobSpec, JobState, run_job  # noqa: E402
-from contrastive.launchers.kubernetes import (KubernetesLauncher, KubernetesSpec, build_job,  # noqa: E402
+from launchers.base import JobFailed, JobSpec, JobState, run_job  # noqa: E402
+from launchers.kubernetes import (KubernetesLauncher, KubernetesSpec, build_job,  # noqa: E402
                                               build_service, job_status)
 
 JOB = JobSpec(name="mclpipe-mcl-train-ab12", stage_dir=Path("/shared/runs/train/ab12"),

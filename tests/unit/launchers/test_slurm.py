@@ -1,4 +1,4 @@
-"""The sbatch script and the Slurm client calls (contrastive/launchers/slurm.py) against hand-written expectations.
+"""The sbatch script and the Slurm client calls (launchers/slurm.py) against hand-written expectations.
 The real cluster runs in tests/launchers/test_slurm_real.py."""
 import subprocess
 from pathlib import Path
@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from contrastive.errors import MclpipeError
-from contrastive.launchers.base import JobHandle, JobSpec, JobState, LogTail
-from contrastive.launchers.slurm import SlurmLauncher, SlurmSpec, build_sbatch_script, parse_scontrol, status_from
+from launchers.base import JobHandle, JobSpec, JobState, LogTail
+from launchers.slurm import SlurmLauncher, SlurmSpec, build_sbatch_script, parse_scontrol, status_from
 
 JOB = JobSpec(name="mcl-stage0", stage_dir=Path("/shared/runs/train/abc"),
               args_path=Path("/shared/runs/train/abc/train_summary_args.json"), nproc_per_node=4, nnodes=2,

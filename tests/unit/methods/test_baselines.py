@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from contrastive.errors import ConfigError
-from contrastive.losses import nt_xent
+from contrastive.methods.losses import nt_xent
 from contrastive.methods import build_method
 from contrastive.methods.feature_dropout import FdSettings, Viewmaker, project_l1
 from contrastive.methods.ifm import ifm_nt_xent

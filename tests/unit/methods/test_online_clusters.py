@@ -4,8 +4,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from contrastive.hex import HexRule, OnlineClusterSettings
-from contrastive.losses import two_view_negatives
+from contrastive.methods.hex import HexRule, OnlineClusterSettings
+from contrastive.methods.losses import two_view_negatives
 from contrastive.methods.online_clusters import OnlineClusters
 from contrastive.methods.simclr import SimCLR
 from tests.unit.modalities.image_training import train_on_images

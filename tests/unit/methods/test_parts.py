@@ -114,7 +114,7 @@ def test_default_zoo_configs_fit_the_default_data():
 
 
 def test_yadim_ablation_rows_and_augmentation_are_valid_configs():
-    from contrastive.augment import TwoViewAugment
+    from contrastive.modalities.image.augment import TwoViewAugment
     from contrastive.methods.yadim import AMDIM_AUGMENT, EXTRACTION_ABLATION, ablation_overrides
     from pipeline_config.loader import apply_overrides
 

@@ -3,10 +3,10 @@ import numpy as np
 import pytest
 import torch
 
-from contrastive.dimension_losses import (barlow_twins_loss, local_offdiagonal_penalty, off_diagonal, standardise,
+from contrastive.methods.dimension_losses import (barlow_twins_loss, local_offdiagonal_penalty, off_diagonal, standardise,
                                           vicreg_loss)
 from contrastive.errors import ConfigError
-from contrastive.hex import EpsilonRule, HexRule, OnlineClusterSettings, QRule
+from contrastive.methods.hex import EpsilonRule, HexRule, OnlineClusterSettings, QRule
 from contrastive.methods import build_method
 from contrastive.methods.barlow import BarlowSettings, BarlowTwins
 from contrastive.methods.vicreg import VICReg, VicregSettings

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from contrastive import stages
+from contrastive.modalities.image import steps as stages
 from contrastive.data.trifeature import prepare_trifeature
 from contrastive.engine.distributed import DistInfo
 from tests.distributed import run_gloo_ranks

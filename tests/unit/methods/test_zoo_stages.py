@@ -1,11 +1,11 @@
-"""BYOL, AMDIM, CPC v2 and YADIM each train as a stage through the engine (``contrastive.stages.train_stage``),
+"""BYOL, AMDIM, CPC v2 and YADIM each train as a stage through the engine (``contrastive.modalities.image.steps.train_stage``),
 alone (random batches) and as an MCL stage (cluster-pure batches from pseudo-labels): the loss falls on a tiny
 dataset it can memorise, the saved model reloads, and ``embed`` gives (B, D)."""
 import numpy as np
 import pytest
 import torch
 
-from contrastive import stages
+from contrastive.modalities.image import steps as stages
 from contrastive.data.trifeature import prepare_trifeature
 from contrastive.engine.task import LoopSpec, OptimSpec
 

@@ -4,14 +4,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from contrastive.augment import TwoViewAugment
+from contrastive.modalities.image.augment import TwoViewAugment
 from contrastive.engine.distributed import DistInfo
 from contrastive.engine.loop import TrainResult, train
 from contrastive.engine.rng import seed_everything
 from contrastive.engine.task import LoopSpec, OptimSpec
 from contrastive.methods import build_method
 from contrastive.mcl.sampler import ClusterBatchSampler
-from contrastive.modalities.image import ImageBatchSource, ImageContrastiveTask
+from contrastive.modalities.image.adapter import ImageBatchSource, ImageContrastiveTask
 
 MODEL = dict(encoder="small_cnn", widths=[4, 8], projection_hidden=8, projection_dim=4)
 AUGMENT = dict(crop_scale=(0.3, 1.0), crop_ratio=(0.75, 1.33), hflip=False, color_jitter=0.0)

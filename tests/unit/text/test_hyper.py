@@ -4,10 +4,10 @@ import torch
 
 from contrastive.engine.task import LoopSpec, OptimSpec
 from contrastive.errors import ConfigError
-from contrastive.text.hyper import (HyperProjection, HyperSpec, Quadruples, conditioned_cosine, conditioned_spearman,
+from contrastive.modalities.text.hyper import (HyperProjection, HyperSpec, Quadruples, conditioned_cosine, conditioned_spearman,
                                     hyper_cl_loss, pair_accuracy, project, quadruple_loss, quadruples_from_pairs,
                                     recall_at_k, train_hyper)
-from contrastive.text.readers import ScoredPair
+from contrastive.modalities.text.readers import ScoredPair
 
 
 def test_shapes_and_rank():

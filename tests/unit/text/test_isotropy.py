@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from contrastive.text.isotropy import (average_random_cosine, frequent_vs_content, intra_sentence_similarity,
+from contrastive.modalities.text.isotropy import (average_random_cosine, frequent_vs_content, intra_sentence_similarity,
                                        isotropy_report, norm_stats, partition_isotropy, self_similarity)
 
 

@@ -1,7 +1,7 @@
 import pytest
 
 from contrastive.errors import DataError
-from contrastive.text.readers import (ScoredPair, Triple, read_csts_pairs, read_sentences, read_sts_pairs,
+from contrastive.modalities.text.readers import (ScoredPair, Triple, read_csts_pairs, read_sentences, read_sts_pairs,
                                       read_triples, write_pairs, write_triples)
 
 

@@ -2,8 +2,8 @@ import math
 
 import torch
 
-from contrastive.text.encoders import SentenceEncoder, TextEncoderSpec, TinyTransformer
-from contrastive.text.simcse import SimCSE, simcse_sup_loss, simcse_unsup_loss
+from contrastive.modalities.text.encoders import SentenceEncoder, TextEncoderSpec, TinyTransformer
+from contrastive.modalities.text.simcse import SimCSE, simcse_sup_loss, simcse_unsup_loss
 
 
 def _cos(a, b):

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from contrastive.errors import ConfigError, DataError
-from contrastive.text.tokenizer import WordTokenizer, words
+from contrastive.modalities.text.tokenizer import WordTokenizer, words
 
 
 def test_vocabulary_order_and_encoding(tmp_path):

@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from contrastive.augment import TwoViewAugment
+from contrastive.modalities.image.augment import TwoViewAugment
 from contrastive.data.loading import iter_batches, load_dataset
 from contrastive.embeddings import EmbeddingWriter, compute_embeddings, load_embeddings, write_manifest
 from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
@@ -29,7 +29,7 @@ from contrastive.integrate import concat_normalized
 from contrastive.mcl.sampler import ClusterBatchSampler
 from contrastive.mcl.steps import load_pseudo_labels
 from contrastive.methods import build_method
-from contrastive.modalities.image import ImageBatchSource, ImageContrastiveTask
+from contrastive.modalities.image.adapter import ImageBatchSource, ImageContrastiveTask
 
 
 # ---------------------------------------------------------------------------------------------------- training

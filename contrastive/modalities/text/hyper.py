@@ -240,7 +240,7 @@ def pair_accuracy(model: HyperProjection | None, data: Quadruples) -> float:
 def conditioned_spearman(model: HyperProjection | None, data: Quadruples) -> float:
     """Spearman between the (conditioned) cosine and the gold scores over both conditions of every quadruple;
     ``model`` None scores the unconditioned cosine."""
-    from contrastive.text.stages import spearman
+    from contrastive.modalities.text.steps import spearman
 
     s1, s2 = np.concatenate([data.s1, data.s1]), np.concatenate([data.s2, data.s2])
     gold = np.concatenate([data.y_high, data.y_low])

@@ -43,7 +43,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from contrastive.clip.data import (TAR_END, ClipBatch, SkipCounter, bounded_map, collate, decode_image_text,
+from contrastive.modalities.image_text.data import (TAR_END, ClipBatch, SkipCounter, bounded_map, collate, decode_image_text,
                                    iter_raw_samples, make_decoder, sample_members, shuffled)
 from contrastive.errors import ConfigError, DataError
 from contrastive.mcl.batch_plan import plan_batches

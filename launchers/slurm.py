@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from contrastive.errors import MclpipeError
-from contrastive.launchers.base import JobHandle, JobSpec, JobState, JobStatus, LogTail
+from launchers.base import JobHandle, JobSpec, JobState, JobStatus, LogTail
 
 # squeue / sacct / scontrol state names -> ours. CONFIGURING, COMPLETING, SUSPENDED, REQUEUED, RESIZING: not
 # finished yet (a requeued job comes back as PENDING).

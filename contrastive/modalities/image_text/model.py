@@ -30,7 +30,7 @@ from contrastive.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
-# Shipped as package data (pyproject: contrastive.clip = ["model_configs/*.json"]).
+# Shipped as package data (pyproject: contrastive.modalities.image_text = ["model_configs/*.json"]).
 CONFIG_DIR = Path(__file__).resolve().parent / "model_configs"
 TINY_MODEL = "mclpipe-tiny-vit"
 # CLIP clamps its learnable temperature so logits never exceed 100 (Radford et al., 2021, Sec. 2.5).
@@ -41,7 +41,7 @@ _registered = False
 
 # ---------------------------------------------------------------------------------------------------- registry
 def register_model_configs() -> list[str]:
-    """Register the JSON model configs shipped in ``contrastive/clip/model_configs`` with open_clip (idempotent).
+    """Register the JSON model configs shipped in ``contrastive/modalities/image_text/model_configs`` with open_clip (idempotent).
 
     Returns the registered model names (e.g. ``mclpipe-tiny-vit``: 2-layer ViT of width 64 on 32 px images,
     2-layer text transformer of width 64, context 16, embed_dim 32; about 3.4M parameters, random init).

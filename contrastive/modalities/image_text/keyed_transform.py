@@ -55,7 +55,7 @@ def check_ops(ops) -> None:
                 f"the CLIP training transform holds {_name(op)}, whose random draws cannot be keyed per sample (it "
                 "would draw from torch's global generator, on decode threads, in any order): use the augmentations "
                 "open_clip's aug_cfg offers (crop scale, colour jitter, grayscale) or add the op to "
-                "contrastive/clip/keyed_transform.py")
+                "contrastive/modalities/image_text/keyed_transform.py")
 
 
 def sample_generator(*, seed: int, epoch: int, key: str) -> np.random.Generator:

@@ -5,7 +5,7 @@ unconditioned representation and against a plain linear projection per condition
     sentence embeddings  s = concat_j normalize(f_j(x))            (precomputed once, frozen encoders)
     condition embeddings c = the condition text through the same encoders ("encoder"), or one-hot per named
                              condition ("onehot": a learned embedding per condition)
-    conditioned          s_c = W1(c) W2(c)^T s                      (contrastive.text.hyper)
+    conditioned          s_c = W1(c) W2(c)^T s                      (contrastive.modalities.text.hyper)
 
 Metrics (held-out pairs): C-STS Spearman and pair accuracy (the pair more similar under its high condition) for
 Hyper-CL, the linear-per-condition baseline and the unconditioned cosine; retrieval recall@k per attribute on the
@@ -25,12 +25,12 @@ from contrastive.engine.checkpoint import write_json
 from contrastive.engine.distributed import device_for
 from contrastive.engine.task import LoopSpec, OptimSpec
 from contrastive.errors import ConfigError, DataError
-from contrastive.text.dataset import load_text_dataset
-from contrastive.text.generator import CONDITIONS
-from contrastive.text.hyper import (HyperSpec, conditioned_spearman, pair_accuracy, project, quadruples_from_pairs,
+from contrastive.modalities.text.dataset import load_text_dataset
+from contrastive.modalities.text.generator import CONDITIONS
+from contrastive.modalities.text.hyper import (HyperSpec, conditioned_spearman, pair_accuracy, project, quadruples_from_pairs,
                                     recall_at_k, timed, train_hyper)
-from contrastive.text.readers import read_csts_pairs
-from contrastive.text.stages import concat_encoder
+from contrastive.modalities.text.readers import read_csts_pairs
+from contrastive.modalities.text.steps import concat_encoder
 
 
 def run_hyper_cl(*, dataset_dir: Path | str, model_paths: list[str], out_dir: Path | str, spec: HyperSpec,

@@ -1,5 +1,5 @@
 """The steps of one text MCL stage as plain functions over directories (the text counterpart of
-``contrastive.stages``): train a fresh SimCSE encoder on the engine (random batches for stage 0, cluster-pure
+``contrastive.modalities.image.steps``): train a fresh SimCSE encoder on the engine (random batches for stage 0, cluster-pure
 batches from the pseudo-labels of all earlier stages after it), export its sentence embeddings keyed by sample
 id, and evaluate one stage or the concatenation of several (linear probe and kNN per attribute, STS Spearman,
 isotropy of the representation). Nothing here knows about Prefect or MLflow.
@@ -23,12 +23,12 @@ from contrastive.evaluate import evaluate_representation
 from contrastive.integrate import concat_normalized
 from contrastive.mcl.sampler import ClusterBatchSampler
 from contrastive.mcl.steps import load_pseudo_labels
-from contrastive.modalities.text import IsotropyProbe, TextBatchSource, TextContrastiveTask, TokenArrays, encode_tokens
-from contrastive.text.dataset import TextDataset, load_text_dataset, triples_for
-from contrastive.text.encoders import TextEncoderSpec, build_encoder, resolve_hf_path
-from contrastive.text.isotropy import average_random_cosine, norm_stats, partition_isotropy
-from contrastive.text.simcse import SimCSE
-from contrastive.text.tokenizer import HFTokenizer, WordTokenizer
+from contrastive.modalities.text.adapter import IsotropyProbe, TextBatchSource, TextContrastiveTask, TokenArrays, encode_tokens
+from contrastive.modalities.text.dataset import TextDataset, load_text_dataset, triples_for
+from contrastive.modalities.text.encoders import TextEncoderSpec, build_encoder, resolve_hf_path
+from contrastive.modalities.text.isotropy import average_random_cosine, norm_stats, partition_isotropy
+from contrastive.modalities.text.simcse import SimCSE
+from contrastive.modalities.text.tokenizer import HFTokenizer, WordTokenizer
 
 METHODS = ("simcse_unsup", "simcse_sup")
 
@@ -225,7 +225,7 @@ def evaluate_text_embeddings(*, dataset_dir: Path | str, embeddings_dirs: list[P
             test_labels={a: y[test_rows] for a, y in dataset.labels.items()},
             probe_c=probe_c, probe_max_iter=probe_max_iter, probe_max_train=probe_max_train, knn_k=knn_k, seed=seed))
     if dataset.file("sts") is not None:
-        from contrastive.text.readers import read_sts_pairs
+        from contrastive.modalities.text.readers import read_sts_pairs
         encode = concat_encoder(model_paths=model_paths, device=device_for(name=device))
         metrics["sts/spearman"] = sts_spearman(pairs=read_sts_pairs(dataset.file("sts")), encode=encode)
     raw = np.concatenate(stage_embeddings, axis=1)

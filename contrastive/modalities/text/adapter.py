@@ -6,7 +6,7 @@ and each batch is cut to its longest sentence. Unsupervised SimCSE needs no augm
 dropout, so ``inputs`` only moves tokens to the device; supervised SimCSE's batches also carry each anchor's
 entailment positive and contradiction hard negative.
 
-The task also measures the isotropy diagnostics (``contrastive.text.isotropy``) on a fixed probe set of sentences
+The task also measures the isotropy diagnostics (``contrastive.modalities.text.isotropy``) on a fixed probe set of sentences
 every ``isotropy_every_steps`` optimizer steps (and once before the first step), so they are logged with the
 training metrics and kept as a trajectory: the learning dynamics, not only the end point.
 """
@@ -94,7 +94,7 @@ class TextBatchSource:
 
 
 class SimCSEStep(nn.Module):
-    """What the engine wraps: forward(**inputs) -> (loss, metrics) of a ``contrastive.text.simcse.SimCSE``."""
+    """What the engine wraps: forward(**inputs) -> (loss, metrics) of a ``contrastive.modalities.text.simcse.SimCSE``."""
 
     def __init__(self, method: nn.Module):
         super().__init__()
@@ -159,7 +159,7 @@ class TextContrastiveTask(StageTask):
 
     def measure_now(self) -> dict[str, float]:
         """Measure the probe set with the current weights (eval mode: no dropout), record it at the current step."""
-        from contrastive.text.isotropy import isotropy_report
+        from contrastive.modalities.text.isotropy import isotropy_report
 
         probe = self.probe
         device = next(self.model.parameters()).device
@@ -179,7 +179,7 @@ def encode_tokens(encoder: nn.Module, tokens: TokenArrays, *, device: torch.devi
     restored). Token states are padded to the tokens' full width L."""
     was_training = encoder.training
     encoder.eval()
-    from contrastive.text.encoders import pool
+    from contrastive.modalities.text.encoders import pool
 
     states_out, pooled_out = [], []
     try:

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from contrastive.text.encoders import SentenceEncoder
+from contrastive.modalities.text.encoders import SentenceEncoder
 
 
 def cosine_logits(a: torch.Tensor, b: torch.Tensor, *, temperature: float) -> torch.Tensor:

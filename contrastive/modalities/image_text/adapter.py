@@ -1,7 +1,7 @@
 """The image-text modality of the engine: CLIP fine-tuning of one MCL stage.
 
 A batch (``ClipBatch``: transformed images, captions, keys) becomes (images, tokens) on the device; the forward
-module encodes both towers and returns the CLIP loss over the features of all ranks (``contrastive.clip.loss``).
+module encodes both towers and returns the CLIP loss over the features of all ranks (``contrastive.modalities.image_text.loss``).
 Only the trainable parameters (the unlocked image blocks, the logit scale) are checkpointed: the rest equals the
 shared pretrained init. After every optimizer step the logit scale is clamped to at most 100 (CLIP, Sec. 2.5).
 """
@@ -13,9 +13,9 @@ from typing import Callable
 import torch
 from torch import nn
 
-from contrastive.clip.data import ClipBatch
-from contrastive.clip.loss import clip_loss
-from contrastive.clip.model import MAX_LOGIT_SCALE, ClipBundle, load_trainable_state, trainable_state_dict
+from contrastive.modalities.image_text.data import ClipBatch
+from contrastive.modalities.image_text.loss import clip_loss
+from contrastive.modalities.image_text.model import MAX_LOGIT_SCALE, ClipBundle, load_trainable_state, trainable_state_dict
 from contrastive.engine.optim import param_groups
 from contrastive.engine.task import StageTask
 from contrastive.errors import MclpipeError
@@ -24,7 +24,7 @@ from contrastive.errors import MclpipeError
 class ClipTrainModule(nn.Module):
     """What DDP wraps: forward(images (B, 3, S, S), tokens (B, T)) -> (CLIP loss, {}), the features L2-normalised
     and gathered over ranks inside the loss. A fixed text tower runs under no_grad: no activations are kept for
-    it, which is most of the memory saving of locking it. ``local_loss``: see ``contrastive.clip.loss``."""
+    it, which is most of the memory saving of locking it. ``local_loss``: see ``contrastive.modalities.image_text.loss``."""
 
     def __init__(self, model: nn.Module, *, text_frozen: bool, local_loss: bool = False):
         super().__init__()

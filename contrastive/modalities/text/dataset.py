@@ -22,10 +22,10 @@ import numpy as np
 from contrastive.data.dataset import (INDEX_FILE, MANIFEST_FILE, SampleIndex, _build_index, _write_json_atomic,
                                       atomic_dataset_dir, read_manifest)
 from contrastive.errors import DataError
-from contrastive.text import generator as gen
-from contrastive.text.readers import (Triple, read_csts_pairs, read_sentences, read_sts_pairs, read_triples,
+from contrastive.modalities.text import generator as gen
+from contrastive.modalities.text.readers import (Triple, read_csts_pairs, read_sentences, read_sts_pairs, read_triples,
                                       write_pairs, write_triples)
-from contrastive.text.tokenizer import WordTokenizer
+from contrastive.modalities.text.tokenizer import WordTokenizer
 
 STORAGE = "text"
 SENTENCES_FILE = "sentences.json"
@@ -118,7 +118,7 @@ def _prepared(directory: Path, *, kind: str, params: Mapping[str, Any]) -> bool:
 
 @dataclass(frozen=True)
 class GeneratorParams:
-    """The template generator's sizes and seed (contrastive.text.generator)."""
+    """The template generator's sizes and seed (contrastive.modalities.text.generator)."""
     num_train: int = 2000
     num_test: int = 500
     num_sts_pairs: int = 400

@@ -1,6 +1,6 @@
 """Dimension-contrastive losses (VICReg, Barlow Twins) and HEX's local term for them.
 
-Shapes: B = samples per view, D = projection dimension. Sample-contrastive losses (``contrastive.losses``) push
+Shapes: B = samples per view, D = projection dimension. Sample-contrastive losses (``contrastive.methods.losses``) push
 samples apart; these decorrelate the D dimensions over the batch, which prevents GLOBAL dimensional collapse.
 
 HEX for dimension-contrastive methods (the poster: local hierarchies "collapse locally" while SSL prevents only

@@ -1,4 +1,4 @@
-"""The steps of one CLIP MCL stage as plain functions over directories (the CLIP twin of ``contrastive.stages``).
+"""The steps of one CLIP MCL stage as plain functions over directories (the CLIP twin of ``contrastive.modalities.image.steps``).
 
 stage j: train (from the shared init; random batches for j = 0, cluster-pure batches from the group re-shard for
 j >= 1) -> export image embeddings of every training sample keyed by ``__key__`` -> k-means -> pseudo-labels for
@@ -23,18 +23,18 @@ import numpy as np
 import torch
 
 from contrastive.engine.checkpoint import write_json
-from contrastive.clip.data import (concat_batches, count_samples, iter_decoded, stream_batches, write_tiny_shards)
+from contrastive.modalities.image_text.data import (concat_batches, count_samples, iter_decoded, stream_batches, write_tiny_shards)
 from contrastive.data.skips import SkipCounter
 from contrastive.engine.distributed import DistInfo, device_for, per_rank_batch
-from contrastive.clip.evaluate import (average_state_dicts, concat_stage_features, encode_images, encode_texts,
+from contrastive.modalities.image_text.evaluate import (average_state_dicts, concat_stage_features, encode_images, encode_texts,
                                        retrieval_recall)
-from contrastive.clip.grouped import MANIFEST, GroupedBatchReader, manifest_slots, reshard_by_group
+from contrastive.modalities.image_text.grouped import MANIFEST, GroupedBatchReader, manifest_slots, reshard_by_group
 from contrastive.engine.precision import check_precision
-from contrastive.clip.model import (ClipSpec, create_clip, load_stage_model, load_stage_states,
+from contrastive.modalities.image_text.model import (ClipSpec, create_clip, load_stage_model, load_stage_states,
                                     save_stage_model)
-from contrastive.clip.mmvp import mmvp_scores, pair_images, pair_similarities, pair_statements, read_mmvp
-from contrastive.clip.mmvp import write_tiny_mmvp
-from contrastive.clip.task import ClipTask
+from contrastive.modalities.image_text.mmvp import mmvp_scores, pair_images, pair_similarities, pair_statements, read_mmvp
+from contrastive.modalities.image_text.mmvp import write_tiny_mmvp
+from contrastive.modalities.image_text.adapter import ClipTask
 from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
 from contrastive.engine.loop import TrainCallback, release_device_memory, train
 from contrastive.engine.task import StageSpec
@@ -88,7 +88,7 @@ class ClipStageSpec(StageSpec):
     slots the data is laid out in (None: one per process; a cluster-pure stage takes its re-shard's); each
     process reads ``data_slots / world_size`` of them side by side, so the global batches, and with them the
     training, are the same whatever the number of processes. The reader settings are
-    ``contrastive.clip.grouped.GroupedBatchReader``'s and ``stream_batches``'.
+    ``contrastive.modalities.image_text.grouped.GroupedBatchReader``'s and ``stream_batches``'.
     """
     clip: dict
     urls: list[str]
@@ -250,7 +250,7 @@ def export_stage(*, model_path: str, urls: list[str], out_dir: str, batch_size: 
 
 def reshard_stage(*, pseudo_labels_path: str, urls: list[str], out_dir: str, slots: int, seed: int,
                   spool_bytes: int) -> dict:
-    """Group-sorted copy of the training shards for a cluster-pure stage (contrastive.clip.grouped)."""
+    """Group-sorted copy of the training shards for a cluster-pure stage (contrastive.modalities.image_text.grouped)."""
     path = Path(pseudo_labels_path)
     if not path.is_file():
         raise DataError(f"pseudo-labels {path} are missing: rerun the pipeline so the clustering step writes them")

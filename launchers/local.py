@@ -7,7 +7,7 @@ import subprocess
 from dataclasses import dataclass
 
 from contrastive.engine.launch import torchrun_command
-from contrastive.launchers.base import JobHandle, JobSpec, JobState, JobStatus, LogTail
+from launchers.base import JobHandle, JobSpec, JobState, JobStatus, LogTail
 
 
 @dataclass(frozen=True)

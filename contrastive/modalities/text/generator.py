@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from contrastive.text.readers import ScoredPair, Triple
+from contrastive.modalities.text.readers import ScoredPair, Triple
 
 SUBJECTS = ["the cat", "the dog", "a teacher", "my neighbour", "the pilot", "a child", "the doctor", "an artist"]
 # (present, past, future) of each action.

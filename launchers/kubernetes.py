@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from contrastive.errors import MclpipeError
-from contrastive.launchers.base import JobHandle, JobSpec, JobState, JobStatus
+from launchers.base import JobHandle, JobSpec, JobState, JobStatus
 
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 

@@ -10,7 +10,7 @@ from typing import Callable
 import contrastive
 from contrastive.engine.launch import SUMMARY, write_launch_args
 from contrastive.errors import MclpipeError
-from contrastive.launchers.base import JobHandle, JobSpec, Launcher, run_job
+from launchers.base import JobHandle, JobSpec, Launcher, run_job
 
 # The checkout (or site-packages) that holds `contrastive`: on PYTHONPATH of every rank, so the nodes import the
 # same code as the flow (a shared filesystem), installed or not.

@@ -33,7 +33,7 @@ import torch
 import webdataset as wds
 from PIL import Image
 
-from contrastive.clip.keyed_transform import KeyedTransform
+from contrastive.modalities.image_text.keyed_transform import KeyedTransform
 from contrastive.data.skips import SkipCounter
 from contrastive.errors import ConfigError, DataError
 
@@ -262,7 +262,7 @@ def make_decoder(*, transform: Callable, counter: SkipCounter, seed: int | None 
     """raw sample -> Decoded (image transformed), or None after counting why it was skipped.
 
     seed: training decoders pass the stage seed, so each sample's augmentation is drawn from (seed, epoch, key)
-    (:class:`contrastive.clip.keyed_transform.KeyedTransform`), whatever the process or thread that decodes it.
+    (:class:`contrastive.modalities.image_text.keyed_transform.KeyedTransform`), whatever the process or thread that decodes it.
     None (export, evaluation): the transform is deterministic and runs as it is."""
     keyed = KeyedTransform(transform, seed=seed, epoch=epoch) if seed is not None else None
 
@@ -320,7 +320,7 @@ def stream_batches(*, urls: Sequence[str], batch_size: int, transform: Callable,
     seeded shuffle buffer, decoding on ``workers`` threads, augmentation drawn per sample key.
 
     The data is laid out in ``slots`` slots (by default one per process; a process may read several, side by side,
-    see ``contrastive.clip.stages``): shard i goes to slot i % slots after a shuffle seeded by (seed, epoch) that
+    see ``contrastive.modalities.image_text.steps``): shard i goes to slot i % slots after a shuffle seeded by (seed, epoch) that
     every process computes identically, so slots hold disjoint samples and a global batch is the same whatever the
     number of processes. Slots may hold a few samples more or less; the training loop ends the epoch for all ranks
     when the first one runs dry.

@@ -1,6 +1,6 @@
 """How HEX chooses, at each step, the threshold epsilon, the hierarchy sets H(i) and the weights Q.
 
-HEX (local hierarchy exploitation) reweights the InfoNCE denominator (see :func:`contrastive.losses.hex_cross_entropy`):
+HEX (local hierarchy exploitation) reweights the InfoNCE denominator (see :func:`contrastive.methods.losses.hex_cross_entropy`):
 negatives in H(i), the ones most similar to the anchor (or sharing its earlier-stage k-means cluster), count with
 weight Q instead of 1. Everything here runs without gradient: H, epsilon and Q are choices, not learnt.
 
@@ -209,7 +209,7 @@ class QRule:
 class HardNegativeSettings:
     """The ``method.hex.hard`` section, read with ``weighting: hard_negative`` (the HEX authors' weighting): the
     class prior tau+ of the debiased estimate (Chuang et al., 2020) and the concentration beta of the hard-negative
-    importance weights (Robinson et al., 2021). See :func:`contrastive.losses.hard_negative_hierarchy_term`."""
+    importance weights (Robinson et al., 2021). See :func:`contrastive.methods.losses.hard_negative_hierarchy_term`."""
 
     __pydantic_config__ = STRICT
     tau_plus: float = 0.1
@@ -254,7 +254,7 @@ class HexSelection:
     warmup: bool = False
 
     def stats(self) -> dict[str, float]:
-        from contrastive.losses import hex_stats
+        from contrastive.methods.losses import hex_stats
         return {**hex_stats(epsilon=self.epsilon, hierarchy=self.hierarchy, q=self.q),
                 "hex/from_groups": float(self.from_groups), "hex/warmup": float(self.warmup)}
 
@@ -397,7 +397,7 @@ class HexRule:
     def weights(self, *, progress: float, cosines: torch.Tensor):
         """Q for this step: the Q rule's value, or the hard-negative weighting (read by the loss)."""
         if self.weighting == "hard_negative":
-            from contrastive.losses import HardNegativeWeighting
+            from contrastive.methods.losses import HardNegativeWeighting
             return HardNegativeWeighting(tau_plus=self.hard.tau_plus, beta=self.hard.beta)
         return self.q(progress=progress, cosines=cosines)
 
