@@ -10,7 +10,7 @@ import torch
 from contrastive.data.dataset import atomic_dataset_dir, write_dataset_files
 from contrastive.data.trifeature import prepare_trifeature
 from contrastive.methods import build_method
-from pipeline_config.schema import MethodConfig, ModelConfig
+from contrastive.modalities.image.config import MethodConfig, ModelConfig
 
 
 def trifeature_dataset(*, root: Path, num_train: int, num_test: int, image_size: int = 32) -> Path:

@@ -43,7 +43,7 @@ AUGMENT = dict(crop_scale=(0.25, 1.0), crop_ratio=(0.75, 4 / 3), hflip=False, co
 
 def variants(epochs: int) -> dict[str, dict]:
     """name -> method section. The authors warm up 10 of their hundreds of epochs; here a quarter of the run."""
-    from pipeline_config.schema import MethodConfig
+    from contrastive.modalities.image.config import MethodConfig
     authors = HexSettings.authors(warmup_epochs=max(1.0, epochs // 4))
     q_half = HexSettings(enabled=True, epsilon=EpsilonRule(mode="adaptive", percentile=90.0), q=QRule(value=0.5))
     out = {name: MethodConfig(name="simclr", temperature=0.2, hex=hex).model_dump(mode="json")

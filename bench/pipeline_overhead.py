@@ -46,7 +46,7 @@ from bench import fixtures  # noqa: E402
 from bench.common import (Result, fmt_bytes, fmt_seconds, interleaved, log, median, module_main)  # noqa: E402
 from contrastive.modalities.image import steps as stages  # noqa: E402
 from flows.runner import RESULT_STORE, run_step  # noqa: E402
-from pipeline_config.schema import PipelineConfig  # noqa: E402
+from contrastive.modalities.image.config import ImagePipelineConfig
 from tasks import mcl_tasks as t  # noqa: E402
 
 TARGET_SECONDS = 40.0
@@ -68,7 +68,7 @@ def warmup_flow() -> int:
 
 
 @flow(name="bench-stage")
-def stage_flow(config: PipelineConfig, parent_run_id: str, number: int, data: dict) -> dict:
+def stage_flow(config: ImagePipelineConfig, parent_run_id: str, number: int, data: dict) -> dict:
     """The per-stage part of mcl_pipeline for stage 0: open the stage's MLflow run, train through the cached
     task (run_step, as StepRunner.step calls it), close the run. Records the seconds spent inside the flow."""
     started = time.perf_counter()
@@ -97,8 +97,8 @@ def _run(*, quick: bool) -> list[Result]:
     data = {"dir": str(data_dir), "digest": "bench", "num_train": num_train, "num_test": 256,
             "attributes": ["color"]}
 
-    def make_config(epochs: int) -> PipelineConfig:
-        return PipelineConfig(name="bench", device="cpu", output_dir=ROOT / "runs",
+    def make_config(epochs: int) -> ImagePipelineConfig:
+        return ImagePipelineConfig(name="bench", device="cpu", output_dir=ROOT / "runs",
                               train={"epochs": epochs, "batch_size": BATCH},
                               tracking={"uri": os.environ["MLFLOW_TRACKING_URI"], "experiment": "bench"})
 

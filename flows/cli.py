@@ -86,7 +86,8 @@ def run_pipeline(config, rerun_from: int | None = None) -> dict:
     if rerun_from is not None and not 0 <= rerun_from < config.mcl.num_stages:
         raise MclpipeError(f"--rerun-from {rerun_from} is not a stage of this pipeline (stages are 0.."
                            f"{config.mcl.num_stages - 1})")
-    from pipeline_config.schema import check_clip_pretrained, preflight
+    from contrastive.modalities.image_text.config import check_clip_pretrained
+    from contrastive.modalities.image.config import preflight
     from tasks.mcl_tasks import tracker_for
     # Fail on user mistakes before the Prefect server starts or anything is computed; an unreachable tracking
     # server is reported now, not after the first stage.
@@ -98,7 +99,7 @@ def run_pipeline(config, rerun_from: int | None = None) -> dict:
         from flows.clip_flow import clip_pipeline
         return clip_pipeline(config)
     if config.pipeline == "text":  # MCL over SimCSE stages on sentences (docs/text.md)
-        from pipeline_config.text import preflight_text
+        from contrastive.modalities.text.config import preflight_text
         preflight_text(config)
         tracker_for(config)
         start_local_server()

@@ -13,7 +13,8 @@ from prefect import flow
 
 from flows.pipeline_run import opened_pipeline, pipeline_dir
 from flows.runner import StepRunner
-from pipeline_config.schema import ClipPipelineConfig, digest_of
+from contrastive.modalities.image_text.config import ClipPipelineConfig
+from pipeline_config.schema import digest_of
 from tasks import clip_tasks as c
 from tasks import mcl_tasks as t
 from tasks.links import pipeline_run_name, publish_links

@@ -13,14 +13,14 @@ from prefect.schedules import Cron, Interval
 
 from contrastive.errors import ConfigError
 from pipeline_config.loader import load_config, preset_names
-from pipeline_config.schema import PipelineConfig
+from contrastive.modalities.image.config import ImagePipelineConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ENTRYPOINTS = {"mcl": "flows/mcl_flow.py:mcl_pipeline", "clip": "flows/clip_flow.py:clip_pipeline",
                "text": "flows/text_flow.py:text_pipeline"}
 
 
-def flow_for(config: PipelineConfig):
+def flow_for(config: ImagePipelineConfig):
     if config.pipeline == "clip":
         from flows.clip_flow import clip_pipeline
         return clip_pipeline
@@ -31,7 +31,7 @@ def flow_for(config: PipelineConfig):
     return mcl_pipeline
 
 
-def schedules_of(config: PipelineConfig) -> list:
+def schedules_of(config: ImagePipelineConfig) -> list:
     schedule = config.schedule
     if schedule.cron:
         return [Cron(schedule.cron, timezone=schedule.timezone)]
@@ -40,7 +40,7 @@ def schedules_of(config: PipelineConfig) -> list:
     return []
 
 
-def deployment_name(config: PipelineConfig) -> str:
+def deployment_name(config: ImagePipelineConfig) -> str:
     return config.name
 
 

@@ -15,14 +15,15 @@ from prefect import flow
 
 from flows.pipeline_run import opened_pipeline, pipeline_dir
 from flows.runner import RunRef, StageOutputs, StepRunner
-from pipeline_config.schema import PipelineConfig, digest_of
+from contrastive.modalities.image.config import ImagePipelineConfig
+from pipeline_config.schema import digest_of
 from tasks import mcl_tasks as t
 from tasks.diagnostics_tasks import diagnose
 from tasks.links import log_pipeline_model, pipeline_run_name, publish_links
 from tasks.records import (ClusterRecord, DiagnosisRecord, EvalRecord, ExportRecord, PseudoLabelRecord,
                            TrainRecord)
 
-def train_key(config: PipelineConfig, *, stage: int, data: dict, pseudo_key: str | None,
+def train_key(config: ImagePipelineConfig, *, stage: int, data: dict, pseudo_key: str | None,
               inherit_key: str | None = None) -> str:
     content = {"step": "train", "model": config.model.content(), "method": config.method.in_use(),
                "augment": config.augment.content(), "train": config.train.content(),
@@ -88,7 +89,7 @@ class ImageStageRunner(StepRunner):
         return self.step(diagnose, prefix="diag", key=key, run_id=run_id, what=f"diagnose.{name}", stage=stage,
                          name=name, trained=trained, exported=exported, clusters=clusters, data=self.data)
 
-    def for_config(self, config: PipelineConfig) -> "ImageStageRunner":
+    def for_config(self, config: ImagePipelineConfig) -> "ImageStageRunner":
         """This runner for a variant of the config (the no-HEX control): same parent and MLflow runs, steps keyed
         by the variant's own content."""
         variant = copy.copy(self)  # shallow: shares stage_runs, so every run is closed at the end
@@ -96,7 +97,7 @@ class ImageStageRunner(StepRunner):
         return variant
 
 
-def without_hex(config: PipelineConfig) -> PipelineConfig:
+def without_hex(config: ImagePipelineConfig) -> ImagePipelineConfig:
     """A HEX pipeline's control: the same method and everything else, with method.hex.enabled = False."""
     control = config.model_copy(deep=True)
     control.method.hex = dataclasses.replace(control.method.hex, enabled=False)
@@ -107,7 +108,7 @@ def without_hex(config: PipelineConfig) -> PipelineConfig:
 
 
 @flow(name="mcl-pipeline", flow_run_name=pipeline_run_name, log_prints=True)
-def mcl_pipeline(config: PipelineConfig, rerun_from: int | None = None) -> dict:
+def mcl_pipeline(config: ImagePipelineConfig, rerun_from: int | None = None) -> dict:
     """Multistage contrastive learning (MCL) end to end; returns the summary record (paths and accuracies).
 
     Finished steps of earlier runs are reused; ``rerun_from=N`` recomputes stage N and later (MCL and control)

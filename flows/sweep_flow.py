@@ -19,7 +19,8 @@ from contrastive.errors import ConfigError, MclpipeError
 from flows.mcl_flow import mcl_pipeline
 from flows.pipeline_run import closing_runs
 from pipeline_config.loader import load_config, resolve_config_path
-from pipeline_config.schema import PipelineConfig, digest_of, preflight
+from contrastive.modalities.image.config import ImagePipelineConfig, preflight
+from pipeline_config.schema import digest_of
 from tasks.sweep_tasks import close_sweep_run, nest_pipeline_run, open_sweep_run, publish_sweep
 
 
@@ -47,7 +48,7 @@ def plan_sweep(*, config: str, grid: list[str], seeds: list[int] | None) -> tupl
 
 
 def sweep_configs(*, config: str, grid: dict[str, list[str]], seeds: list[int],
-                  overrides: list[str]) -> list[tuple[dict[str, str], int, PipelineConfig]]:
+                  overrides: list[str]) -> list[tuple[dict[str, str], int, ImagePipelineConfig]]:
     """(point, seed, config) of every run, all loaded and checked before anything is computed."""
     runs = []
     for point in sweep.expand_grid(grid):

@@ -13,7 +13,7 @@ from prefect import flow
 from flows.pipeline_run import opened_pipeline, pipeline_dir
 from flows.runner import StepRunner
 from pipeline_config.schema import digest_of
-from pipeline_config.text import TextPipelineConfig
+from contrastive.modalities.text.config import TextPipelineConfig
 from tasks import mcl_tasks as t
 from tasks import text_tasks as x
 from tasks.records import EvalRecord, ExportRecord, PseudoLabelRecord, TrainRecord

@@ -1,4 +1,4 @@
-"""Load a PipelineConfig from YAML plus ``--set a.b=c`` overrides, with one-line errors that name the fix."""
+"""Load a pipeline config (the class its ``pipeline:`` key names) from YAML plus ``--set a.b=c`` overrides, with one-line errors that name the fix."""
 from __future__ import annotations
 
 import difflib
@@ -11,7 +11,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from contrastive.errors import ConfigError
-from pipeline_config.schema import PipelineConfig
+from contrastive.modalities.registry import config_class_for
+from pipeline_config.schema import _PipelineBase
 
 PRESETS_PACKAGE = "pipeline_config.presets"
 
@@ -97,21 +98,12 @@ def format_validation_error(exc: ValidationError, schema: type[BaseModel] | None
     return "invalid config: " + "; ".join(parts)
 
 
-def config_schema_for(raw: dict):
-    """The schema named by the top-level ``pipeline`` key (mcl by default)."""
-    kind = raw.get("pipeline", "mcl")
-    if kind == "clip":
-        from pipeline_config.schema import ClipPipelineConfig
-        return ClipPipelineConfig
-    if kind == "text":
-        from pipeline_config.text import TextPipelineConfig
-        return TextPipelineConfig
-    if kind != "mcl":
-        raise ConfigError(f"pipeline: {kind!r} is not a pipeline kind; use mcl, clip or text")
-    return PipelineConfig
+def config_schema_for(raw: dict) -> type[_PipelineBase]:
+    """The schema named by the top-level ``pipeline`` key (mcl, the image modality, by default)."""
+    return config_class_for(raw.get("pipeline", "mcl"))
 
 
-def config_from_dict(raw: dict) -> PipelineConfig:
+def config_from_dict(raw: dict) -> _PipelineBase:
     schema = config_schema_for(raw)
     try:
         return schema.model_validate(raw)
@@ -119,7 +111,7 @@ def config_from_dict(raw: dict) -> PipelineConfig:
         raise ConfigError(format_validation_error(exc, schema)) from None
 
 
-def load_config(name_or_path: str | Path, overrides: list[str] | None = None) -> PipelineConfig:
+def load_config(name_or_path: str | Path, overrides: list[str] | None = None) -> _PipelineBase:
     path = resolve_config_path(name_or_path)
     try:
         raw = yaml.safe_load(path.read_text()) or {}
@@ -131,7 +123,7 @@ def load_config(name_or_path: str | Path, overrides: list[str] | None = None) ->
     return config_from_dict(apply_overrides(raw, overrides or []))
 
 
-def dump_config(config: PipelineConfig) -> str:
+def dump_config(config: _PipelineBase) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
 
 

@@ -17,7 +17,8 @@ from contrastive.modalities.image_text import steps as stages
 from contrastive.modalities.image_text.data import count_samples, data_fingerprint, expand_urls
 from contrastive.modalities.image_text.evaluate import plot_metric_groups
 from contrastive.modalities.image_text.model import ClipSpec, file_fingerprint, resolve_pretrained
-from pipeline_config.schema import ClipPipelineConfig, check_clip_feasible, check_clip_pretrained, digest_of
+from contrastive.modalities.image_text.config import ClipPipelineConfig, check_clip_feasible, check_clip_pretrained
+from pipeline_config.schema import digest_of
 from tasks.mcl_tasks import (cached_task, finish_eval_record, numeric_metrics, publish_summary, stage_seed,
                              tracker_for, train_and_record)
 from tasks.records import (ClusterRecord, EvalRecord, ExportRecord, FeaturesRecord, GroupedShardsRecord, ModelRecord,

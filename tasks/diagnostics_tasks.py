@@ -8,13 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from contrastive.diagnostics import diagnose_stage
-from pipeline_config.schema import PipelineConfig
+from contrastive.modalities.image.config import ImagePipelineConfig
 from tasks.mcl_tasks import cached_task, tracker_for
 from tasks.records import ClusterRecord, DiagnosisRecord, ExportRecord, TrainRecord, finished_record
 
 
 @cached_task("diagnose")
-def diagnose(*, config: PipelineConfig, key: str, out_dir: str, stage: int, name: str, trained: TrainRecord,
+def diagnose(*, config: ImagePipelineConfig, key: str, out_dir: str, stage: int, name: str, trained: TrainRecord,
              exported: ExportRecord, clusters: ClusterRecord | None, data: dict, mlflow_run_id: str) -> DiagnosisRecord:
     """Same-group vs other-pair cosine distributions (per attribute, and per k-means cluster when the stage was
     clustered), anisotropy, effective rank, alignment and uniformity of one stage's embeddings."""

@@ -19,7 +19,8 @@ from prefect.artifacts import create_link_artifact, create_table_artifact
 from prefect.runtime import flow_run
 
 from contrastive.engine.checkpoint import write_json
-from pipeline_config.schema import ClipPipelineConfig, PipelineConfig
+from contrastive.modalities.image_text.config import ClipPipelineConfig
+from contrastive.modalities.image.config import ImagePipelineConfig
 from tasks.mcl_tasks import tracker_for
 from tasks.records import ExportRecord, TrainRecord
 from tasks.tracking import log_encoder
@@ -69,7 +70,7 @@ def description_markdown(*, name: str, table: str, urls: dict[str, str], flow_ur
 
 
 @task(name="log pipeline model")
-def log_pipeline_model(*, config: PipelineConfig, parent_run_id: str, trained: list[TrainRecord],
+def log_pipeline_model(*, config: ImagePipelineConfig, parent_run_id: str, trained: list[TrainRecord],
                        exports: list[ExportRecord]) -> dict:
     """The MCL representation (every stage's encoder, normalised and concatenated; one stage: its encoder) as a
     logged model of the parent run, registered under ``tracking.registered_model`` (default: the config's name)
@@ -82,7 +83,7 @@ def log_pipeline_model(*, config: PipelineConfig, parent_run_id: str, trained: l
 
 
 @task(name="link prefect and mlflow")
-def publish_links(*, config: PipelineConfig | ClipPipelineConfig, summary: dict, stage_runs: dict[str, str],
+def publish_links(*, config: ImagePipelineConfig | ClipPipelineConfig, summary: dict, stage_runs: dict[str, str],
                   opened_runs: list[str], table: str, model: dict | None = None) -> dict:
     """Link the flow run and the MLflow runs both ways and record in summary.json which runs hold the results;
     returns the summary with ``stage_runs`` (label -> run id and URL), ``mlflow_url`` and ``prefect_flow_run_url``."""

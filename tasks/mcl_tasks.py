@@ -24,10 +24,11 @@ from contrastive.engine.checkpoint import write_json
 from contrastive.data.loading import load_dataset
 from contrastive.data.image_folder import prepare_image_folder
 from contrastive.data.trifeature import prepare_trifeature
-from pipeline_config import datasets
+from contrastive.modalities.image import dataset_config as datasets
 from contrastive.evaluate import plot_attribute_accuracy, plot_cluster_sizes
 from pipeline_config.loader import dump_config
-from pipeline_config.schema import ClipPipelineConfig, PipelineConfig, check_feasible
+from contrastive.modalities.image_text.config import ClipPipelineConfig
+from contrastive.modalities.image.config import ImagePipelineConfig, check_feasible
 from tasks.records import (ClusterRecord, EvalRecord, ExportRecord, PseudoLabelRecord, StepRecord, TrainRecord,
                            finished_record)
 from tasks.launching import gpu_slot, run_stage_processes, uses_processes
@@ -39,7 +40,7 @@ def cache_key_from_parameters(context: TaskRunContext, parameters: dict[str, Any
     return f"{context.task.name}-{parameters['key']}"
 
 
-def tracker_for(config: PipelineConfig) -> Tracker:
+def tracker_for(config: ImagePipelineConfig) -> Tracker:
     return Tracker(uri=config.tracking.uri, experiment=config.tracking.experiment,
                    artifact_root=Path(config.output_dir) / "mlartifacts")
 
@@ -47,7 +48,7 @@ def tracker_for(config: PipelineConfig) -> Tracker:
 STAGE_SEED_STRIDE = 1000  # > any stage count, so (seed, stage) pairs never share a stage seed
 
 
-def stage_seed(config: PipelineConfig | ClipPipelineConfig, stage: int) -> int:
+def stage_seed(config: ImagePipelineConfig | ClipPipelineConfig, stage: int) -> int:
     """Seed of one stage's training, k-means and batch plans: distinct for every (pipeline seed, stage).
 
     seed + stage would make stage 1 of seed s train exactly like stage 0 of seed s + 1 (a control stage has no
@@ -127,7 +128,7 @@ def result_slug(name: str) -> str:
     return "_".join(words).replace("stage_", "stage")
 
 
-def publish_summary(*, config: PipelineConfig | ClipPipelineConfig, tracker: Tracker, parent_run_id: str,
+def publish_summary(*, config: ImagePipelineConfig | ClipPipelineConfig, tracker: Tracker, parent_run_id: str,
                     pipeline_id: str, results: dict[str, dict], cluster_records: list[ClusterRecord], out: Path,
                     plots: list[Path], table: str, heading: str, artifact_key: str, description: str,
                     extra_summary: dict | None = None) -> dict:
@@ -195,7 +196,7 @@ class TerminalProgress:
         self.bar.close()
 
 
-def train_and_record(*, config: PipelineConfig | ClipPipelineConfig, tracker: Tracker, mlflow_run_id: str,
+def train_and_record(*, config: ImagePipelineConfig | ClipPipelineConfig, tracker: Tracker, mlflow_run_id: str,
                      key: str, out_dir: str, stage: int, spec, entry: str, train_here, batches_from: str | None,
                      total_steps: int, extra_metrics) -> TrainRecord:
     """Train one stage of either pipeline and record it: in this process (metrics streamed to MLflow, progress to
@@ -246,7 +247,7 @@ def _train(*, config, tracker: Tracker, mlflow_run_id: str, out_dir: str, spec, 
 
 # ---------------------------------------------------------------------------------------------------- tasks
 @task(name="prepare-data")
-def prepare_data(*, config: PipelineConfig) -> dict:
+def prepare_data(*, config: ImagePipelineConfig) -> dict:
     """Generate (or find) the dataset and check the config against its size before any training."""
     data = config.data
     if data.kind == "trifeature" and data.trifeature.hierarchy is not None:  # families for HEX (docs/hex.md)
@@ -284,7 +285,7 @@ def prepare_data(*, config: PipelineConfig) -> dict:
 
 
 @task(name="open-pipeline-run")
-def open_pipeline_run(*, config: PipelineConfig, pipeline_id: str, flow_run_id: str | None, pipeline_dir: str) -> str:
+def open_pipeline_run(*, config: ImagePipelineConfig, pipeline_id: str, flow_run_id: str | None, pipeline_dir: str) -> str:
     """Open the parent MLflow run, and keep the config beside the results (``mclpipe resume`` reads it)."""
     Path(pipeline_dir).mkdir(parents=True, exist_ok=True)
     write_json(Path(pipeline_dir) / "config.json", config.model_dump(mode="json"))
@@ -305,7 +306,7 @@ def open_pipeline_run(*, config: PipelineConfig, pipeline_id: str, flow_run_id: 
 
 
 @task(name="open-stage-run")
-def open_stage_run(*, config: PipelineConfig, parent_run_id: str, stage: int, kind: str, pipeline_id: str,
+def open_stage_run(*, config: ImagePipelineConfig, parent_run_id: str, stage: int, kind: str, pipeline_id: str,
                    flow_run_id: str | None) -> str:
     tracker = tracker_for(config)
     # The stage's own config (its stage_overrides applied): what this stage actually trained with.
@@ -322,7 +323,7 @@ def open_stage_run(*, config: PipelineConfig, parent_run_id: str, stage: int, ki
 
 
 @cached_task("train-stage")
-def train_stage(*, config: PipelineConfig, key: str, out_dir: str, stage: int, data: dict,
+def train_stage(*, config: ImagePipelineConfig, key: str, out_dir: str, stage: int, data: dict,
                 pseudo_labels: PseudoLabelRecord | None, mlflow_run_id: str,
                 init_from: TrainRecord | None = None) -> TrainRecord:
     """Train a fresh encoder for one stage (or, with ``init_from``, one that starts from that stage's weights:
@@ -350,7 +351,7 @@ def train_stage(*, config: PipelineConfig, key: str, out_dir: str, stage: int, d
 
 
 @cached_task("export-embeddings")
-def export_embeddings(*, config: PipelineConfig, key: str, out_dir: str, trained: TrainRecord, data: dict,
+def export_embeddings(*, config: ImagePipelineConfig, key: str, out_dir: str, trained: TrainRecord, data: dict,
                       mlflow_run_id: str) -> ExportRecord:
     if (done := finished_record(out_dir, ExportRecord)) is not None:
         return done
@@ -387,7 +388,7 @@ def sample_scope(dataset_dir: str | None) -> tuple[np.ndarray | None, dict[str, 
 
 # Both pipelines run these two steps between stages.
 @cached_task("cluster-embeddings")
-def cluster_embeddings(*, config: PipelineConfig | ClipPipelineConfig, key: str, out_dir: str, stage: int,
+def cluster_embeddings(*, config: ImagePipelineConfig | ClipPipelineConfig, key: str, out_dir: str, stage: int,
                        exported: ExportRecord, earlier: list[ClusterRecord], dataset_dir: str | None,
                        mlflow_run_id: str) -> ClusterRecord:
     """k-means on stage ``stage``'s embeddings (see ``sample_scope`` for which samples), AMI against earlier stages."""
@@ -404,7 +405,7 @@ def cluster_embeddings(*, config: PipelineConfig | ClipPipelineConfig, key: str,
 
 
 @cached_task("pseudo-labels")
-def make_pseudo_labels(*, config: PipelineConfig | ClipPipelineConfig, key: str, out_dir: str, for_stage: int,
+def make_pseudo_labels(*, config: ImagePipelineConfig | ClipPipelineConfig, key: str, out_dir: str, for_stage: int,
                        clusters: list[ClusterRecord], exports: list[ExportRecord], dataset_dir: str | None,
                        mlflow_run_id: str) -> PseudoLabelRecord:
     """Pseudo-labels for ``for_stage`` = combination of the cluster ids of ALL stages before it; groups smaller
@@ -424,7 +425,7 @@ def make_pseudo_labels(*, config: PipelineConfig | ClipPipelineConfig, key: str,
 
 
 @cached_task("evaluate")
-def evaluate(*, config: PipelineConfig, key: str, out_dir: str, name: str, exports: list[ExportRecord], data: dict,
+def evaluate(*, config: ImagePipelineConfig, key: str, out_dir: str, name: str, exports: list[ExportRecord], data: dict,
              mlflow_run_id: str) -> EvalRecord:
     """Linear probe + kNN per attribute for one stage alone or the concatenation of several stages."""
     if (done := finished_record(out_dir, EvalRecord)) is not None:
@@ -439,7 +440,7 @@ def evaluate(*, config: PipelineConfig, key: str, out_dir: str, name: str, expor
 
 
 @task(name="record-reuse")
-def record_reuse(*, config: PipelineConfig, mlflow_run_id: str, record: StepRecord, what: str) -> None:
+def record_reuse(*, config: ImagePipelineConfig, mlflow_run_id: str, record: StepRecord, what: str) -> None:
     """A cached step did not run: say in the current stage run where its result and artifacts came from."""
     tracker = tracker_for(config)
     tracker.set_tags(mlflow_run_id, {f"reused.{what}": "true", f"reused.{what}.source_run_id":
@@ -449,17 +450,17 @@ def record_reuse(*, config: PipelineConfig, mlflow_run_id: str, record: StepReco
 
 
 @task(name="note-rerun")
-def note_rerun(*, config: PipelineConfig, mlflow_run_id: str, rerun_from: int) -> None:
+def note_rerun(*, config: ImagePipelineConfig, mlflow_run_id: str, rerun_from: int) -> None:
     tracker_for(config).set_tags(mlflow_run_id, {"rerun_from": rerun_from, "forced_recompute": "true"})
 
 
 @task(name="close-run")
-def close_run(*, config: PipelineConfig, mlflow_run_id: str, status: str = "FINISHED") -> None:
+def close_run(*, config: ImagePipelineConfig, mlflow_run_id: str, status: str = "FINISHED") -> None:
     tracker_for(config).end_run(mlflow_run_id, status=status)
 
 
 @task(name="summarize")
-def summarize(*, config: PipelineConfig, parent_run_id: str, pipeline_id: str, results: dict[str, dict],
+def summarize(*, config: ImagePipelineConfig, parent_run_id: str, pipeline_id: str, results: dict[str, dict],
               cluster_records: list[ClusterRecord], out_dir: str) -> dict:
     """Plots and a results table for the whole pipeline, on the parent MLflow run and as a Prefect artifact."""
     tracker = tracker_for(config)

@@ -14,7 +14,7 @@ from prefect import get_run_logger, task
 from contrastive.modalities.text import steps as stages
 from contrastive.modalities.text.dataset import GeneratorParams, load_text_dataset, prepare_generated_text, prepare_text_files
 from contrastive.modalities.text.isotropy import plot_isotropy_history
-from pipeline_config.text import TextPipelineConfig, check_text_feasible
+from contrastive.modalities.text.config import TextPipelineConfig, check_text_feasible
 from tasks.mcl_tasks import (cached_task, finish_eval_record, publish_summary, results_table_markdown, stage_seed,
                              tracker_for, train_and_record)
 from tasks.records import ClusterRecord, EvalRecord, ExportRecord, PseudoLabelRecord, TrainRecord, finished_record

@@ -10,7 +10,7 @@ screenshots go to $MCLPIPE_UI_SCREENSHOTS (`make ui-check`) or the test's tmp di
 import pytest
 from mlflow.tracking import MlflowClient
 
-from pipeline_config.schema import PipelineConfig
+from contrastive.modalities.image.config import ImagePipelineConfig
 from tasks.tracking import TRAINING_VIEW
 from tests.e2e.test_ui_browser import WAIT_MS, open_page
 from tests.e2e.worker import PIPELINE, api, flow_run
@@ -52,7 +52,7 @@ def test_custom_run_from_the_deployment_form(worker_deployment, browser, shots):
         "flow_runs": {"deployment_id": {"any_": [worker_deployment.deployment_id]}},
         "sort": "EXPECTED_START_TIME_DESC", "limit": 1})
     flow_run_id = submitted["id"]
-    config = PipelineConfig.model_validate(flow_run(stack, flow_run_id)["parameters"]["config"])
+    config = ImagePipelineConfig.model_validate(flow_run(stack, flow_run_id)["parameters"]["config"])
     assert config.train.epochs == 2 and config.for_stage(1).train.epochs == 30  # only the changed field
 
     # the worker runs it; the flow run page follows it to Completed, named after the config

@@ -4,7 +4,7 @@ import asyncio
 from prefect.client.orchestration import get_client
 
 from flows.deployments import build_deployments
-from pipeline_config.schema import PipelineConfig
+from contrastive.modalities.image.config import ImagePipelineConfig
 
 
 def test_deployments_carry_schedule_and_typed_parameters():
@@ -12,7 +12,7 @@ def test_deployments_carry_schedule_and_typed_parameters():
                                        ["schedule.cron=0 3 * * *"])[0], None
     assert cron.name == "trifeature_tiny"
     assert cron.schedules[0].schedule.cron == "0 3 * * *"
-    config = PipelineConfig.model_validate(cron.parameters["config"])
+    config = ImagePipelineConfig.model_validate(cron.parameters["config"])
     assert config.name == "trifeature_tiny"
     interval = build_deployments(["trifeature_tiny"], ["schedule.interval_minutes=90"])[0]
     assert interval.schedules[0].schedule.interval.total_seconds() == 5400
@@ -25,7 +25,7 @@ def test_deployments_carry_schedule_and_typed_parameters():
 
     stored = asyncio.run(read())
     assert stored.enforce_parameter_schema
-    assert "PipelineConfig" in stored.parameter_openapi_schema["definitions"]
+    assert "ImagePipelineConfig" in stored.parameter_openapi_schema["definitions"]
     assert stored.parameter_openapi_schema["definitions"]["TrainConfig"]["additionalProperties"] is False
     assert stored.schedules and stored.schedules[0].schedule.cron == "0 3 * * *"
 
@@ -57,5 +57,5 @@ def test_deploy_to_a_process_work_pool_registers_the_checkout(tmp_path):
     stored = asyncio.run(read())
     assert stored.work_pool_name == "unit-cpu" and stored.entrypoint == ENTRYPOINTS["mcl"]
     assert stored.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(REPO_ROOT)}}]
-    assert PipelineConfig.model_validate(stored.parameters["config"]).train.epochs == 2
+    assert ImagePipelineConfig.model_validate(stored.parameters["config"]).train.epochs == 2
     assert set(stored.tags) == {"mclpipe", "mcl"}

@@ -3,14 +3,14 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from flows.runner import StageRun, StepRunner
-from pipeline_config.schema import PipelineConfig
+from contrastive.modalities.image.config import ImagePipelineConfig
 from tasks.mcl_tasks import tracker_for
 
 
 def test_close_finishes_reused_runs_a_killed_attempt_of_this_flow_run_left_running(tmp_path):
     """A flow run killed (SIGKILL) after stage 0 leaves stage 0's MLflow run RUNNING; its retry (same flow run id)
     reuses stage 0, so only its close can finish that run. Another flow run's running stage is not touched."""
-    config = PipelineConfig(output_dir=str(tmp_path / "runs"),
+    config = ImagePipelineConfig(output_dir=str(tmp_path / "runs"),
                             tracking={"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "close"})
     tracker = tracker_for(config)
 

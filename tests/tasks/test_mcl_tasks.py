@@ -1,14 +1,15 @@
 """Pure helpers of tasks/mcl_tasks.py (no Prefect run needed)."""
-from pipeline_config.schema import ClipPipelineConfig, PipelineConfig
+from contrastive.modalities.image_text.config import ClipPipelineConfig
+from contrastive.modalities.image.config import ImagePipelineConfig
 from tasks.mcl_tasks import stage_seed
 
 
 def test_stage_seeds_are_distinct_across_pipeline_seeds_and_stages():
     # seed + stage made stage 1 of seed 0 the same model as stage 0 of seed 1 (a control stage has no
     # pseudo-labels), so a 3-seed study silently shared models between seeds.
-    seeds = {(seed, stage): stage_seed(PipelineConfig(seed=seed), stage) for seed in range(10) for stage in range(100)}
+    seeds = {(seed, stage): stage_seed(ImagePipelineConfig(seed=seed), stage) for seed in range(10) for stage in range(100)}
     assert len(set(seeds.values())) == len(seeds)
-    assert stage_seed(ClipPipelineConfig(seed=2), 1) == stage_seed(PipelineConfig(seed=2), 1)
+    assert stage_seed(ClipPipelineConfig(seed=2), 1) == stage_seed(ImagePipelineConfig(seed=2), 1)
 
 
 def test_a_retried_flow_run_reopens_its_parent_run_not_a_stage_run(tmp_path):
@@ -16,7 +17,7 @@ def test_a_retried_flow_run_reopens_its_parent_run_not_a_stage_run(tmp_path):
     run with the id (a stage run) as the pipeline's parent, so the results and the model went into stage 1's run."""
     from tasks.mcl_tasks import open_pipeline_run, open_stage_run, tracker_for
 
-    config = PipelineConfig(output_dir=str(tmp_path / "runs"),
+    config = ImagePipelineConfig(output_dir=str(tmp_path / "runs"),
                             tracking={"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "retry"})
     opened = {"config": config, "pipeline_id": config.config_hash(), "pipeline_dir": str(tmp_path / "p")}
     parent = open_pipeline_run.fn(**opened, flow_run_id="flow-1")

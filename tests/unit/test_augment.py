@@ -12,7 +12,7 @@ from contrastive.modalities.image.augment import (TwoViewAugment, adjust_hue, bl
                                  gaussian_kernels, random_grayscale, solarize)
 from contrastive.errors import ConfigError
 from pipeline_config.loader import load_config
-from pipeline_config.schema import AugmentConfig
+from contrastive.modalities.image.config import AugmentConfig
 
 
 # --- frozen copy of the first version's augmentations (contrastive/modalities/image/augment.py before grayscale/blur/solarize) ----

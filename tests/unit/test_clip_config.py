@@ -3,7 +3,7 @@ import pytest
 
 from contrastive.errors import ConfigError
 from pipeline_config.loader import load_config
-from pipeline_config.schema import ClipPipelineConfig, check_clip_feasible, check_clip_pretrained
+from contrastive.modalities.image_text.config import ClipPipelineConfig, check_clip_feasible, check_clip_pretrained
 
 
 def test_presets_load_with_the_papers_settings():

@@ -5,7 +5,7 @@ import yaml
 
 from contrastive.errors import ConfigError
 from pipeline_config.loader import config_from_dict, described_config, load_config, parse_override, preset_names
-from pipeline_config.schema import PipelineConfig, check_feasible
+from contrastive.modalities.image.config import ImagePipelineConfig, check_feasible
 
 
 def test_presets_load_and_default_is_feasible():
@@ -72,7 +72,7 @@ def test_described_config_marks_changes_and_describes_keys():
 
 
 def test_cluster_capacity_rule():
-    config = PipelineConfig.model_validate({"train": {"batch_size": 100}, "mcl": {"num_stages": 3, "clusters": 10}})
+    config = ImagePipelineConfig.model_validate({"train": {"batch_size": 100}, "mcl": {"num_stages": 3, "clusters": 10}})
     check_feasible(config, num_train=10_000)  # 10 * 10 = 100 groups <= 10000 / 100
     with pytest.raises(ConfigError, match=r"prod\(K\) <= M/b"):
         check_feasible(config, num_train=9_000)
@@ -81,9 +81,9 @@ def test_cluster_capacity_rule():
 
 
 def test_config_hash_ignores_name_and_tracking_only():
-    a = PipelineConfig()
-    assert a.config_hash() == PipelineConfig(name="other", tracking={"experiment": "x"}).config_hash()
-    assert a.config_hash() != PipelineConfig(seed=1).config_hash()
+    a = ImagePipelineConfig()
+    assert a.config_hash() == ImagePipelineConfig(name="other", tracking={"experiment": "x"}).config_hash()
+    assert a.config_hash() != ImagePipelineConfig(seed=1).config_hash()
 
 
 def test_kmeans_spec_per_stage_covers_the_kmeans_keywords():
@@ -110,7 +110,7 @@ def test_stage_overrides_change_one_stage_and_are_validated():
     assert config.for_stage(1) is config and config.for_stage(2).stage_overrides == {}
     assert config.config_hash() != load_config("trifeature_tiny").config_hash()
     # An empty stage_overrides is not part of the hash: configs without overrides hash as if the field did not exist.
-    plain = PipelineConfig()
+    plain = ImagePipelineConfig()
     from pipeline_config.schema import digest_of
     content = plain.content()
     assert content.pop("stage_overrides") == {} and plain.config_hash() == digest_of(content)

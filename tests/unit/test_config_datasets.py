@@ -3,9 +3,10 @@ import pytest
 
 from contrastive.errors import ConfigError
 from flows.mcl_flow import train_key
-from pipeline_config import datasets as ds
+from contrastive.modalities.image import dataset_config as ds
 from pipeline_config.loader import load_config, preset_names
-from pipeline_config.schema import DataConfig, MclConfig, digest_of, preflight
+from contrastive.modalities.image.config import DataConfig, preflight
+from pipeline_config.schema import MclConfig, digest_of
 from tasks import mcl_tasks as t
 
 

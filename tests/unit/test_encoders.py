@@ -8,7 +8,7 @@ from torch import nn
 from contrastive.errors import ConfigError
 from contrastive.models import VIT_PRESETS, build_model
 from pipeline_config.loader import load_config
-from pipeline_config.schema import ModelConfig
+from contrastive.modalities.image.config import ModelConfig
 
 HEAD = {"projection_hidden": 16, "projection_dim": 8}
 

@@ -216,7 +216,7 @@ def test_hierarchy_from_earlier_clusters():
 
 
 def test_from_config_matches_schema_defaults():
-    from pipeline_config.schema import MethodConfig
+    from contrastive.modalities.image.config import MethodConfig
     assert HexRule.from_config(MethodConfig().model_dump(mode="json")["hex"]) is None
     section = MethodConfig(hex={"enabled": True, "epsilon": {"mode": "step", "milestones": [0.2, 0.7]},
                                 "q": {"mode": "similarity", "value": 0.9}}).model_dump(mode="json")["hex"]

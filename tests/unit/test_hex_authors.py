@@ -181,7 +181,7 @@ def test_simclr_with_the_authors_settings_is_nt_xent_until_the_warm_up_ends():
 # ---------------------------------------------------------------------------------------------------- keys
 def test_earlier_hex_configs_keep_their_cache_keys():
     from pipeline_config.loader import load_config
-    from pipeline_config.schema import MethodConfig
+    from contrastive.modalities.image.config import MethodConfig
     before = {"enabled": True, "hierarchy": "threshold",
               "epsilon": {"mode": "adaptive", "value": 0.5, "start": 0.8, "end": 0.4, "milestones": [0.5],
                           "percentile": 90.0},
@@ -196,7 +196,7 @@ def test_earlier_hex_configs_keep_their_cache_keys():
 def test_authors_settings_validate_with_the_fix():
     from contrastive.methods.hex import HardNegativeSettings
     from pipeline_config.loader import config_from_dict
-    from pipeline_config.schema import MethodConfig
+    from contrastive.modalities.image.config import MethodConfig
     with pytest.raises(ConfigError, match="tau_plus"):
         HardNegativeSettings(tau_plus=1.0)
     with pytest.raises(ConfigError, match="tau_plus"):

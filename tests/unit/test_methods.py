@@ -177,7 +177,7 @@ def test_trains_and_resumes_with_queues_restored(tmp_path, case):
 
 
 def test_default_method_config_builds_every_method():
-    from pipeline_config.schema import MethodConfig
+    from contrastive.modalities.image.config import MethodConfig
     for name, cls in [("simclr", SimCLR), ("moco_v2", MoCoV2), ("nnclr", NNCLR)]:
         method = build_method(model_kwargs=MODEL, method_kwargs=MethodConfig(name=name).model_dump(mode="json"))
         assert isinstance(method, cls) and not method.wants_groups
@@ -188,14 +188,14 @@ def test_default_method_config_builds_every_method():
 def test_queue_larger_than_the_data_is_a_config_error():
     from contrastive.errors import ConfigError
     from pipeline_config.loader import config_from_dict
-    from pipeline_config.schema import check_feasible
+    from contrastive.modalities.image.config import check_feasible
     config = config_from_dict({"method": {"name": "moco_v2"}, "train": {"batch_size": 32}})
     with pytest.raises(ConfigError, match=r"--set method.moco.queue_size=112"):
         check_feasible(config, num_train=256)
 
 
 def test_cache_key_settings_ignore_unused_sections():
-    from pipeline_config.schema import MethodConfig
+    from contrastive.modalities.image.config import MethodConfig
     plain = MethodConfig()
     assert plain.in_use() == {"name": "simclr", "temperature": 0.2}  # keys of existing SimCLR runs unchanged
     control = MethodConfig(hex={"enabled": False, "q": {"value": 0.1}}, moco={"queue_size": 7})

@@ -3,7 +3,7 @@ import pytest
 
 from contrastive.errors import ConfigError
 from pipeline_config.loader import config_from_dict, load_config
-from pipeline_config.text import TextPipelineConfig, check_text_feasible, preflight_text
+from contrastive.modalities.text.config import TextPipelineConfig, check_text_feasible, preflight_text
 
 
 def test_presets_load_as_text_configs():

@@ -68,7 +68,7 @@ def test_invalid_hierarchies_name_the_fix():
 
 def test_config_option_keeps_earlier_keys_and_the_preset_loads():
     from pipeline_config.loader import load_config
-    from pipeline_config.schema import TrifeatureConfig
+    from contrastive.modalities.image.config import TrifeatureConfig
     assert "hierarchy" not in TrifeatureConfig().content()
     config = load_config("hierarchy_simclr_hex")
     assert config.data.trifeature.hierarchy.families == 4 and config.method.hex.weighting == "hard_negative"

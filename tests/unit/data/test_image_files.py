@@ -21,7 +21,7 @@ from contrastive.data.loading import iter_batches
 from contrastive.data.skips import SkipCounter
 from contrastive.data.trifeature import prepare_trifeature
 from contrastive.errors import ConfigError, DataError
-from pipeline_config.schema import DataConfig, ImageFolderConfig
+from contrastive.modalities.image.config import DataConfig, ImageFolderConfig
 
 SIZE = 12
 

@@ -20,7 +20,7 @@ from contrastive.data.loading import iter_batches, load_dataset
 from contrastive.data.shards import ShardDataset, prepare_shards
 from contrastive.data.skips import SkipCounter
 from contrastive.errors import ConfigError, DataError
-from pipeline_config.schema import DataConfig, PipelineConfig, ShardsConfig, preflight
+from contrastive.modalities.image.config import DataConfig, ImagePipelineConfig, ShardsConfig, preflight
 from tests.faults.train_tiny_stage import tiny_spec
 
 SIZE = 16
@@ -261,7 +261,7 @@ def test_config_shards_section(tmp_path):
     with pytest.raises(ValueError, match="label_fields lists a field twice"):
         ShardsConfig(label_fields=["a", "a"])
     missing_one = str(tmp_path / "shards" / "train-{0..2}.tar")
-    config = PipelineConfig(data={"kind": "shards", "shards": {"train_urls": missing_one, "test_urls": shards["test"]}})
+    config = ImagePipelineConfig(data={"kind": "shards", "shards": {"train_urls": missing_one, "test_urls": shards["test"]}})
     with pytest.raises(DataError, match=r"shards of data.shards.train_urls do not exist \(e.g. .*train-2.tar\): fix"):
         preflight(config)
     config.data.shards.train_urls = shards["train"]

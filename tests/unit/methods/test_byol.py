@@ -102,7 +102,7 @@ def test_resume_keeps_the_target_network(tmp_path):
 
 
 def test_builds_from_the_config_section():
-    from pipeline_config.schema import MethodConfig
+    from contrastive.modalities.image.config import MethodConfig
     method = build_method(model_kwargs=MODEL, method_kwargs=MethodConfig(name="byol").model_dump(mode="json"))
     assert isinstance(method, BYOL) and not method.wants_groups and method.tau_base == 0.996
     assert method.embed(torch.rand(3, 3, 8, 8)).shape == (3, 8)  # the backbone's features (B, D)

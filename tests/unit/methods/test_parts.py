@@ -12,7 +12,7 @@ from contrastive.methods.parts import DEFAULT_PARTS, MethodParts, resolve_parts
 from contrastive.models.amdim_encoder import AmdimEncoder
 from contrastive.models import SmallCNN
 from pipeline_config.loader import config_from_dict
-from pipeline_config.schema import MethodConfig
+from contrastive.modalities.image.config import MethodConfig
 
 MODEL = dict(encoder="small_cnn", widths=[4, 8], projection_hidden=8, projection_dim=4)
 TINY = {"amdim": {"width": 4, "rkhs_dim": 8}}
@@ -133,7 +133,7 @@ def test_yadim_ablation_rows_and_augmentation_are_valid_configs():
 def test_zoo_presets_load_and_are_feasible():
     from contrastive.methods.yadim import AMDIM_AUGMENT
     from pipeline_config.loader import load_config
-    from pipeline_config.schema import preflight
+    from contrastive.modalities.image.config import preflight
 
     byol = load_config("trifeature_byol")
     yadim = load_config("trifeature_yadim")

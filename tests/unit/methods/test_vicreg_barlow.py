@@ -127,7 +127,7 @@ def test_barlow_hex_term_and_its_gradient():
 
 
 def test_dimension_methods_refuse_per_pair_q_and_the_hard_negative_weighting():
-    from pipeline_config.schema import MethodConfig
+    from contrastive.modalities.image.config import MethodConfig
     with pytest.raises(ConfigError, match="weighting=q"):
         identity_method(VICReg, HexRule(weighting="hard_negative"))
     with pytest.raises(ConfigError, match="constant or schedule"):

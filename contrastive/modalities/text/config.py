@@ -201,3 +201,4 @@ def preflight_text(config: TextPipelineConfig) -> None:
     if config.model.encoder == "hf":
         from contrastive.modalities.text.encoders import resolve_hf_path
         resolve_hf_path(config.model.hf_path)
+CONFIG = TextPipelineConfig
