@@ -38,7 +38,7 @@ def _timed_compute(**kwargs):
     _LOOP_SECONDS[0] = time.perf_counter() - started
     return result
 
-BATCH = 512  # what tasks.mcl_tasks.export_embeddings passes
+BATCH = 512  # what tasks.steps.export_embeddings passes
 
 
 def bare_loop(*, dataset: ImageArrayDataset, model) -> None:

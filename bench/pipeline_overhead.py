@@ -1,5 +1,5 @@
 """Pipeline overhead: one training stage through the Prefect tasks and MLflow logging (``open_stage_run`` ->
-``train_stage`` via ``flows.mcl_flow.run_step`` -> ``close_run``, inside a flow run) against the same training
+``train_stage`` via ``flows.runner.run_step`` -> ``close_run``, inside a flow run) against the same training
 called directly (``contrastive.modalities.image.steps.train_stage`` with the very spec the task passed it, minus
 the task's callbacks).
 
@@ -47,7 +47,7 @@ from bench.common import (Result, fmt_bytes, fmt_seconds, interleaved, log, medi
 from contrastive.modalities.image import steps as stages  # noqa: E402
 from flows.runner import RESULT_STORE, run_step  # noqa: E402
 from contrastive.modalities.image.config import ImagePipelineConfig
-from tasks import mcl_tasks as t  # noqa: E402
+from tasks import steps as t  # noqa: E402
 
 TARGET_SECONDS = 40.0
 NUM_TRAIN = 4096

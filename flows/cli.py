@@ -67,50 +67,34 @@ def load_or_fail(config: str, overrides: list[str] | None):
         fail(str(exc))
 
 
-def results_table(title: str, results: dict[str, dict[str, float]], metric: str = "probe") -> Table:
-    attributes = sorted({k.split("/", 1)[1] for m in results.values() for k in m if k.startswith(metric + "/")})
-    table = Table(title=title)
-    table.add_column("representation")
-    for attribute in attributes:
-        table.add_column(attribute, justify="right")
-    for name, metrics in results.items():
-        table.add_row(name, *(f"{metrics.get(f'{metric}/{a}', float('nan')):.3f}" for a in attributes))
-    return table
+def rich_table(table) -> Table:
+    """A results table (``ResultsTable``: rows {representation: {"<metric>/<column>": value}}) for the terminal."""
+    from tasks.steps import format_value, table_columns
+    out = Table(title=table.title)
+    out.add_column("representation")
+    columns = table_columns(table)
+    for column in columns:
+        out.add_column(column, justify="right")
+    for name, metrics in table.rows.items():
+        out.add_row(name, *(format_value(metrics.get(f"{table.metric}/{c}", float("nan")), percent=table.percent)
+                            for c in columns))
+    return out
 
 
 def run_pipeline(config, rerun_from: int | None = None) -> dict:
-    """Dispatch on the config's ``pipeline`` kind; every flow returns {"results", "dir", "tracking_hint", ...}."""
-    if rerun_from is not None and config.pipeline == "clip":
-        raise MclpipeError("--rerun-from is supported for mcl pipelines only; for a CLIP pipeline change the "
-                           "settings of the stages to recompute (their content keys change) and run it again")
+    """Run the config's pipeline (its ``pipeline:`` key picks the modality); returns the summary record
+    {"results", "dir", "tracking_hint", links...}."""
     if rerun_from is not None and not 0 <= rerun_from < config.mcl.num_stages:
         raise MclpipeError(f"--rerun-from {rerun_from} is not a stage of this pipeline (stages are 0.."
                            f"{config.mcl.num_stages - 1})")
-    from contrastive.modalities.image_text.config import check_clip_pretrained
-    from contrastive.modalities.image.config import preflight
-    from tasks.mcl_tasks import tracker_for
+    from tasks.steps import modality_of, tracker_for
     # Fail on user mistakes before the Prefect server starts or anything is computed; an unreachable tracking
     # server is reported now, not after the first stage.
-    if config.pipeline == "clip":
-        check_clip_pretrained(config)
-        tracker_for(config)
-        start_local_server()
-        shutdown.quiet_user_tracebacks()
-        from flows.clip_flow import clip_pipeline
-        return clip_pipeline(config)
-    if config.pipeline == "text":  # MCL over SimCSE stages on sentences (docs/text.md)
-        from contrastive.modalities.text.config import preflight_text
-        preflight_text(config)
-        tracker_for(config)
-        start_local_server()
-        shutdown.quiet_user_tracebacks()
-        from flows.text_flow import text_pipeline
-        return text_pipeline(config, rerun_from=rerun_from)
-    preflight(config)
+    modality_of(config).preflight(config)
     tracker_for(config)
     start_local_server()
     shutdown.quiet_user_tracebacks()
-    from flows.mcl_flow import mcl_pipeline
+    from flows.pipeline import mcl_pipeline
     return mcl_pipeline(config, rerun_from=rerun_from)
 
 
@@ -232,16 +216,10 @@ def print_links(cfg, summary: dict) -> None:
 
 
 def print_tables(cfg, summary: dict) -> None:
-    if getattr(cfg, "pipeline", "mcl") == "clip":  # CLIP MCL reports MMVP pair accuracy and retrieval recall (%)
-        console.print(results_table(f"{cfg.name}: MMVP-VLM pair accuracy (%)", summary["results"], metric="mmvp"))
-        console.print(results_table("zero-shot retrieval recall (%)", summary["results"], metric="retrieval"))
-    elif getattr(cfg, "pipeline", "mcl") == "text":  # probes, kNN, STS Spearman and Hyper-CL (flows/text_flow.py)
-        from flows.text_flow import text_tables
-        for table in text_tables(cfg, summary, results_table=results_table):
-            console.print(table)
-    else:
-        console.print(results_table(f"{cfg.name}: linear-probe accuracy (held-out split)", summary["results"]))
-        console.print(results_table("kNN accuracy", summary["results"], metric="knn"))
+    """The modality's results tables (contrastive.modalities.base.ResultsTable), one rich table each."""
+    from tasks.steps import modality_of
+    for table in modality_of(cfg).tables(cfg, summary):
+        console.print(rich_table(table))
 
 
 @app.command()

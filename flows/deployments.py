@@ -13,25 +13,14 @@ from prefect.schedules import Cron, Interval
 
 from contrastive.errors import ConfigError
 from pipeline_config.loader import load_config, preset_names
-from contrastive.modalities.image.config import ImagePipelineConfig
+from flows.pipeline import mcl_pipeline
+from pipeline_config.schema import _PipelineBase
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-ENTRYPOINTS = {"mcl": "flows/mcl_flow.py:mcl_pipeline", "clip": "flows/clip_flow.py:clip_pipeline",
-               "text": "flows/text_flow.py:text_pipeline"}
+ENTRYPOINT = "flows/pipeline.py:mcl_pipeline"  # the one pipeline flow, for every modality
 
 
-def flow_for(config: ImagePipelineConfig):
-    if config.pipeline == "clip":
-        from flows.clip_flow import clip_pipeline
-        return clip_pipeline
-    if config.pipeline == "text":
-        from flows.text_flow import text_pipeline
-        return text_pipeline
-    from flows.mcl_flow import mcl_pipeline
-    return mcl_pipeline
-
-
-def schedules_of(config: ImagePipelineConfig) -> list:
+def schedules_of(config: _PipelineBase) -> list:
     schedule = config.schedule
     if schedule.cron:
         return [Cron(schedule.cron, timezone=schedule.timezone)]
@@ -40,7 +29,7 @@ def schedules_of(config: ImagePipelineConfig) -> list:
     return []
 
 
-def deployment_name(config: ImagePipelineConfig) -> str:
+def deployment_name(config: _PipelineBase) -> str:
     return config.name
 
 
@@ -50,7 +39,7 @@ def build_deployments(config_names: list[str] | None = None, overrides: list[str
     deployments = []
     for name in config_names or preset_names():
         config = load_config(name, overrides or [])
-        deployments.append(flow_for(config).to_deployment(
+        deployments.append(mcl_pipeline.to_deployment(
             name=deployment_name(config), parameters={"config": config.model_dump(mode="json")},
             schedules=schedules_of(config), tags=["mclpipe", config.pipeline],
             description=f"{config.pipeline} pipeline from config {name!r} (config hash {config.config_hash()})"))
@@ -73,9 +62,9 @@ def deploy_to_work_pool(*, config_name: str, work_pool: str, image: str | None =
     """
     config = load_config(config_name, overrides or [])
     require_work_pool(work_pool)
-    flow = flow_for(config)
+    flow = mcl_pipeline
     if image is None:
-        flow = flow.from_source(source=source or str(REPO_ROOT), entrypoint=ENTRYPOINTS[config.pipeline])
+        flow = flow.from_source(source=source or str(REPO_ROOT), entrypoint=ENTRYPOINT)
     # Not flow.deploy(): in prefect 3.8.8 it first lists the pool's online workers with offset and limit sent as
     # null, which the server (under fastapi 0.154) rejects with 422, so `mclpipe deploy` never reached the server.
     # to_deployment + apply registers the same deployment (storage pull step, entrypoint, pool, image) without it.

@@ -11,7 +11,7 @@ from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
 
 from flows.runner import StepRunner
-from tasks import mcl_tasks as t
+from tasks import steps as t
 
 Runner = TypeVar("Runner", bound=StepRunner)
 # How a stop from outside reaches a flow: StageInterrupted (a KeyboardInterrupt: Ctrl-C, SIGTERM, Slurm's

@@ -5,10 +5,10 @@ stage, and MCL's stage loop, with the modality as an adapter.
                   if j is not the last: k-means on stage j -> pseudo-labels combine(y_0..y_j) -> batches of j + 1
     then:         evaluate the concatenation of all stages
 
-A modality's runner (``flows.mcl_flow.ImageStageRunner``, ``flows.clip_flow.ClipStageRunner``) implements
-``train_and_export``, ``evaluate_stage``, ``evaluate_concat`` and, when its stages read their cluster-pure batches
-from something other than the pseudo-labels themselves, ``batches_for`` (CLIP re-shards by group). The k-means and
-pseudo-label steps between stages are the same tasks for every modality.
+The runner knows no modality: every step is one of ``tasks.steps``' tasks, which call the config's modality
+(``contrastive.modalities.registry``); the modality's optional parts decide the optional steps (a regroup before a
+cluster-pure stage, an encoding of the evaluation sets per model, embedding diagnostics, a combined model, a step on
+the final representation, the control run).
 
 Every step's output directory is named by a content key (digest of the typed config it reads and of the keys of
 what it consumes), so identical steps are shared and a rerun skips whatever already finished.
@@ -23,6 +23,7 @@ that trains on them.
 """
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import re
@@ -38,8 +39,10 @@ from contrastive.engine.checkpoint import disk_full_error, is_disk_full
 from contrastive.errors import StageInterrupted
 from flows.locks import step_lock
 from pipeline_config.schema import digest_of
-from tasks import mcl_tasks as t
-from tasks.records import RECORD, ClusterRecord, ExportRecord, PseudoLabelRecord, StepRecord, TrainRecord
+from tasks import steps as t
+from contrastive.modalities.base import Member
+from tasks.records import (RECORD, ClusterRecord, ExportRecord, ModelRecord, PseudoLabelRecord, RegroupRecord,
+                           StepRecord, TrainRecord)
 
 RESULT_STORE = "prefect-results"
 
@@ -81,7 +84,7 @@ def _run_locked_step(step, *, storage: Path, force: bool, title: str | None = No
 
 
 _KIND_LABELS = {"mcl": "MCL", "control": "control"}
-_STEP_VERBS = {"train": "train", "export": "export", "cluster": "k-means", "reshard": "re-shard",
+_STEP_VERBS = {"train": "train", "export": "export", "cluster": "k-means", "regroup": "regroup batches for",
                "soup": "model soup", "hyper": "Hyper-CL"}
 _EVAL_VERBS = {"eval": "probe", "encode": "encode", "diagnose": "diagnose"}
 
@@ -131,12 +134,12 @@ def recorded_run(out_dir: str) -> str | None:
 
 @dataclass
 class StageOutputs:
-    """What the stage loop produced, per stage: train, export and k-means records, the per-stage evaluation
-    handles (what ``evaluate_concat`` combines) and the metrics of every stage alone."""
+    """What the stage loop produced, per stage: train, export and k-means records, the (key, member) each stage
+    contributes to an evaluation, and the metrics of every stage alone and of their concatenation."""
     trained: list[TrainRecord] = field(default_factory=list)
     exports: list[ExportRecord] = field(default_factory=list)
     clusters: list[ClusterRecord] = field(default_factory=list)
-    evaluated: list[StepRecord] = field(default_factory=list)
+    members: list[tuple[str, Member]] = field(default_factory=list)
     results: dict[str, dict] = field(default_factory=dict)
 
 
@@ -144,14 +147,13 @@ class StepRunner:
     """Runs the cached steps of one pipeline invocation: one nested MLflow run per stage, step outputs in
     directories named by content keys, reuse of cached steps recorded in the current runs."""
 
-    #: The dataset whose training split MCL clusters (None: every exported sample, e.g. CLIP's shards).
-    dataset_dir: str | None = None
-
     def __init__(self, *, config, data: dict, parent_run_id: str, pipeline_id: str,
                  rerun_from: int | None = None):
         self.config = config
         self.rerun_from = rerun_from
         self.data = data
+        self.modality = t.modality_of(config)
+        self.mcl_trained: dict[int, TrainRecord] = {}  # what mcl.inherit starts stage j + 1 from
         self.parent_run_id = parent_run_id
         self.pipeline_id = pipeline_id
         self.flow_run_id = flow_run.id
@@ -238,61 +240,104 @@ class StepRunner:
                                          source=str(source), context="pseudo_labels",
                                          profile={"split": "train", **profile})
 
+    # ------------------------------------------------------------------------------------------ one stage
+    def train_and_export(self, *, kind: str, stage: int,
+                         batches: PseudoLabelRecord | RegroupRecord | None) -> tuple[TrainRecord, ExportRecord]:
+        """Train stage ``stage`` (random batches when ``batches`` is None) and export its embeddings."""
+        run_id = self.stage_run(kind=kind, stage=stage)
+        # Naive inheritance (paper Table 5) applies to MCL's stages only; the control stays fresh stages.
+        init_from = self.mcl_trained.get(stage - 1) if kind == "mcl" and getattr(self.config.mcl, "inherit",
+                                                                                 False) else None
+        seed = t.stage_seed(self.config, stage)
+        key = digest_of(self.modality.train_content(
+            self.config.for_stage(stage), stage=stage, seed=seed, data=self.data,
+            batches_key=batches.key if batches else None, inherit_key=init_from.key if init_from else None))
+        prefix = self.modality.step_prefix
+        trained = self.step(t.train_stage, prefix=f"{prefix}train{stage}", key=key, run_id=run_id, what="train",
+                            stage=stage, data=self.data, batches=batches,
+                            **({"init_from": init_from} if init_from is not None else {}))
+        if kind == "mcl":
+            self.mcl_trained[stage] = trained
+        exported = self.step(t.export_embeddings, prefix=f"{prefix}export{stage}",
+                             key=digest_of(self.modality.export_content(self.config, train_key=key)), run_id=run_id,
+                             what="export", stage=stage, trained=trained, data=self.data)
+        return trained, exported
+
+    def member(self, *, name: str, model: TrainRecord | ModelRecord, exported: ExportRecord | None,
+               run_id: RunRef) -> tuple[str, Member]:
+        """(key, member) of one representation as evaluations read it: its export, or, for a modality that
+        encodes the evaluation sets once per model, that encoding."""
+        if not self.modality.encodes_for_eval:
+            return exported.key, Member(model_path=model.model_path, embeddings_dir=exported.embeddings_dir)
+        key = digest_of(self.modality.encode_content(self.config, model_key=model.key, data=self.data))
+        features = self.step(t.encode_for_eval, prefix=f"{self.modality.step_prefix}encode", key=key, run_id=run_id,
+                             what=f"encode.{name}", name=name, model_path=model.model_path, data=self.data)
+        return features.key, Member(model_path=model.model_path, features=features.features)
+
+    def evaluate(self, *, name: str, members: list[tuple[str, Member]], run_id: RunRef,
+                 stage: int | None = None) -> dict:
+        """The metrics of one representation (one member) or of the concatenation of several."""
+        key = digest_of(self.modality.eval_content(self.config, member_keys=[k for k, _ in members]))
+        return self.step(t.evaluate, prefix=f"{self.modality.step_prefix}eval", key=key, run_id=run_id,
+                         what=f"eval.{name}", stage=stage, name=name, members=[m for _, m in members],
+                         data=self.data).metrics
+
+    def diagnose(self, *, name: str, stage: int, trained: TrainRecord, exported: ExportRecord,
+                 clusters: ClusterRecord | None, run_id: RunRef) -> None:
+        """Embedding diagnostics of one stage, for a modality that has them."""
+        if not self.modality.diagnoses:
+            return
+        key = digest_of(self.modality.diagnose_content(self.config, stage=stage, export_key=exported.key,
+                                                       clusters_key=clusters.key if clusters else None))
+        self.step(t.diagnose, prefix="diag", key=key, run_id=run_id, what=f"diagnose.{name}", stage=stage, name=name,
+                  trained=trained, exported=exported, clusters=clusters, data=self.data)
+
     # ------------------------------------------------------------------------------------------ between stages
     def cluster(self, *, stage: int, exported: ExportRecord, earlier: list[ClusterRecord],
                 run_id: RunRef) -> ClusterRecord:
-        """k-means on stage ``stage``'s export (same task for every modality)."""
+        """k-means on stage ``stage``'s export."""
         spec = self.config.mcl.kmeans_spec(stage, seed=t.stage_seed(self.config, stage))
-        key = digest_of(["cluster", exported.key, asdict(spec), self.dataset_dir is not None,
+        key = digest_of(["cluster", exported.key, asdict(spec), self.modality.clusters_dataset,
                          [c.key for c in earlier]])
         return self.step(t.cluster_embeddings, prefix=f"cluster{stage}", key=key, run_id=run_id, what="cluster",
-                         stage=stage, exported=exported, earlier=list(earlier), dataset_dir=self.dataset_dir)
+                         stage=stage, exported=exported, earlier=list(earlier), data=self.data)
 
     def pseudo_labels(self, *, for_stage: int, clusters: list[ClusterRecord], exports: list[ExportRecord],
                       run_id: RunRef) -> PseudoLabelRecord:
-        """Pseudo-labels of ``for_stage`` from ALL earlier stages' clusterings (same task for every modality)."""
+        """Pseudo-labels of ``for_stage`` from ALL earlier stages' clusterings."""
         key = digest_of(["pseudo", [c.key for c in clusters], self.config.mcl.small_group_policy,
                          self.config.global_batch_size(for_stage)])
         return self.step(t.make_pseudo_labels, prefix=f"pseudo{for_stage}", key=key, run_id=run_id,
                          what="pseudo_labels", stage=for_stage - 1, for_stage=for_stage, clusters=list(clusters),
-                         exports=list(exports), dataset_dir=self.dataset_dir)
+                         exports=list(exports), data=self.data)
 
-    # ------------------------------------------------------------------------------------------ the modality
-    def train_and_export(self, *, kind: str, stage: int,
-                         batches: StepRecord | None) -> tuple[TrainRecord, ExportRecord]:
-        """Train stage ``stage`` (random batches when ``batches`` is None) and export its embeddings."""
-        raise NotImplementedError
-
-    def evaluate_stage(self, *, stage: int, trained: TrainRecord, exported: ExportRecord,
-                       run_id: RunRef) -> tuple[dict, StepRecord]:
-        """(metrics of stage ``stage`` alone, the handle ``evaluate_concat`` combines)."""
-        raise NotImplementedError
-
-    def evaluate_concat(self, *, name: str, evaluated: list[StepRecord], run_id: RunRef) -> dict:
-        """Metrics of the concatenation of several stages' representations."""
-        raise NotImplementedError
-
-    def batches_for(self, *, stage: int, pseudo: PseudoLabelRecord, run_id: RunRef) -> StepRecord:
-        """What the training of cluster-pure stage ``stage`` reads: the pseudo-labels themselves by default."""
-        return pseudo
-
-    def after_stage(self, *, stage: int, outputs: StageOutputs, run_id: RunRef) -> None:
-        """Extra per-stage steps (the unimodal pipeline's embedding diagnostics)."""
+    def batches_for(self, *, stage: int, pseudo: PseudoLabelRecord,
+                    run_id: RunRef) -> PseudoLabelRecord | RegroupRecord:
+        """What cluster-pure stage ``stage`` reads: the pseudo-labels, or what the modality regroups from them."""
+        if not self.modality.regroups:
+            return pseudo
+        seed = t.stage_seed(self.config, stage)
+        key = digest_of(self.modality.regroup_content(self.config, stage=stage, seed=seed, pseudo_key=pseudo.key,
+                                                      data=self.data))
+        return self.step(t.regroup_batches, prefix=f"{self.modality.step_prefix}grouped{stage}", key=key,
+                         run_id=run_id, what="regroup", stage=stage, pseudo=pseudo, data=self.data)
 
     # ------------------------------------------------------------------------------------------ the loop
     def run_stages(self) -> StageOutputs:
         """MCL's stage loop (module docstring); every later stage trains a fresh encoder on cluster-pure batches."""
         logger = get_run_logger()
         out, batches = StageOutputs(), None
-        for stage in range(self.config.mcl.num_stages):
+        stages = self.config.mcl.num_stages
+        for stage in range(stages):
             run_id = self.stage_run(kind="mcl", stage=stage)
             trained, exported = self.train_and_export(kind="mcl", stage=stage, batches=batches)
             out.trained.append(trained)
             out.exports.append(exported)
-            metrics, handle = self.evaluate_stage(stage=stage, trained=trained, exported=exported, run_id=run_id)
-            out.evaluated.append(handle)
-            out.results[f"stage {stage}"] = metrics
-            if stage + 1 < self.config.mcl.num_stages:
+            member = self.member(name=f"stage{stage}", model=trained, exported=exported, run_id=run_id)
+            out.members.append(member)
+            out.results[f"stage {stage}"] = self.evaluate(name=f"stage{stage}", members=[member], run_id=run_id,
+                                                          stage=stage)
+            if stage + 1 < stages:
                 # What stage + 1 trains on is logged in its run: the k-means of this stage, the pseudo-labels.
                 next_run = self.stage_run(kind="mcl", stage=stage + 1)
                 out.clusters.append(self.cluster(stage=stage, exported=exported, earlier=out.clusters,
@@ -300,12 +345,72 @@ class StepRunner:
                 pseudo = self.pseudo_labels(for_stage=stage + 1, clusters=out.clusters, exports=out.exports,
                                             run_id=next_run)
                 batches = self.batches_for(stage=stage + 1, pseudo=pseudo, run_id=next_run)
-            self.after_stage(stage=stage, outputs=out, run_id=run_id)
-            logger.info("stage %d done: %s", stage, metrics)
-        if self.config.mcl.num_stages > 1:
-            out.results["MCL concat"] = self.evaluate_concat(name="mcl_concat", evaluated=out.evaluated,
-                                                             run_id=self.parent_run_id)
+            self.diagnose(name=f"stage{stage}", stage=stage, trained=trained, exported=exported,
+                          clusters=out.clusters[stage] if stage < len(out.clusters) else None, run_id=run_id)
+            if getattr(self.config.mcl, "cumulative_concat", False) and 0 < stage < stages - 1:
+                # Learning dynamics (paper Fig. 5): stages 0..j concatenated; the last j is "MCL concat" itself.
+                out.results[f"MCL concat 0-{stage}"] = self.evaluate(
+                    name=f"mcl_concat_0_{stage}", members=out.members[:stage + 1], run_id=run_id, stage=stage)
+            logger.info("stage %d done: %s", stage, out.results[f"stage {stage}"])
+        if stages > 1:
+            out.results["MCL concat"] = self.evaluate(name="mcl_concat", members=out.members,
+                                                      run_id=self.parent_run_id, stage=stages - 1)
         return out
+
+    def run_control(self, outputs: StageOutputs) -> dict[str, dict]:
+        """The control run: the same number of fresh stages on ordinary random batches, concatenated the same way,
+        so the gain of feature-aware negatives is separated from the gain of ensembling. Its stage 0 *is* MCL's
+        stage 0, unless the modality's control is a variant of the config (a HEX pipeline's control is the same
+        method without HEX): then it retrains, and reports, every stage."""
+        control_config = self.modality.control_config(self.config)
+        if control_config is None:
+            return {}
+        variant = control_config is not self.config
+        control = self.for_config(control_config) if variant else self
+        label = self.modality.control_label(self.config)
+        results: dict[str, dict] = {}
+        members = [] if variant else [outputs.members[0]]
+        for stage in range(len(members), self.config.mcl.num_stages):
+            run_id = control.stage_run(kind="control", stage=stage)
+            trained, exported = control.train_and_export(kind="control", stage=stage, batches=None)
+            member = control.member(name=f"control_stage{stage}", model=trained, exported=exported, run_id=run_id)
+            members.append(member)
+            control.diagnose(name=f"control_stage{stage}", stage=stage, trained=trained, exported=exported,
+                             clusters=None, run_id=run_id)
+            if variant:
+                results[f"{label} stage {stage}"] = control.evaluate(name=f"control_stage{stage}", members=[member],
+                                                                     run_id=run_id, stage=stage)
+        if self.config.mcl.num_stages > 1:
+            results[f"{label} concat"] = control.evaluate(name="control_concat", members=members,
+                                                          run_id=self.parent_run_id,
+                                                          stage=self.config.mcl.num_stages - 1)
+        return results
+
+    def for_config(self, config) -> "StepRunner":
+        """This runner for a variant of the config (the no-HEX control): same parent and MLflow runs, steps keyed
+        by the variant's own content."""
+        variant = copy.copy(self)  # shallow: shares stage_runs, so every run is closed at the end
+        variant.config = config
+        return variant
+
+    def run_combined(self, outputs: StageOutputs) -> dict[str, dict]:
+        """The representation the modality makes from the stage models (CLIP's model soup), scored like a stage."""
+        if self.config.mcl.num_stages == 1 or not self.modality.combines_models(self.config):
+            return {}
+        key = digest_of([f"{self.modality.step_prefix}soup", [x.key for x in outputs.trained]])
+        soup = self.step(t.combine_models, prefix=f"{self.modality.step_prefix}soup", key=key,
+                         run_id=self.parent_run_id, what="soup", trained=list(outputs.trained))
+        member = self.member(name="soup", model=soup, exported=None, run_id=self.parent_run_id)
+        return {"soup": self.evaluate(name="soup", members=[member], run_id=self.parent_run_id)}
+
+    def run_final(self, outputs: StageOutputs) -> dict | None:
+        """The modality's step on the final representation (text: Hyper-CL on the concatenation of every stage)."""
+        if not self.modality.has_final_step(self.config):
+            return None
+        name = self.modality.final_name
+        key = digest_of(self.modality.final_content(self.config, train_keys=[x.key for x in outputs.trained]))
+        return self.step(t.final_metrics, prefix=f"{self.modality.step_prefix}{name}", key=key,
+                         run_id=self.parent_run_id, what=name, trained=list(outputs.trained), data=self.data).metrics
 
     def left_open(self, run_id: str) -> bool:
         """A reused stage's run that an earlier attempt did not finish: marked FAILED by a failed one, KILLED by a

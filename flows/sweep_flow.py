@@ -16,10 +16,11 @@ from prefect.runtime import flow_run
 
 from contrastive import sweep
 from contrastive.errors import ConfigError, MclpipeError
-from flows.mcl_flow import mcl_pipeline
+from flows.pipeline import mcl_pipeline
 from flows.pipeline_run import closing_runs
 from pipeline_config.loader import load_config, resolve_config_path
-from contrastive.modalities.image.config import ImagePipelineConfig, preflight
+from pipeline_config.schema import _PipelineBase
+from tasks.steps import modality_of
 from pipeline_config.schema import digest_of
 from tasks.sweep_tasks import close_sweep_run, nest_pipeline_run, open_sweep_run, publish_sweep
 
@@ -48,7 +49,7 @@ def plan_sweep(*, config: str, grid: list[str], seeds: list[int] | None) -> tupl
 
 
 def sweep_configs(*, config: str, grid: dict[str, list[str]], seeds: list[int],
-                  overrides: list[str]) -> list[tuple[dict[str, str], int, ImagePipelineConfig]]:
+                  overrides: list[str]) -> list[tuple[dict[str, str], int, _PipelineBase]]:
     """(point, seed, config) of every run, all loaded and checked before anything is computed."""
     runs = []
     for point in sweep.expand_grid(grid):
@@ -56,7 +57,7 @@ def sweep_configs(*, config: str, grid: dict[str, list[str]], seeds: list[int],
             cfg = load_config(config, [*overrides, *sweep.point_overrides(point, seed=seed)])
             if cfg.pipeline != "mcl":
                 raise MclpipeError(f"mclpipe sweep runs mcl pipelines; {config} is a {cfg.pipeline} pipeline")
-            preflight(cfg)
+            modality_of(cfg).preflight(cfg)
             runs.append((point, seed, cfg))
     return runs
 

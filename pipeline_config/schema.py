@@ -6,14 +6,13 @@ config's ``pipeline:`` key through ``contrastive.modalities.registry``.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from pathlib import Path
 from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from contrastive.data.dataset import params_hash
 from contrastive.engine.task import LoopSpec
 from contrastive.errors import ConfigError
 from contrastive.mcl.steps import KMeansSpec
@@ -252,6 +251,5 @@ def _deep_merge(base: dict, patch: dict) -> dict:
 
 
 def digest_of(value) -> str:
-    """Stable 16-hex digest of a JSON-serialisable value (keys sorted)."""
-    blob = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
+    """Stable 16-hex digest of a JSON-serialisable value (keys sorted): a step's content key."""
+    return params_hash(value, length=16)

@@ -19,9 +19,8 @@ from prefect.artifacts import create_link_artifact, create_table_artifact
 from prefect.runtime import flow_run
 
 from contrastive.engine.checkpoint import write_json
-from contrastive.modalities.image_text.config import ClipPipelineConfig
-from contrastive.modalities.image.config import ImagePipelineConfig
-from tasks.mcl_tasks import tracker_for
+from pipeline_config.schema import _PipelineBase
+from tasks.steps import modality_of, tracker_for
 from tasks.records import ExportRecord, TrainRecord
 from tasks.tracking import log_encoder
 
@@ -58,32 +57,32 @@ def artifact_key(*parts: str) -> str:
 
 
 def description_markdown(*, name: str, table: str, urls: dict[str, str], flow_url: str | None,
-                         model: dict | None) -> str:
+                         model: dict | None, model_input: str = "inputs") -> str:
     lines = [f"## {name}", "", table, "", "| stage | MLflow run |", "|---|---|"]
     lines += [f"| {label} | [{url.rsplit('/', 1)[-1][:8]}]({url}) |" for label, url in urls.items()]
     if model and "registered_uri" in model:
         lines += ["", f"Model: `mlflow.pyfunc.load_model(\"{model['registered_uri']}\")` (version "
-                      f"{model['version']}): uint8 images (n, C, H, W) -> embeddings"]
+                      f"{model['version']}): {model_input} -> embeddings"]
     if flow_url:
         lines += ["", f"Prefect flow run: [{flow_url.rsplit('/', 1)[-1][:8]}]({flow_url})"]
     return "\n".join(lines) + "\n"
 
 
 @task(name="log pipeline model")
-def log_pipeline_model(*, config: ImagePipelineConfig, parent_run_id: str, trained: list[TrainRecord],
+def log_pipeline_model(*, config: _PipelineBase, parent_run_id: str, trained: list[TrainRecord],
                        exports: list[ExportRecord]) -> dict:
     """The MCL representation (every stage's encoder, normalised and concatenated; one stage: its encoder) as a
     logged model of the parent run, registered under ``tracking.registered_model`` (default: the config's name)
     with the alias ``current`` moved to it."""
     tracker = tracker_for(config)
-    return log_encoder(tracker, parent_run_id, name="mcl-representation",
+    return log_encoder(tracker, parent_run_id, name="mcl-representation", modality=config.pipeline,
                        model_paths=[r.model_path for r in trained], dims=[e.dim for e in exports],
                        registered_name=config.tracking.registered_model or config.name,
                        tags={"pipeline_id": config.config_hash(), "stages": str(len(trained))})
 
 
 @task(name="link prefect and mlflow")
-def publish_links(*, config: ImagePipelineConfig | ClipPipelineConfig, summary: dict, stage_runs: dict[str, str],
+def publish_links(*, config: _PipelineBase, summary: dict, stage_runs: dict[str, str],
                   opened_runs: list[str], table: str, model: dict | None = None) -> dict:
     """Link the flow run and the MLflow runs both ways and record in summary.json which runs hold the results;
     returns the summary with ``stage_runs`` (label -> run id and URL), ``mlflow_url`` and ``prefect_flow_run_url``."""
@@ -96,8 +95,10 @@ def publish_links(*, config: ImagePipelineConfig | ClipPipelineConfig, summary: 
         for run_id in [parent, *opened_runs]:
             tracker.set_tags(run_id, {"prefect.flow_run_url": flow_url})
     tracker.set_tags(parent, {f"stage_run.{label.replace(' ', '.')}": run_id for label, run_id in stage_runs.items()})
+    serving = modality_of(config).serving
     tracker.set_description(parent, description_markdown(name=config.name, table=table, urls=urls,
-                                                         flow_url=flow_url, model=model))
+                                                         flow_url=flow_url, model=model,
+                                                         model_input=serving.description if serving else "inputs"))
     pipeline_key = summary["pipeline_id"][:8]
     create_link_artifact(link=tracker.run_url(parent), link_text=f"MLflow: {config.name} pipeline run",
                          key=artifact_key("mlflow", config.name, pipeline_key),

@@ -67,22 +67,23 @@ class DiagnosisRecord(StepRecord):
     plot: str
 
 
-class GroupedShardsRecord(StepRecord):
-    """CLIP: the training shards re-written sorted by pseudo-label group, for one cluster-pure stage."""
-    grouped_dir: str
-    samples: int
-    files: int
+class RegroupRecord(StepRecord):
+    """What a cluster-pure stage reads besides the pseudo-labels (CLIP: the training shards re-written sorted by
+    group): ``path`` is handed to its training."""
+    path: str
+    stats: dict
 
 
 class ModelRecord(StepRecord):
-    """A model made from others (the CLIP model soup)."""
+    """A model made from the stage models (the CLIP model soup)."""
     model_path: str
 
 
 class FeaturesRecord(StepRecord):
-    """CLIP: one model's features of the MMVP pairs and the retrieval set."""
+    """One model's encoding of the evaluation sets (CLIP: the MMVP pairs and the retrieval set)."""
     name: str
     features: str
+    model_path: str
 
 
 R = TypeVar("R", bound=StepRecord)

@@ -1,5 +1,6 @@
-"""Prefect tasks of the MCL pipeline: each unpacks the config, calls one ``contrastive`` function, logs to
-MLflow through ``tasks.tracking`` and returns a small JSON record (paths, numbers), never tensors.
+"""The one set of Prefect tasks of the MCL pipeline, for every modality: each task calls one method of the config's
+modality (``contrastive.modalities.registry``), logs what it returned to MLflow through ``tasks.tracking`` and
+returns a small JSON record (paths, numbers), never tensors. Nothing here knows what an image or a sentence is.
 
 Caching: every expensive task takes a ``key`` (a digest of the config that affects it and the keys of what it
 consumes) and writes into ``out_dir`` named by that key. Prefect caches the returned record under the key, and
@@ -12,25 +13,21 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from prefect import get_run_logger, task
 from tqdm.auto import tqdm
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.context import TaskRunContext
 
-from contrastive.modalities.image import steps as stages
-from contrastive.mcl import steps
 from contrastive.engine.checkpoint import write_json
-from contrastive.data.loading import load_dataset
-from contrastive.data.image_folder import prepare_image_folder
-from contrastive.data.trifeature import prepare_trifeature
-from contrastive.modalities.image import dataset_config as datasets
-from contrastive.evaluate import plot_attribute_accuracy, plot_cluster_sizes
+from contrastive.engine.launch import EXPORT_SUMMARY
+from contrastive.evaluate import plot_cluster_sizes
+from contrastive.mcl import steps
+from contrastive.modalities.base import Member, Modality, ResultsTable
+from contrastive.modalities.registry import modality_for
 from pipeline_config.loader import dump_config
-from contrastive.modalities.image_text.config import ClipPipelineConfig
-from contrastive.modalities.image.config import ImagePipelineConfig, check_feasible
-from tasks.records import (ClusterRecord, EvalRecord, ExportRecord, PseudoLabelRecord, StepRecord, TrainRecord,
-                           finished_record)
+from pipeline_config.schema import _PipelineBase
+from tasks.records import (ClusterRecord, DiagnosisRecord, EvalRecord, ExportRecord, FeaturesRecord, ModelRecord,
+                           PseudoLabelRecord, RegroupRecord, StepRecord, TrainRecord, finished_record)
 from tasks.launching import gpu_slot, run_stage_processes, uses_processes
 from tasks.tracking import MetricBuffer, Tracker, log_encoder
 
@@ -40,7 +37,12 @@ def cache_key_from_parameters(context: TaskRunContext, parameters: dict[str, Any
     return f"{context.task.name}-{parameters['key']}"
 
 
-def tracker_for(config: ImagePipelineConfig) -> Tracker:
+def modality_of(config: _PipelineBase) -> Modality:
+    """The modality the config's ``pipeline:`` key selects."""
+    return modality_for(config.pipeline)
+
+
+def tracker_for(config: _PipelineBase) -> Tracker:
     return Tracker(uri=config.tracking.uri, experiment=config.tracking.experiment,
                    artifact_root=Path(config.output_dir) / "mlartifacts")
 
@@ -48,7 +50,7 @@ def tracker_for(config: ImagePipelineConfig) -> Tracker:
 STAGE_SEED_STRIDE = 1000  # > any stage count, so (seed, stage) pairs never share a stage seed
 
 
-def stage_seed(config: ImagePipelineConfig | ClipPipelineConfig, stage: int) -> int:
+def stage_seed(config: _PipelineBase, stage: int) -> int:
     """Seed of one stage's training, k-means and batch plans: distinct for every (pipeline seed, stage).
 
     seed + stage would make stage 1 of seed s train exactly like stage 0 of seed s + 1 (a control stage has no
@@ -61,8 +63,6 @@ def cached_task(name: str, **kwargs):
     return task(name=name, cache_key_fn=cache_key_from_parameters, persist_result=True, **kwargs)
 
 
-# The finish_* helpers end the tasks of BOTH pipelines (this module and tasks.clip_tasks), so an MCL and a CLIP
-# stage run carry the same metric names, artifact paths and record fields, and the comparison tools read either.
 def numeric_metrics(prefix: str, values: dict) -> dict[str, float]:
     """``{prefix/key: value}`` for the numeric entries of a summary dict (MLflow metrics must be numbers)."""
     return {f"{prefix}/{k}": v for k, v in values.items() if isinstance(v, (int, float))}
@@ -128,33 +128,6 @@ def result_slug(name: str) -> str:
     return "_".join(words).replace("stage_", "stage")
 
 
-def publish_summary(*, config: ImagePipelineConfig | ClipPipelineConfig, tracker: Tracker, parent_run_id: str,
-                    pipeline_id: str, results: dict[str, dict], cluster_records: list[ClusterRecord], out: Path,
-                    plots: list[Path], table: str, heading: str, artifact_key: str, description: str,
-                    extra_summary: dict | None = None) -> dict:
-    """End of a pipeline's summarize task: add the cluster-size plot, write summary.json and results.md, put plots,
-    summary and all result metrics on the parent MLflow run, and the table in a Prefect markdown artifact."""
-    paths = list(plots)
-    if cluster_records:
-        paths.append(plot_cluster_sizes(sizes_by_stage={f"stage {c.stage}": c.sizes for c in cluster_records},
-                                        path=out / "cluster_sizes.png"))
-    summary = {"pipeline_id": pipeline_id, "config_hash": config.config_hash(), "results": results,
-               "mlflow_run_id": parent_run_id, **(extra_summary or {})}
-    write_json(out / "summary.json", summary)
-    (out / "results.md").write_text(table)
-    for path in paths:
-        tracker.log_artifact(parent_run_id, path, artifact_path="eval")
-    tracker.log_artifact(parent_run_id, out / "summary.json", artifact_path="eval")
-    # One name per metric: each result under the name its evaluation logged it with (eval/<representation>/...);
-    # the concatenations' evaluations already logged theirs on this run.
-    logged = tracker.client.get_run(parent_run_id).data.metrics
-    tracker.log_metrics(parent_run_id, {key: v for name, m in results.items() for k, v in m.items()
-                                        if (key := f"eval/{result_slug(name)}/{k}") not in logged})
-    create_markdown_artifact(markdown=f"# {config.name}: {heading}\n\n{table}", key=f"{artifact_key}-{pipeline_id[:8]}",
-                             description=description)
-    return {**summary, "dir": str(out), "tracking_hint": tracker.run_url_hint(parent_run_id)}
-
-
 class PrefectProgress:
     """Training callback that mirrors progress into a Prefect progress artifact (visible in the UI)."""
 
@@ -196,7 +169,7 @@ class TerminalProgress:
         self.bar.close()
 
 
-def train_and_record(*, config: ImagePipelineConfig | ClipPipelineConfig, tracker: Tracker, mlflow_run_id: str,
+def train_and_record(*, config: _PipelineBase, tracker: Tracker, mlflow_run_id: str,
                      key: str, out_dir: str, stage: int, spec, entry: str, train_here, batches_from: str | None,
                      total_steps: int, extra_metrics) -> TrainRecord:
     """Train one stage of either pipeline and record it: in this process (metrics streamed to MLflow, progress to
@@ -245,54 +218,25 @@ def _train(*, config, tracker: Tracker, mlflow_run_id: str, out_dir: str, spec, 
     return summary
 
 
+
+
 # ---------------------------------------------------------------------------------------------------- tasks
 @task(name="prepare-data")
-def prepare_data(*, config: ImagePipelineConfig) -> dict:
-    """Generate (or find) the dataset and check the config against its size before any training."""
-    data = config.data
-    if data.kind == "trifeature" and data.trifeature.hierarchy is not None:  # families for HEX (docs/hex.md)
-        from contrastive.data.hierarchical import prepare_hierarchical
-        t = data.trifeature
-        path = prepare_hierarchical(root=data.cache_dir, num_train=t.num_train, num_test=t.num_test,
-                                    spec=t.hierarchy, image_size=t.image_size, seed=t.seed)
-    elif data.kind == "trifeature":
-        t = data.trifeature
-        path = prepare_trifeature(root=data.cache_dir, num_train=t.num_train, num_test=t.num_test,
-                                  image_size=t.image_size, num_colors=t.num_colors, num_shapes=t.num_shapes,
-                                  num_textures=t.num_textures, seed=t.seed)
-    elif data.kind == "shards":
-        from contrastive.data.shards import prepare_shards
-        s = data.shards
-        path = prepare_shards(train_urls=s.train_urls, test_urls=s.test_urls, root=data.cache_dir,
-                              image_size=s.image_size, label_fields=s.label_fields,
-                              max_skip_fraction=s.max_skip_fraction)
-    elif data.kind in datasets.KINDS:  # CIFAR-MNIST, CelebA, STL-10, ImageNet, balanced Trifeature
-        path = datasets.prepare(data.kind, getattr(data, data.kind), cache_dir=data.cache_dir)
-    else:
-        f = data.image_folder
-        path = prepare_image_folder(source=f.source, root=data.cache_dir, image_size=f.image_size,
-                                    labels_csv=f.labels_csv, test_fraction=f.test_fraction, seed=f.seed,
-                                    storage=f.storage, split_from_folders=f.split_from_folders,
-                                    max_skip_fraction=f.max_skip_fraction)
-    dataset = load_dataset(path)
-    num_train = len(dataset.indices("train"))
-    check_feasible(config, num_train=num_train)
-    skip = {"image_folder": data.image_folder.max_skip_fraction,
-            "shards": data.shards.max_skip_fraction}.get(data.kind, 0.0)
-    return {"dir": str(path), "digest": dataset.digest, "num_train": num_train,
-            "num_test": len(dataset.indices("test")), "attributes": list(dataset.labels),
-            "storage": dataset.manifest.get("storage", "memory"), "max_skip_fraction": skip}
+def prepare_data(*, config: _PipelineBase) -> dict:
+    """Write (or find) the modality's data and check the config against its size before any training."""
+    logger = get_run_logger()
+    return modality_of(config).prepare_data(config, log=logger.info)
 
 
 @task(name="open-pipeline-run")
-def open_pipeline_run(*, config: ImagePipelineConfig, pipeline_id: str, flow_run_id: str | None, pipeline_dir: str) -> str:
+def open_pipeline_run(*, config: _PipelineBase, pipeline_id: str, flow_run_id: str | None, pipeline_dir: str) -> str:
     """Open the parent MLflow run, and keep the config beside the results (``mclpipe resume`` reads it)."""
     Path(pipeline_dir).mkdir(parents=True, exist_ok=True)
     write_json(Path(pipeline_dir) / "config.json", config.model_dump(mode="json"))
     (Path(pipeline_dir) / "config.yaml").write_text(dump_config(config))
     tracker = tracker_for(config)
     tags = {"pipeline_id": pipeline_id, "config_hash": config.config_hash(), "kind": "pipeline",
-            "pipeline_name": config.name}
+            "pipeline_name": config.name, "modality": modality_of(config).title}
     if flow_run_id:
         tags["prefect.flow_run_id"] = flow_run_id
     # A retried flow run reopens its parent run: the one of this flow run that is a pipeline (its stage runs carry
@@ -306,7 +250,7 @@ def open_pipeline_run(*, config: ImagePipelineConfig, pipeline_id: str, flow_run
 
 
 @task(name="open-stage-run")
-def open_stage_run(*, config: ImagePipelineConfig, parent_run_id: str, stage: int, kind: str, pipeline_id: str,
+def open_stage_run(*, config: _PipelineBase, parent_run_id: str, stage: int, kind: str, pipeline_id: str,
                    flow_run_id: str | None) -> str:
     tracker = tracker_for(config)
     # The stage's own config (its stage_overrides applied): what this stage actually trained with.
@@ -322,80 +266,74 @@ def open_stage_run(*, config: ImagePipelineConfig, parent_run_id: str, stage: in
     return run_id
 
 
+def batches_path(batches: PseudoLabelRecord | RegroupRecord | None) -> str | None:
+    """The file or directory a cluster-pure stage reads its batches from (None: random batches)."""
+    return None if batches is None else batches.path
+
+
 @cached_task("train-stage")
-def train_stage(*, config: ImagePipelineConfig, key: str, out_dir: str, stage: int, data: dict,
-                pseudo_labels: PseudoLabelRecord | None, mlflow_run_id: str,
+def train_stage(*, config: _PipelineBase, key: str, out_dir: str, stage: int, data: dict,
+                batches: PseudoLabelRecord | RegroupRecord | None, mlflow_run_id: str,
                 init_from: TrainRecord | None = None) -> TrainRecord:
-    """Train a fresh encoder for one stage (or, with ``init_from``, one that starts from that stage's weights:
-    mcl.inherit); resumes from ``out_dir/checkpoints/last.pt`` if a run was killed."""
+    """Train a fresh encoder for one stage (cluster-pure batches from ``batches``; with ``init_from``, one that
+    starts from that stage's weights: mcl.inherit); resumes from ``out_dir/checkpoints/last.pt`` if a run was
+    killed."""
     if (done := finished_record(out_dir, TrainRecord)) is not None:
         return done
     tracker = tracker_for(config)
-    config = config.for_stage(stage)
-    t = config.train
-    seed = stage_seed(config, stage)
-    spec = stages.ImageStageSpec(
-        dataset_dir=data["dir"], stage_dir=out_dir, pseudo_labels_path=pseudo_labels.path if pseudo_labels else None,
-        model=config.model.model_dump(mode="json"), method=config.method.model_dump(mode="json"),
-        augment=config.augment.model_dump(), batch_size=t.batch_size, seed=seed, device=config.device,
-        remainder_policy=config.mcl.remainder_policy, optim=t.optim_spec(),
-        loop=t.loop_spec(), threads=t.threads, workers=t.workers,
-        init_model_path=init_from.model_path if init_from is not None else None)
-    return train_and_record(
-        config=config, tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, stage=stage, spec=spec,
-        entry="contrastive.modalities.image.steps:train_stage_from_json",
-        train_here=lambda callbacks: stages.train_stage(spec, callbacks=callbacks),
-        batches_from=spec.pseudo_labels_path,
-        total_steps=t.epochs * (t.max_steps_per_epoch or max(1, data["num_train"] // t.batch_size)),
-        extra_metrics=lambda summary: {"train/views_per_second": summary["views_per_second"]})
+    modality = modality_of(config)
+    stage_config = config.for_stage(stage)
+    spec = modality.train_spec(stage_config, stage=stage, seed=stage_seed(config, stage), out_dir=out_dir, data=data,
+                               batches_path=batches_path(batches),
+                               init_model_path=init_from.model_path if init_from is not None else None)
+    record = train_and_record(
+        config=stage_config, tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, stage=stage,
+        spec=spec, entry=modality.launch.train_entry,
+        train_here=lambda callbacks: modality.train(spec, callbacks=callbacks), batches_from=batches_path(batches),
+        total_steps=modality.total_steps(stage_config, stage=stage, data=data), extra_metrics=modality.train_metrics)
+    for path in modality.train_artifacts(stage_config, stage=stage, out_dir=out_dir):
+        tracker.log_artifact(mlflow_run_id, path, artifact_path="eval")
+    return record
 
 
 @cached_task("export-embeddings")
-def export_embeddings(*, config: ImagePipelineConfig, key: str, out_dir: str, trained: TrainRecord, data: dict,
+def export_embeddings(*, config: _PipelineBase, key: str, out_dir: str, trained: TrainRecord, data: dict,
                       mlflow_run_id: str) -> ExportRecord:
+    """Embeddings of the samples MCL clusters with one stage's model; as processes where training runs as
+    processes (each rank embeds its share), else here. A modality that serves its model logs the stage's encoder
+    as an MLflow model too."""
     if (done := finished_record(out_dir, ExportRecord)) is not None:
         return done
     tracker = tracker_for(config)
-    export = {"dataset_dir": data["dir"], "model_path": trained.model_path,
-              "out_dir": str(Path(out_dir) / "embeddings"), "batch_size": 512, "device": config.device,
-              "workers": config.train.workers}
+    modality = modality_of(config)
+    export = modality.export_kwargs(config, model_path=trained.model_path, data=data,
+                                    out_dir=str(Path(out_dir) / "embeddings"))
     with gpu_slot(config):
-        if uses_processes(config):  # each rank embeds its share of the samples into its own shards
-            result = run_stage_processes(config=config, what="export",
-                                         entry="contrastive.modalities.image.steps:export_stage_from_json", kwargs={"export": export}, stage_dir=export["out_dir"],
-                                         result_file=stages.EXPORT_SUMMARY, log_path=Path(out_dir) / "torchrun.log")
+        if modality.launch.export_entry and uses_processes(config):
+            result = run_stage_processes(config=config, what="export", entry=modality.launch.export_entry,
+                                         kwargs={"export": export}, stage_dir=export["out_dir"],
+                                         result_file=EXPORT_SUMMARY, log_path=Path(out_dir) / "torchrun.log")
         else:
-            result = stages.export_stage_embeddings(**export)
-    tracker.log_metrics(mlflow_run_id, {"export/unreadable": result["unreadable"]})
+            result = modality.export(**export)
+    tracker.log_metrics(mlflow_run_id, numeric_metrics("export", modality.export_metrics(result)))
     tracker.log_artifact(mlflow_run_id, Path(out_dir) / "embeddings", artifact_path="embeddings")
-    log_encoder(tracker, mlflow_run_id, name=f"stage{trained.stage}-encoder", model_paths=[trained.model_path],
-                dims=[result["dim"]], tags={"stage": str(trained.stage), "train_key": trained.key})
+    if modality.serving is not None:
+        log_encoder(tracker, mlflow_run_id, name=f"stage{trained.stage}-encoder", model_paths=[trained.model_path],
+                    dims=[result["dim"]], modality=config.pipeline,
+                    tags={"stage": str(trained.stage), "train_key": trained.key})
     return ExportRecord(key=key, dir=out_dir, embeddings_dir=result["dir"], num_samples=result["num_samples"],
                         dim=result["dim"], mlflow_run_id=mlflow_run_id).save()
 
 
-def sample_scope(dataset_dir: str | None) -> tuple[np.ndarray | None, dict[str, np.ndarray] | None]:
-    """Which samples MCL clusters and which attributes the clusters are compared with: the training split of an
-    image dataset (ids, labels aligned to them), or every exported sample without labels (``dataset_dir`` None:
-    the CLIP pipeline's shards). A text dataset (the text pipeline's sentences) has the same index."""
-    if dataset_dir is None:
-        return None, None
-    from contrastive.modalities.text.dataset import is_text_dataset, load_text_dataset
-    dataset = load_text_dataset(dataset_dir) if is_text_dataset(dataset_dir) else load_dataset(dataset_dir)
-    train = dataset.indices("train")
-    return dataset.ids[train], {name: labels[train] for name, labels in dataset.labels.items()}
-
-
-# Both pipelines run these two steps between stages.
 @cached_task("cluster-embeddings")
-def cluster_embeddings(*, config: ImagePipelineConfig | ClipPipelineConfig, key: str, out_dir: str, stage: int,
-                       exported: ExportRecord, earlier: list[ClusterRecord], dataset_dir: str | None,
-                       mlflow_run_id: str) -> ClusterRecord:
-    """k-means on stage ``stage``'s embeddings (see ``sample_scope`` for which samples), AMI against earlier stages."""
+def cluster_embeddings(*, config: _PipelineBase, key: str, out_dir: str, stage: int, exported: ExportRecord,
+                       earlier: list[ClusterRecord], data: dict, mlflow_run_id: str) -> ClusterRecord:
+    """k-means on stage ``stage``'s embeddings (the samples ``Modality.sample_scope`` names), AMI against earlier
+    stages and against the data's attributes."""
     if (done := finished_record(out_dir, ClusterRecord)) is not None:
         return done
     tracker = tracker_for(config)
-    ids, attributes = sample_scope(dataset_dir)
+    ids, attributes = modality_of(config).sample_scope(data)
     spec = config.mcl.kmeans_spec(stage, seed=stage_seed(config, stage))
     summary = steps.cluster_stage(embeddings_dir=exported.embeddings_dir, out_dir=Path(out_dir) / "clusters",
                                   kmeans_spec=spec, earlier_cluster_dirs=[e.clusters_dir for e in earlier],
@@ -405,8 +343,8 @@ def cluster_embeddings(*, config: ImagePipelineConfig | ClipPipelineConfig, key:
 
 
 @cached_task("pseudo-labels")
-def make_pseudo_labels(*, config: ImagePipelineConfig | ClipPipelineConfig, key: str, out_dir: str, for_stage: int,
-                       clusters: list[ClusterRecord], exports: list[ExportRecord], dataset_dir: str | None,
+def make_pseudo_labels(*, config: _PipelineBase, key: str, out_dir: str, for_stage: int,
+                       clusters: list[ClusterRecord], exports: list[ExportRecord], data: dict,
                        mlflow_run_id: str) -> PseudoLabelRecord:
     """Pseudo-labels for ``for_stage`` = combination of the cluster ids of ALL stages before it; groups smaller
     than that stage's global batch are handled by ``mcl.small_group_policy``."""
@@ -418,29 +356,100 @@ def make_pseudo_labels(*, config: ImagePipelineConfig | ClipPipelineConfig, key:
                                       out_path=Path(out_dir) / "pseudo_labels.npz",
                                       min_group_size=config.global_batch_size(for_stage),
                                       small_group_policy=config.mcl.small_group_policy,
-                                      ids=sample_scope(dataset_dir)[0])
+                                      ids=modality_of(config).sample_scope(data)[0])
     get_run_logger().info("pseudo-labels for stage %d: %s", for_stage, stats)
     return finish_pseudo_label_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir,
                                       stats=stats)
 
 
-@cached_task("evaluate")
-def evaluate(*, config: ImagePipelineConfig, key: str, out_dir: str, name: str, exports: list[ExportRecord], data: dict,
-             mlflow_run_id: str) -> EvalRecord:
-    """Linear probe + kNN per attribute for one stage alone or the concatenation of several stages."""
-    if (done := finished_record(out_dir, EvalRecord)) is not None:
+@cached_task("regroup-batches")
+def regroup_batches(*, config: _PipelineBase, key: str, out_dir: str, stage: int, pseudo: PseudoLabelRecord,
+                    data: dict, mlflow_run_id: str) -> RegroupRecord:
+    """What cluster-pure stage ``stage`` reads besides the pseudo-labels (CLIP: the training shards re-written
+    sorted by group, one sequential pass)."""
+    if (done := finished_record(out_dir, RegroupRecord)) is not None:
         return done
     tracker = tracker_for(config)
-    e = config.eval
-    metrics = stages.evaluate_embeddings(dataset_dir=data["dir"], embeddings_dirs=[x.embeddings_dir for x in exports],
-                                         probe_c=e.probe_c, probe_max_iter=e.probe_max_iter,
-                                         probe_max_train=e.probe_max_train, knn_k=e.knn_k, seed=config.seed)
-    return finish_eval_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, name=name,
-                              metrics=metrics)
+    result = modality_of(config).regroup(config, stage=stage, seed=stage_seed(config, stage),
+                                         pseudo_labels_path=pseudo.path, data=data, out_dir=out_dir)
+    tracker.log_metrics(mlflow_run_id, numeric_metrics("regroup", result["stats"]))
+    for path in result.get("artifacts", []):
+        tracker.log_artifact(mlflow_run_id, path, artifact_path="regrouped")
+    return RegroupRecord(key=key, dir=out_dir, path=result["path"], stats=result["stats"],
+                         mlflow_run_id=mlflow_run_id).save()
+
+
+@cached_task("combine-models")
+def combine_models(*, config: _PipelineBase, key: str, out_dir: str, trained: list[TrainRecord],
+                   mlflow_run_id: str) -> ModelRecord:
+    """A model made from the stage models (CLIP's model soup: their weight average), scored like a stage."""
+    if (done := finished_record(out_dir, ModelRecord)) is not None:
+        return done
+    path = modality_of(config).combine_models(model_paths=[r.model_path for r in trained],
+                                              out_path=str(Path(out_dir) / "model" / "model.pt"))
+    tracker_for(config).log_artifact(mlflow_run_id, Path(out_dir) / "model", artifact_path="combined/model")
+    return ModelRecord(key=key, dir=out_dir, model_path=path, mlflow_run_id=mlflow_run_id).save()
+
+
+@cached_task("encode-for-eval")
+def encode_for_eval(*, config: _PipelineBase, key: str, out_dir: str, name: str, model_path: str, data: dict,
+                    mlflow_run_id: str) -> FeaturesRecord:
+    """The evaluation sets encoded once by one model (a stage or a combined model): what its evaluations read."""
+    if (done := finished_record(out_dir, FeaturesRecord)) is not None:
+        return done
+    path = modality_of(config).encode_for_eval(config, model_path=model_path, data=data, out_dir=out_dir)
+    return FeaturesRecord(key=key, dir=out_dir, name=name, features=path, model_path=model_path,
+                          mlflow_run_id=mlflow_run_id).save()
+
+
+@cached_task("evaluate")
+def evaluate(*, config: _PipelineBase, key: str, out_dir: str, name: str, members: list[Member], data: dict,
+             mlflow_run_id: str) -> EvalRecord:
+    """The modality's scores of one stage alone or of the concatenation of several (probes, kNN, STS, MMVP,
+    retrieval: whatever it measures)."""
+    if (done := finished_record(out_dir, EvalRecord)) is not None:
+        return done
+    metrics = modality_of(config).evaluate(config, members=members, data=data, out_dir=out_dir)
+    return finish_eval_record(tracker=tracker_for(config), mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir,
+                              name=name, metrics=metrics, details={"members": len(members)})
+
+
+@cached_task("final-metrics")
+def final_metrics(*, config: _PipelineBase, key: str, out_dir: str, trained: list[TrainRecord], data: dict,
+                  mlflow_run_id: str) -> EvalRecord:
+    """The modality's step on the final representation (text: Hyper-CL's conditioned projections)."""
+    if (done := finished_record(out_dir, EvalRecord)) is not None:
+        return done
+    modality = modality_of(config)
+    tracker = tracker_for(config)
+    result = modality.final_metrics(config, model_paths=[x.model_path for x in trained], data=data, out_dir=out_dir)
+    for path in result.get("artifacts", []):
+        tracker.log_artifact(mlflow_run_id, path, artifact_path=modality.final_name)
+    return finish_eval_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir,
+                              name=modality.final_name, metrics=result["metrics"])
+
+
+@cached_task("diagnose")
+def diagnose(*, config: _PipelineBase, key: str, out_dir: str, stage: int, name: str, trained: TrainRecord,
+             exported: ExportRecord, clusters: ClusterRecord | None, data: dict,
+             mlflow_run_id: str) -> DiagnosisRecord:
+    """Embedding diagnostics of one stage (cosine distributions per attribute and per cluster, anisotropy,
+    effective rank, alignment and uniformity), logged to that stage's run."""
+    if (done := finished_record(out_dir, DiagnosisRecord)) is not None:
+        return done
+    result = modality_of(config).diagnose(config, stage=stage, model_path=trained.model_path,
+                                          embeddings_dir=exported.embeddings_dir,
+                                          clusters_dir=clusters.clusters_dir if clusters else None, data=data,
+                                          out_dir=str(Path(out_dir) / "diagnostics"), title=name)
+    tracker = tracker_for(config)
+    tracker.log_metrics(mlflow_run_id, result["metrics"])
+    tracker.log_artifact(mlflow_run_id, Path(out_dir) / "diagnostics", artifact_path="eval/diagnostics")
+    return DiagnosisRecord(key=key, dir=out_dir, name=name, diagnostics=result["metrics"], plot=result["plot"],
+                           mlflow_run_id=mlflow_run_id).save()
 
 
 @task(name="record-reuse")
-def record_reuse(*, config: ImagePipelineConfig, mlflow_run_id: str, record: StepRecord, what: str) -> None:
+def record_reuse(*, config: _PipelineBase, mlflow_run_id: str, record: StepRecord, what: str) -> None:
     """A cached step did not run: say in the current stage run where its result and artifacts came from."""
     tracker = tracker_for(config)
     tracker.set_tags(mlflow_run_id, {f"reused.{what}": "true", f"reused.{what}.source_run_id":
@@ -450,35 +459,69 @@ def record_reuse(*, config: ImagePipelineConfig, mlflow_run_id: str, record: Ste
 
 
 @task(name="note-rerun")
-def note_rerun(*, config: ImagePipelineConfig, mlflow_run_id: str, rerun_from: int) -> None:
+def note_rerun(*, config: _PipelineBase, mlflow_run_id: str, rerun_from: int) -> None:
     tracker_for(config).set_tags(mlflow_run_id, {"rerun_from": rerun_from, "forced_recompute": "true"})
 
 
 @task(name="close-run")
-def close_run(*, config: ImagePipelineConfig, mlflow_run_id: str, status: str = "FINISHED") -> None:
+def close_run(*, config: _PipelineBase, mlflow_run_id: str, status: str = "FINISHED") -> None:
     tracker_for(config).end_run(mlflow_run_id, status=status)
 
 
 @task(name="summarize")
-def summarize(*, config: ImagePipelineConfig, parent_run_id: str, pipeline_id: str, results: dict[str, dict],
-              cluster_records: list[ClusterRecord], out_dir: str) -> dict:
-    """Plots and a results table for the whole pipeline, on the parent MLflow run and as a Prefect artifact."""
+def summarize(*, config: _PipelineBase, parent_run_id: str, pipeline_id: str, results: dict[str, dict],
+              cluster_records: list[ClusterRecord], out_dir: str, final: dict | None = None) -> dict:
+    """The pipeline's end: its plots and the cluster-size plot, summary.json and results.md, every result metric on
+    the parent MLflow run, and the results tables in a Prefect markdown artifact. ``final``: the metrics of the
+    modality's step on the final representation (summary entry ``final``, beside the per-representation
+    results)."""
     tracker = tracker_for(config)
+    modality = modality_of(config)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    probe = plot_attribute_accuracy(results=results, path=out / "probe_accuracy.png")
-    knn = plot_attribute_accuracy(results=results, path=out / "knn_accuracy.png", metric="knn",
-                                  title="kNN accuracy per attribute")
-    return publish_summary(config=config, tracker=tracker, parent_run_id=parent_run_id, pipeline_id=pipeline_id,
-                           results=results, cluster_records=cluster_records, out=out, plots=[probe, knn],
-                           table=results_table_markdown(results), heading="linear-probe accuracy",
-                           artifact_key="mcl-results", description="MCL results")
+    summary = {"pipeline": config.pipeline, "pipeline_id": pipeline_id, "config_hash": config.config_hash(),
+               "results": results, "mlflow_run_id": parent_run_id, **({"final": final} if final else {})}
+    tables = modality.tables(config, summary)
+    paths = modality.plots(config, results=results, out=out)
+    if cluster_records:
+        paths.append(plot_cluster_sizes(sizes_by_stage={f"stage {c.stage}": c.sizes for c in cluster_records},
+                                        path=out / "cluster_sizes.png"))
+    write_json(out / "summary.json", summary)
+    markdown = tables_markdown(tables)
+    (out / "results.md").write_text(markdown)
+    for path in paths:
+        tracker.log_artifact(parent_run_id, path, artifact_path="eval")
+    tracker.log_artifact(parent_run_id, out / "summary.json", artifact_path="eval")
+    # One name per metric: each result under the name its evaluation logged it with (eval/<representation>/...);
+    # the concatenations' evaluations already logged theirs on this run.
+    logged = tracker.client.get_run(parent_run_id).data.metrics
+    tracker.log_metrics(parent_run_id, {key: v for name, m in results.items() for k, v in m.items()
+                                        if (key := f"eval/{result_slug(name)}/{k}") not in logged})
+    create_markdown_artifact(markdown=f"# {config.name}\n\n{markdown}", key=f"results-{pipeline_id[:8]}",
+                             description=f"{config.name}: {tables[0].title if tables else 'results'}")
+    return {**summary, "dir": str(out), "tracking_hint": tracker.run_url_hint(parent_run_id)}
 
 
-def results_table_markdown(results: dict[str, dict], metric: str = "probe") -> str:
-    attributes = sorted({k.split("/", 1)[1] for m in results.values() for k in m if k.startswith(metric + "/")})
-    lines = ["| representation | " + " | ".join(attributes) + " |", "|---" * (len(attributes) + 1) + "|"]
-    for name, metrics in results.items():
-        lines.append(f"| {name} | " + " | ".join(f"{metrics.get(f'{metric}/{a}', float('nan')):.3f}"
-                                                  for a in attributes) + " |")
-    return "\n".join(lines) + "\n"
+def table_columns(table: ResultsTable) -> list[str]:
+    """The columns of a results table: every key under ``<metric>/`` of any row, sorted."""
+    prefix = table.metric + "/"
+    return sorted({k.removeprefix(prefix) for m in table.rows.values() for k in m if k.startswith(prefix)})
+
+
+def format_value(value: float, *, percent: bool) -> str:
+    return f"{value:.1f}" if percent else f"{value:.3f}"
+
+
+def tables_markdown(tables: list[ResultsTable]) -> str:
+    """The results tables as markdown (results.md, the Prefect artifact, the parent run's description)."""
+    parts = []
+    for table in tables:
+        columns = table_columns(table)
+        lines = [f"### {table.title}", "", "| representation | " + " | ".join(columns) + " |",
+                 "|---" * (len(columns) + 1) + "|"]
+        for name, metrics in table.rows.items():
+            lines.append(f"| {name} | " + " | ".join(
+                format_value(metrics.get(f"{table.metric}/{c}", float("nan")), percent=table.percent)
+                for c in columns) + " |")
+        parts.append("\n".join(lines) + "\n")
+    return "\n".join(parts)

@@ -9,12 +9,12 @@ from prefect.artifacts import create_markdown_artifact
 
 from contrastive import sweep
 from contrastive.engine.checkpoint import write_json
-from contrastive.modalities.image.config import ImagePipelineConfig
-from tasks.mcl_tasks import tracker_for
+from pipeline_config.schema import _PipelineBase
+from tasks.steps import tracker_for
 
 
 @task(name="open-sweep-run")
-def open_sweep_run(*, config: ImagePipelineConfig, sweep_id: str, flow_run_id: str | None, grid: dict[str, list[str]],
+def open_sweep_run(*, config: _PipelineBase, sweep_id: str, flow_run_id: str | None, grid: dict[str, list[str]],
                    seeds: list[int]) -> str:
     tracker = tracker_for(config)
     tags = {"kind": "sweep", "sweep_id": sweep_id, "pipeline_name": config.name}
@@ -28,13 +28,13 @@ def open_sweep_run(*, config: ImagePipelineConfig, sweep_id: str, flow_run_id: s
 
 
 @task(name="nest-pipeline-run")
-def nest_pipeline_run(*, config: ImagePipelineConfig, sweep_run_id: str, pipeline_run_id: str, label: str) -> None:
+def nest_pipeline_run(*, config: _PipelineBase, sweep_run_id: str, pipeline_run_id: str, label: str) -> None:
     """Show a finished pipeline's MLflow run under the sweep's run (the UI nests by ``mlflow.parentRunId``)."""
     tracker_for(config).set_tags(pipeline_run_id, {"mlflow.parentRunId": sweep_run_id, "sweep.point": label})
 
 
 @task(name="publish-sweep")
-def publish_sweep(*, config: ImagePipelineConfig, sweep_run_id: str, sweep_id: str, runs: list[sweep.SweepRun],
+def publish_sweep(*, config: _PipelineBase, sweep_run_id: str, sweep_id: str, runs: list[sweep.SweepRun],
                   keys: list[str], out_dir: str, failed: list[str]) -> dict:
     """comparison.md / comparison.csv / accuracy_vs_<key>.png in ``out_dir``, on the sweep's MLflow run and as the
     Prefect markdown artifact ``mcl-sweep-<id>``."""
@@ -61,5 +61,5 @@ def publish_sweep(*, config: ImagePipelineConfig, sweep_run_id: str, sweep_id: s
 
 
 @task(name="close-sweep-run")
-def close_sweep_run(*, config: ImagePipelineConfig, sweep_run_id: str, status: str) -> None:
+def close_sweep_run(*, config: _PipelineBase, sweep_run_id: str, status: str) -> None:
     tracker_for(config).end_run(sweep_run_id, status=status)

@@ -24,6 +24,8 @@ from contrastive.engine.signals import graceful_stop, set_parent_death_signal, w
 from contrastive.errors import MclpipeError, StageInterrupted
 
 SUMMARY = "train_summary.json"
+#: What an export run as processes leaves for the launcher to read (rank 0 writes it).
+EXPORT_SUMMARY = "export_summary.json"
 
 
 def torchrun_command(*, args_path: Path, nproc_per_node: int, nnodes: int = 1,

@@ -70,19 +70,26 @@ class Launch:
 
 class Modality:
     """Base of every modality (see the module docstring). Subclasses set the class attributes and implement the
-    required methods; the optional ones default to "this modality has no such step"."""
+    required methods; the optional ones default to "this modality has no such step".
+
+    The ``*_content`` methods return what a step's content key digests (its config sections and the keys of its
+    inputs): a step is reused exactly when that content is unchanged, so each includes everything its result
+    depends on and nothing else.
+    """
 
     #: The config's ``pipeline:`` key that selects this modality (``mcl`` is the image modality's, for history).
     name: ClassVar[str]
     #: A few words for logs and docs: "images", "image-text pairs".
     title: ClassVar[str]
+    #: Prefix of this modality's step directories under output_dir/steps ("clip-": clip-train0-<key>).
+    step_prefix: ClassVar[str] = ""
     #: Entry points of the steps that can run as several processes.
     launch: ClassVar[Launch] = Launch()
-    #: MCL clusters the training split of ``data["dir"]`` (ids and attributes from it); False: every exported
-    #: sample, without attributes (CLIP's shards).
+    #: MCL clusters the training split of ``data["dir"]`` and scores the clusters with its attributes
+    #: (:meth:`sample_scope`); False: every exported sample, without attributes (CLIP's shards).
     clusters_dataset: ClassVar[bool] = True
-    #: Name of the MLflow model version a pipeline registers ("mcl-representation").
-    model_name: ClassVar[str] = "mcl-representation"
+    #: The input of the registered MLflow model (None: the pipeline registers no model).
+    serving: ClassVar[ServingInput | None] = None
 
     # ------------------------------------------------------------------------------------------ checks and data
     def preflight(self, config) -> None:
@@ -91,13 +98,23 @@ class Modality:
 
     def prepare_data(self, config, *, log: Callable[[str], None]) -> dict:
         """Write (or find) the data, check the config against its size, return the data record: at least
-        ``dir`` (what MCL clusters when ``clusters_dataset``), ``digest``, ``num_train``."""
+        ``dir``, ``digest`` and ``num_train``."""
         raise NotImplementedError
 
+    def sample_scope(self, data: dict) -> tuple[np.ndarray | None, dict[str, np.ndarray] | None]:
+        """Which samples MCL clusters (ids of the training split, aligned with the export's ids) and their
+        attribute labels (to score the clusters), or (None, None): every exported sample, no labels."""
+        if not self.clusters_dataset:
+            return None, None
+        from contrastive.data.loading import load_dataset
+        dataset = load_dataset(data["dir"])
+        train = dataset.indices("train")
+        return dataset.ids[train], {name: labels[train] for name, labels in dataset.labels.items()}
+
     # ------------------------------------------------------------------------------------------ training
-    def train_content(self, config, *, stage: int, seed: int, data: dict, batches_key: str | None) -> dict:
-        """What a stage's weights depend on (digested into its content key): the stage's config sections, seed,
-        data digest, the key of what its cluster-pure batches come from."""
+    def train_content(self, config, *, stage: int, seed: int, data: dict, batches_key: str | None,
+                      inherit_key: str | None) -> dict:
+        """What stage ``stage``'s weights depend on (``config`` is that stage's config)."""
         raise NotImplementedError
 
     def train_spec(self, config, *, stage: int, seed: int, out_dir: str, data: dict, batches_path: str | None,
@@ -119,14 +136,14 @@ class Modality:
         return []
 
     def total_steps(self, config, *, stage: int, data: dict) -> int:
-        """Optimizer steps of one stage (the progress bar's length)."""
-        train = config.for_stage(stage).train
-        return train.epochs * (train.max_steps_per_epoch or max(1, data["num_train"] // config.global_batch_size(stage)))
+        """Optimizer steps of one stage (``config`` is that stage's): the progress bar's length."""
+        train = config.train
+        per_epoch = train.max_steps_per_epoch or max(1, data["num_train"] // config.global_batch_size(stage))
+        return train.epochs * per_epoch
 
     # ------------------------------------------------------------------------------------------ export
-    def export_content(self, config) -> Any:
-        """What an export depends on besides the trained model (digested into its key)."""
-        return None
+    def export_content(self, config, *, train_key: str) -> Any:
+        raise NotImplementedError
 
     def export_kwargs(self, config, *, model_path: str, data: dict, out_dir: str) -> dict:
         """The JSON kwargs of :meth:`export` (and of ``launch.export_entry`` when it runs as processes)."""
@@ -134,81 +151,97 @@ class Modality:
 
     def export(self, **kwargs) -> dict:
         """Embed the samples MCL clusters into ``out_dir`` (sharded .npy + ids): {"dir", "num_samples", "dim",
-        "metrics"}."""
+        ...}; :meth:`export_metrics` picks the numbers to log from it."""
         raise NotImplementedError
+
+    def export_metrics(self, result: dict) -> dict[str, float]:
+        return {}
 
     # ------------------------------------------------------------------------------------------ between stages
-    def regroup_content(self, config, *, stage: int) -> Any:
+    def regroup_content(self, config, *, stage: int, seed: int, pseudo_key: str, data: dict) -> Any:
         return None
 
-    def regroup(self, config, *, stage: int, seed: int, pseudo_labels_path: str, data: dict, out_dir: str) -> dict | None:
+    def regroup(self, config, *, stage: int, seed: int, pseudo_labels_path: str, data: dict,
+                out_dir: str) -> dict | None:
         """Cluster-pure batches of ``stage`` need more than the pseudo-labels file: write it into ``out_dir`` and
-        return {"path": what train_spec's ``batches_path`` gets, "metrics": {...}}. None: the pseudo-labels file is
-        read as it is (the default)."""
+        return {"path": what train_spec's ``batches_path`` gets, "stats": {...}}. None (the default): the
+        pseudo-labels file is read as it is."""
         return None
+
+    regroups: ClassVar[bool] = False
 
     # ------------------------------------------------------------------------------------------ evaluation
-    def eval_content(self, config) -> Any:
-        """What an evaluation depends on besides its members' keys."""
+    def eval_content(self, config, *, member_keys: list[str]) -> Any:
         raise NotImplementedError
-
-    def encode_for_eval(self, config, *, model_path: str, data: dict, out_dir: str) -> str | None:
-        """Encode the evaluation sets once per model (CLIP); returns the features file. None (default): the
-        evaluation reads the exported embeddings."""
-        return None
-
-    encodes_for_eval: ClassVar[bool] = False
-
-    def encode_content(self, config) -> Any:
-        return None
 
     def evaluate(self, config, *, members: list[Member], data: dict, out_dir: str) -> dict[str, float]:
         """Metrics of one stage (one member) or of the concatenation of several."""
         raise NotImplementedError
 
-    def combine_models(self, config, *, model_paths: list[str], out_path: str) -> str | None:
-        """A further representation made from the stage models (CLIP's model soup), scored like a stage; None:
-        none for this config."""
+    #: The evaluation sets are encoded once per model (:meth:`encode_for_eval`, CLIP) instead of read from the
+    #: export.
+    encodes_for_eval: ClassVar[bool] = False
+
+    def encode_content(self, config, *, model_key: str, data: dict) -> Any:
         return None
 
-    def final_metrics(self, config, *, model_paths: list[str], data: dict, out_dir: str) -> dict[str, float] | None:
-        """A step on the final representation whose numbers go beside the results (text: Hyper-CL); None: none."""
+    def encode_for_eval(self, config, *, model_path: str, data: dict, out_dir: str) -> str:
+        """Encode the evaluation sets with one model into ``out_dir``; returns the features file."""
+        raise NotImplementedError
+
+    def combines_models(self, config) -> bool:
+        """A further representation is made from the stage models (CLIP's model soup) and scored like a stage."""
+        return False
+
+    def combine_models(self, *, model_paths: list[str], out_path: str) -> str:
+        raise NotImplementedError
+
+    #: Name of the step on the final representation (text: "hyper") whose numbers go beside the results.
+    final_name: ClassVar[str | None] = None
+
+    def has_final_step(self, config) -> bool:
+        return False
+
+    def final_content(self, config, *, train_keys: list[str]) -> Any:
         return None
 
-    def final_content(self, config) -> Any:
+    def final_metrics(self, config, *, model_paths: list[str], data: dict, out_dir: str) -> dict:
+        """{"metrics": {...}, "artifacts": [paths]} of the step on the final representation."""
+        raise NotImplementedError
+
+    #: Embedding diagnostics per stage (:meth:`diagnose`).
+    diagnoses: ClassVar[bool] = False
+
+    def diagnose_content(self, config, *, stage: int, export_key: str, clusters_key: str | None) -> Any:
         return None
 
     def diagnose(self, config, *, stage: int, model_path: str, embeddings_dir: str, clusters_dir: str | None,
-                 data: dict, out_dir: str, title: str) -> dict | None:
-        """Embedding diagnostics of one stage: {"metrics", "plot"} (image); None: none."""
-        return None
-
-    diagnoses: ClassVar[bool] = False
-
-    def diagnose_content(self, config, *, stage: int) -> Any:
-        return None
+                 data: dict, out_dir: str, title: str) -> dict:
+        """{"metrics", "plot"} of one stage's embeddings."""
+        raise NotImplementedError
 
     # ------------------------------------------------------------------------------------------ the control run
     def control_config(self, config):
-        """The config of the control run (the same number of fresh stages on random batches), or None when this
-        config has none. The default: the same config, whose stage 0 is MCL's own."""
+        """The config of the control run (the same number of fresh stages on random batches, concatenated the
+        same way), or None when this config has none. The default: the same config, so its stage 0 is MCL's."""
         mcl = config.mcl
         if not getattr(mcl, "control", False) or mcl.num_stages == 1:
             return None
         return config
+
+    def control_label(self, config) -> str:
+        return "control"
 
     # ------------------------------------------------------------------------------------------ reporting
     def tables(self, config, summary: dict) -> list[ResultsTable]:
         """The tables `mclpipe run` prints and the Prefect markdown artifact holds."""
         raise NotImplementedError
 
-    def plots(self, *, results: dict[str, dict], out: Path) -> list[Path]:
+    def plots(self, config, *, results: dict[str, dict], out: Path) -> list[Path]:
         """Plots of the whole pipeline's results for the parent run."""
         return []
 
     # ------------------------------------------------------------------------------------------ serving
-    serving: ClassVar[ServingInput | None] = None
-
     def load_encoder(self, model_path: str) -> Any:
         """One stage's model, ready for :meth:`embed` on the CPU (the registered MLflow model loads it)."""
         raise NotImplementedError

@@ -33,7 +33,7 @@ def test_custom_run_from_the_deployment_form(worker_deployment, browser, shots):
 
     # the deployment `mclpipe deploy` registered for the process pool
     text = open_page(page, f"{stack.prefect_url}/deployments/deployment/{worker_deployment.deployment_id}",
-                     expect="flows/mcl_flow.py:mcl_pipeline", shot=shots / "10-prefect-deployment.png")
+                     expect="flows/pipeline.py:mcl_pipeline", shot=shots / "10-prefect-deployment.png")
     assert PIPELINE in text and worker_deployment.pool in text and "Not Ready" not in text  # a worker polls it
 
     # Run -> Custom run: the typed config as a form; change one training value

@@ -8,7 +8,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from contrastive.modalities.image_text import steps as stages
-from flows.clip_flow import clip_pipeline
+from flows.pipeline import mcl_pipeline as clip_pipeline
 from pipeline_config.loader import load_config
 from tests.flows.mlflow_runs import artifact_paths, run_tree
 
@@ -53,7 +53,7 @@ def test_clip_mcl_pipeline_run_tree_artifacts_and_cache(clip_config, count_train
     assert sorted(c.data.tags["stage"] for c in children) == ["0", "1"]
     assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
     assert {"config.yaml", "eval/mmvp.png", "eval/retrieval.png", "eval/summary.json",
-            "eval/mcl_concat/metrics.json", "eval/soup/metrics.json", "soup/model/model.pt"} <= \
+            "eval/mcl_concat/metrics.json", "eval/soup/metrics.json", "combined/model/model.pt"} <= \
         artifact_paths(client, parent.info.run_id)
     stage0, stage1 = sorted(children, key=lambda r: r.data.tags["stage"])
     files0, files1 = artifact_paths(client, stage0.info.run_id), artifact_paths(client, stage1.info.run_id)
@@ -63,8 +63,8 @@ def test_clip_mcl_pipeline_run_tree_artifacts_and_cache(clip_config, count_train
     # what stage 1 trained on (the k-means of stage 0, its pseudo-labels and their re-shard) is in stage 1's run
     assert {"checkpoints/last.pt", "model/model.pt", "embeddings/ids.npy", "eval/stage1/metrics.json",
             "clusters/assignments.npz", "clusters/summary.json", "pseudo_labels/pseudo_labels.npz",
-            "grouped/grouped.json"} <= files1
-    assert not any(f.startswith(("clusters/", "pseudo_labels/", "grouped/")) for f in files0)
+            "regrouped/grouped.json"} <= files1
+    assert not any(f.startswith(("clusters/", "pseudo_labels/", "regrouped/")) for f in files0)
     # The broken samples were skipped and counted; they have no embedding and no pseudo-label.
     assert stage0.data.metrics["export/skipped_bad_image"] == 1
     assert stage0.data.metrics["export/skipped_no_caption"] == 1

@@ -1,7 +1,7 @@
 """A HEX pipeline under Prefect's test harness: HEX stage beside a no-HEX control, diagnostics logged."""
 from mlflow.tracking import MlflowClient
 
-from flows.mcl_flow import mcl_pipeline
+from flows.pipeline import mcl_pipeline
 from tests.flows.mlflow_runs import artifact_paths, run_tree
 
 

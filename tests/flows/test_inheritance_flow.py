@@ -3,7 +3,7 @@ concatenations of stages 0..j are evaluated."""
 from pathlib import Path
 
 from contrastive.modalities.image import steps as stages
-from flows.mcl_flow import mcl_pipeline
+from flows.pipeline import mcl_pipeline
 
 
 def test_inheritance_chains_the_stages_and_cumulative_concats(tiny_config, monkeypatch):

@@ -8,7 +8,7 @@ from mlflow.tracking import MlflowClient
 
 from contrastive.modalities.image import steps as stages
 from contrastive.errors import StageInterrupted
-from flows.mcl_flow import mcl_pipeline
+from flows.pipeline import mcl_pipeline
 from tests.flows.mlflow_runs import artifact_paths, run_tree
 
 

@@ -4,7 +4,7 @@ from prefect.runtime import flow_run
 
 from flows.runner import StageRun, StepRunner
 from contrastive.modalities.image.config import ImagePipelineConfig
-from tasks.mcl_tasks import tracker_for
+from tasks.steps import tracker_for
 
 
 def test_close_finishes_reused_runs_a_killed_attempt_of_this_flow_run_left_running(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from contrastive.modalities.image import steps as stages
-from flows.mcl_flow import mcl_pipeline
+from flows.pipeline import mcl_pipeline
 from tests.slurm import require_slurm
 
 pytestmark = pytest.mark.slow

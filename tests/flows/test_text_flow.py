@@ -7,7 +7,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from contrastive.modalities.text import steps as stages
-from flows.text_flow import text_pipeline
+from flows.pipeline import mcl_pipeline as text_pipeline
 from pipeline_config.loader import load_config
 from tests.flows.mlflow_runs import artifact_paths, run_tree
 
@@ -29,7 +29,7 @@ def test_text_pipeline_end_to_end(tmp_path, monkeypatch):
     results = summary["results"]
     assert set(results) == {"stage 0", "stage 1", "MCL concat", "control concat"}
     attributes = {"subject", "action", "place", "sentiment", "tense"}
-    hyper = summary["conditioned"]
+    hyper = summary["final"]
     assert {"csts/hyper_spearman", "csts/linear_spearman", "recall/place_hyper"} <= set(hyper)
     for metrics in results.values():
         assert {f"probe/{a}" for a in attributes} <= set(metrics)
@@ -52,5 +52,5 @@ def test_text_pipeline_end_to_end(tmp_path, monkeypatch):
 
     calls.clear()
     again = text_pipeline(config)
-    assert calls == [] and again["results"] == results and again["conditioned"] == hyper  # every step reused
+    assert calls == [] and again["results"] == results and again["final"] == hyper  # every step reused
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.mcl_flow import mcl_pipeline
+from flows.pipeline import mcl_pipeline
 from tasks.tracking import Tracker, TrackingError
 from tests.distributed import free_port
 

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 from contrastive.data.loading import load_dataset
 from contrastive.embeddings import load_embeddings
 from contrastive.integrate import concat_normalized
-from flows.mcl_flow import mcl_pipeline
+from flows.pipeline import mcl_pipeline
 from tasks.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
 from tests.flows.mlflow_runs import artifact_paths, run_tree
 

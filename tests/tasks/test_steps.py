@@ -1,7 +1,7 @@
-"""Pure helpers of tasks/mcl_tasks.py (no Prefect run needed)."""
+"""Pure helpers of tasks/steps.py (no Prefect run needed)."""
 from contrastive.modalities.image_text.config import ClipPipelineConfig
 from contrastive.modalities.image.config import ImagePipelineConfig
-from tasks.mcl_tasks import stage_seed
+from tasks.steps import stage_seed
 
 
 def test_stage_seeds_are_distinct_across_pipeline_seeds_and_stages():
@@ -15,7 +15,7 @@ def test_stage_seeds_are_distinct_across_pipeline_seeds_and_stages():
 def test_a_retried_flow_run_reopens_its_parent_run_not_a_stage_run(tmp_path):
     """A retried Prefect flow run keeps its id; its stage runs carry that id too. The retry reopened the latest
     run with the id (a stage run) as the pipeline's parent, so the results and the model went into stage 1's run."""
-    from tasks.mcl_tasks import open_pipeline_run, open_stage_run, tracker_for
+    from tasks.steps import open_pipeline_run, open_stage_run, tracker_for
 
     config = ImagePipelineConfig(output_dir=str(tmp_path / "runs"),
                             tracking={"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "retry"})

@@ -2,7 +2,8 @@
 import pytest
 from pydantic import ValidationError
 
-from tasks.mcl_tasks import results_table_markdown
+from contrastive.modalities.base import ResultsTable
+from tasks.steps import tables_markdown
 from tasks.records import EvalRecord, ExportRecord, finished_record
 from tasks.tracking import MetricBuffer, Tracker, TrackingError, flatten
 
@@ -73,8 +74,10 @@ def test_records_are_typed_and_reject_unknown_fields(tmp_path):
 
 
 def test_results_table_markdown():
-    table = results_table_markdown({"stage 0": {"probe/color": 1.0, "probe/shape": 0.25, "knn/shape": 0.1}})
-    assert table.splitlines()[0] == "| representation | color | shape |"
+    table = tables_markdown([ResultsTable(title="probe", metric="probe", rows={
+        "stage 0": {"probe/color": 1.0, "probe/shape": 0.25, "knn/shape": 0.1}})])
+    assert table.splitlines()[0] == "### probe"
+    assert table.splitlines()[2] == "| representation | color | shape |"
     assert "| stage 0 | 1.000 | 0.250 |" in table
 
 

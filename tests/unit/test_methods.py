@@ -11,7 +11,7 @@ from contrastive.methods.hex import HexRule, QRule
 from contrastive.methods import MoCoV2, NNCLR, SimCLR, build_method
 from contrastive.models import ProjectionHead, SmallCNN
 from contrastive.engine.rng import seed_everything
-from tests.unit.modalities.image_training import train_on_images
+from tests.unit.modalities.image.training import train_on_images
 
 MODEL = dict(encoder="small_cnn", widths=[4, 8], projection_hidden=8, projection_dim=4)
 HEX = {"enabled": True, "epsilon": {"mode": "cosine", "start": 0.9, "end": 0.1}, "q": {"mode": "similarity"}}

@@ -20,6 +20,7 @@ from contrastive.embeddings import EmbeddingWriter, compute_embeddings, load_emb
 from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
 from contrastive.engine.checkpoint import save_torch, write_json
 from contrastive.engine.distributed import DistInfo, barrier, current_info, device_for, per_rank_batch
+from contrastive.engine.launch import EXPORT_SUMMARY
 from contrastive.engine.loop import TrainCallback, release_device_memory, train
 from contrastive.engine.rng import seed_everything
 from contrastive.engine.task import StageSpec
@@ -140,7 +141,6 @@ def load_trained_model(*, model_path: Path, device: torch.device) -> torch.nn.Mo
 
 
 # ---------------------------------------------------------------------------------------------------- export
-EXPORT_SUMMARY = "export_summary.json"
 
 
 def export_stage_embeddings(*, dataset_dir: Path, model_path: Path, out_dir: Path, batch_size: int, device: str,

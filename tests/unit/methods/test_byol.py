@@ -9,7 +9,7 @@ from torch import nn
 
 from contrastive.methods import build_method
 from contrastive.methods.byol import BYOL, ema_tau, regression_loss
-from tests.unit.modalities.image_training import MODEL, train_on_images
+from tests.unit.modalities.image.training import MODEL, train_on_images
 
 BYOL_KWARGS = {"name": "byol", "temperature": 0.2, "byol": {"tau_base": 0.9, "predictor_hidden": 8}}
 

@@ -8,7 +8,7 @@ from contrastive.methods.hex import HexRule, OnlineClusterSettings
 from contrastive.methods.losses import two_view_negatives
 from contrastive.methods.online_clusters import OnlineClusters
 from contrastive.methods.simclr import SimCLR
-from tests.unit.modalities.image_training import train_on_images
+from tests.unit.modalities.image.training import train_on_images
 
 
 def minibatch_kmeans_reference(centroids, counts, x, min_rate):

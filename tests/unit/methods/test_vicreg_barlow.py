@@ -10,7 +10,7 @@ from contrastive.methods.hex import EpsilonRule, HexRule, OnlineClusterSettings,
 from contrastive.methods import build_method
 from contrastive.methods.barlow import BarlowSettings, BarlowTwins
 from contrastive.methods.vicreg import VICReg, VicregSettings
-from tests.unit.modalities.image_training import MODEL, train_on_images
+from tests.unit.modalities.image.training import MODEL, train_on_images
 
 
 def pair(batch=7, dim=4, seed=0):

@@ -2,7 +2,7 @@
 import numpy as np
 import torch
 
-from tests.unit.modalities.image_training import train_on_images
+from tests.unit.modalities.image.training import train_on_images
 
 IMAGES = torch.randint(0, 255, (48, 3, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
 GROUPS = np.repeat(np.arange(3), 16)
@@ -39,7 +39,7 @@ def test_views_made_ahead_on_a_thread_train_exactly_as_views_made_in_the_step(tm
 def test_each_batch_draws_its_own_augmentation_from_its_epoch_and_index():
     from contrastive.modalities.image.augment import TwoViewAugment
     from contrastive.modalities.image.adapter import ImageBatch, ImageContrastiveTask, augment_seed
-    from tests.unit.modalities.image_training import AUGMENT
+    from tests.unit.modalities.image.training import AUGMENT
 
     task = ImageContrastiveTask(method=torch.nn.Identity(), augment=TwoViewAugment(**AUGMENT), seed=3,
                                 channels_last=False)

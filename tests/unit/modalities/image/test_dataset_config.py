@@ -2,12 +2,12 @@
 import pytest
 
 from contrastive.errors import ConfigError
-from flows.mcl_flow import train_key
+from contrastive.modalities.image.modality import MODALITY as IMAGE
 from contrastive.modalities.image import dataset_config as ds
 from pipeline_config.loader import load_config, preset_names
 from contrastive.modalities.image.config import DataConfig, preflight
 from pipeline_config.schema import MclConfig, digest_of
-from tasks import mcl_tasks as t
+from tasks import steps as t
 
 
 def test_new_sections_stay_out_of_existing_content_keys():
@@ -33,8 +33,11 @@ def test_train_key_changes_only_with_inheritance():
                           "augment": config.augment.content(), "train": config.train.content(),
                           "seed": t.stage_seed(config, 1), "data": "d", "pseudo_labels": "p",
                           "remainder_policy": config.mcl.remainder_policy, "processes": 1})
-    assert train_key(config, stage=1, data=data, pseudo_key="p") == expected
-    assert train_key(config, stage=1, data=data, pseudo_key="p", inherit_key="k0") != expected
+    seed = t.stage_seed(config, 1)
+    assert digest_of(IMAGE.train_content(config, stage=1, seed=seed, data=data, batches_key="p",
+                                         inherit_key=None)) == expected
+    assert digest_of(IMAGE.train_content(config, stage=1, seed=seed, data=data, batches_key="p",
+                                         inherit_key="k0")) != expected
 
 
 def test_channels_and_missing_sources_name_the_fix(tmp_path):

@@ -42,12 +42,12 @@ def test_capacity_rule_uses_the_global_batch():
 
 
 def test_data_slots_enter_the_keys_only_when_set():
-    from flows.clip_flow import clip_train_key
+    from contrastive.modalities.image_text.modality import MODALITY as CLIP
     data = {"digest": "d"}
     plain, slotted = load_config("clip_tiny"), load_config("clip_tiny", ["distributed.data_slots=2"])
     assert plain.distributed.slots() == 1 and slotted.distributed.slots() == 2
     assert "data_slots" not in plain.distributed.content() and plain.config_hash() != slotted.config_hash()
-    assert clip_train_key(plain, stage=0, data=data, grouped_key=None) != \
-        clip_train_key(slotted, stage=0, data=data, grouped_key=None)
+    assert CLIP.train_content(plain, stage=0, seed=0, data=data, batches_key=None, inherit_key=None) != \
+        CLIP.train_content(slotted, stage=0, seed=0, data=data, batches_key=None, inherit_key=None)
     with pytest.raises(ConfigError, match="multiple of the 2 processes"):
         load_config("clip_tiny", ["distributed.nproc_per_node=2", "distributed.data_slots=3"])
