@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -382,49 +383,92 @@ class MetricBuffer:
 MODEL_ALIAS = "current"  # the registered model's alias for the encoder of the latest finished pipeline
 
 
+#: The distributions a modality's registered model imports when it loads and predicts, besides mlflow (which MLflow
+#: names itself) and cloudpickle (which reads the model): what ``pip install -r requirements.txt`` of the model
+#: installs, pinned to the versions here. Found by loading the model with only ``contrastive`` on sys.path
+#: (tests/e2e/test_model_fresh_venv.py for images); webdataset: ``contrastive.data.shards`` imports it.
+SERVING_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
+    "mcl": ("torch", "torchvision", "numpy", "webdataset"),
+    "text": ("torch", "numpy", "scikit-learn"),
+}
+DEFAULT_SERVING_DISTRIBUTIONS = ("torch", "numpy")
+
+
 class EncoderModel(mlflow.pyfunc.PythonModel):
-    """A pipeline's representation as an MLflow model: uint8 images (n, C, H, W) in, float32 embeddings out.
+    """A pipeline's representation as an MLflow model: the inputs its modality serves (``Modality.serving``;
+    images: uint8 (n, H, W, C) or (n, C, H, W)) in, float32 embeddings out.
 
     One stage: that stage's encoder output (what its export wrote, shape (n, D)). Several stages: MCL's integration,
-    concat(normalize(z_0), ..., normalize(z_{N-1})) of shape (n, sum D_j). The input transform is the export's:
-    pixels / 255 on the stage encoders' own ``embed``.
+    concat(normalize(z_0), ..., normalize(z_{N-1})) of shape (n, sum D_j). The modality (``model_config``
+    ``modality``: the config's ``pipeline:`` key) loads each stage's encoder and embeds the inputs
+    (``Modality.load_encoder`` / ``embed``); its code travels with the model (``code_paths``: the ``contrastive``
+    package), so the model loads wherever its requirements are installed, without this project.
     """
 
     _skip_type_hint_validation = True  # the signature logged with the model validates inputs, not type hints
 
     def load_context(self, context) -> None:
-        import torch
-
-        from contrastive.modalities.image.steps import load_trained_model
+        from contrastive.modalities.registry import modality_for
+        # Models logged before the key was stored are image models.
+        self.modality = modality_for((context.model_config or {}).get("modality", "mcl"))
         names = sorted(context.artifacts, key=lambda name: int(name.removeprefix("stage")))
-        self.encoders = [load_trained_model(model_path=Path(context.artifacts[n]), device=torch.device("cpu"))
-                         for n in names]
+        self.encoders = [self.modality.load_encoder(str(context.artifacts[n])) for n in names]
 
     def predict(self, context, model_input, params=None):
-        import numpy as np
-        import torch
-
         from contrastive.integrate import concat_normalized
-        images = torch.as_tensor(np.asarray(model_input)).float().div_(255.0)
-        with torch.no_grad():
-            embeddings = [encoder.embed(images).float().numpy() for encoder in self.encoders]
+        embeddings = [self.modality.embed(encoder, model_input) for encoder in self.encoders]
         return embeddings[0] if len(embeddings) == 1 else concat_normalized(stage_embeddings=embeddings)
 
 
-def encoder_signature(*, dims: list[int]):
+def encoder_signature(*, dims: list[int], serving):
+    """Input: the modality's ``serving`` (dtype, shape): a tensor, or for strings one string column (a list of
+    strings passes MLflow's check of a column, not of a tensor); output: float32 (n, sum of the stages' dims)."""
     import numpy as np
     from mlflow.models.signature import ModelSignature
-    from mlflow.types.schema import Schema, TensorSpec
-    out = dims[0] if len(dims) == 1 else sum(dims)
+    from mlflow.types import DataType
+    from mlflow.types.schema import ColSpec, Schema, TensorSpec
+    dtype = np.dtype(serving.dtype)
     # Unnamed tensors: predict receives and returns plain arrays.
-    return ModelSignature(inputs=Schema([TensorSpec(np.dtype(np.uint8), (-1, -1, -1, -1))]),
-                          outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, out))]))
+    inputs = Schema([ColSpec(DataType.string)]) if dtype.kind in "USO" and tuple(serving.shape) == (-1,) else \
+        Schema([TensorSpec(dtype, tuple(serving.shape))])
+    return ModelSignature(inputs=inputs, outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, sum(dims)))]))
+
+
+def serving_requirements(modality: str) -> list[str]:
+    """The model's pip requirements: only distributions on PyPI, pinned to the versions installed here (without a
+    local ``+cu130``: the same release on PyPI)."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+    names = ("cloudpickle", *SERVING_DISTRIBUTIONS.get(modality, DEFAULT_SERVING_DISTRIBUTIONS))
+    return [f"{name}=={Version(version(name)).public}" for name in names]
+
+
+def model_description(*, modality: str, serving, dims: list[int]) -> str:
+    """One paragraph for the model version and the MLmodel metadata: what goes in, what comes out."""
+    import numpy as np
+    stages = "one stage's embeddings" if len(dims) == 1 else \
+        f"{len(dims)} stages' embeddings, each L2-normalised, concatenated"
+    checked = "a list or array of strings" if np.dtype(serving.dtype).kind in "USO" else \
+        f"one {serving.dtype} numpy array with {len(serving.shape)} axes"
+    return (f"Input: {serving.description}. mlflow.pyfunc.load_model(uri).predict(x) checks x against the model's "
+            f"signature first: there x is {checked}. Output: float32 embeddings (n, {sum(dims)}), {stages}. "
+            f"Pipeline: {modality}.")
+
+
+def _code_copy(directory: Path) -> Path:
+    """The ``contrastive`` package copied into ``directory`` without byte code: what the model ships as code."""
+    import contrastive
+    target = directory / "contrastive"
+    shutil.copytree(Path(contrastive.__file__).parent, target,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo"))
+    return target
 
 
 @contextlib.contextmanager
 def quiet_model_saving() -> Iterator[None]:
-    """MLflow's advice while saving EncoderModel does not apply: its warning on pickled models (the class is importable
-    project code) and on a missing input example (the signature gives the shapes)."""
+    """MLflow's advice while saving EncoderModel does not apply: its warning on pickled models and on a missing
+    input example (the signature gives the shapes)."""
     pyfunc_log = logging.getLogger("mlflow.pyfunc")
     level = pyfunc_log.level
     pyfunc_log.setLevel(logging.ERROR)
@@ -436,25 +480,65 @@ def quiet_model_saving() -> Iterator[None]:
         pyfunc_log.setLevel(level)
 
 
-def log_encoder(tracker: Tracker, run_id: str, *, name: str, model_paths: list[str], dims: list[int],
-                registered_name: str | None = None, tags: dict[str, str] | None = None) -> dict[str, str]:
-    """Log ``model_paths`` (one stage's ``model.pt``, or every stage's for the integrated representation) as an
-    MLflow logged model of the run, loadable with ``mlflow.pyfunc.load_model``; with ``registered_name``, register
-    it and point the alias ``current`` at it. Returns {"model_id", "model_uri"[, "version", "registered_uri"]}."""
+# Held while EncoderModel is pickled by value (log_encoder): cloudpickle's by-value registry is process-wide.
+_PICKLE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _pickled_by_value() -> Iterator[None]:
+    """Pickle EncoderModel's class by value, not as a reference to ``tasks.tracking``: where the model loads,
+    this project (``tasks``) is not installed; only ``contrastive`` travels with the model."""
+    import cloudpickle
+    module = sys.modules[EncoderModel.__module__]
+    with _PICKLE_LOCK:
+        cloudpickle.register_pickle_by_value(module)
+        try:
+            yield
+        finally:
+            cloudpickle.unregister_pickle_by_value(module)
+
+
+def save_encoder(path: Path, *, model_paths: list[str], dims: list[int], modality: str = "mcl") -> None:
+    """Write the MLflow model of ``model_paths`` (stage ``model.pt`` files of ``modality``) into ``path``."""
     import tempfile
 
     import mlflow.pyfunc
+
+    from contrastive.modalities.registry import modality_for
+    serving = modality_for(modality).serving
+    if serving is None:
+        raise ValueError(f"pipeline {modality!r} serves no model (its modality has no serving input)")
+    description = model_description(modality=modality, serving=serving, dims=dims)
+    with tempfile.TemporaryDirectory() as code, quiet_model_saving(), _pickled_by_value():
+        # pip_requirements given: inferring them starts a subprocess that imports the model (slow).
+        mlflow.pyfunc.save_model(
+            str(path), python_model=EncoderModel(), artifacts={f"stage{i}": str(p) for i, p in enumerate(model_paths)},
+            model_config={"modality": modality}, code_paths=[str(_code_copy(Path(code)))],
+            signature=encoder_signature(dims=dims, serving=serving), pip_requirements=serving_requirements(modality),
+            metadata={"modality": modality, "input": serving.description, "input_dtype": serving.dtype,
+                      "output": f"float32 embeddings (n, {sum(dims)})", "stages": len(model_paths),
+                      "description": description})
+
+
+def log_encoder(tracker: Tracker, run_id: str, *, name: str, model_paths: list[str], dims: list[int],
+                modality: str = "mcl", registered_name: str | None = None,
+                tags: dict[str, str] | None = None) -> dict[str, str]:
+    """Log ``model_paths`` (one stage's ``model.pt``, or every stage's for the integrated representation) of the
+    pipeline ``modality`` (the config's ``pipeline:`` key) as an MLflow logged model of the run, loadable with
+    ``mlflow.pyfunc.load_model`` where its requirements are installed; with ``registered_name``, register it and
+    point the alias ``current`` at it. Returns {"model_id", "model_uri"[, "version", "registered_uri"]}."""
+    import tempfile
+
     from mlflow.entities import LoggedModelOutput
+
+    from contrastive.modalities.registry import modality_for
+    serving = modality_for(modality).serving
     with tempfile.TemporaryDirectory() as tmp:
         local = Path(tmp) / "model"
-        # pip_requirements given: inferring them starts a subprocess that imports the model (slow, and needless
-        # here: the model runs in this project's environment).
-        with quiet_model_saving():
-            mlflow.pyfunc.save_model(str(local), python_model=EncoderModel(),
-                                     artifacts={f"stage{i}": str(p) for i, p in enumerate(model_paths)},
-                                     signature=encoder_signature(dims=dims), pip_requirements=["mclpipe", "torch"])
+        save_encoder(local, model_paths=model_paths, dims=dims, modality=modality)
         model = tracker._call("create a logged model", tracker.client.create_logged_model, tracker.experiment_id,
-                              name=name, source_run_id=run_id, model_type="encoder", tags=tags or {})
+                              name=name, source_run_id=run_id, model_type="encoder",
+                              tags={"modality": modality, "input": serving.description, **(tags or {})})
         tracker._call("upload a model", tracker.client.log_model_artifacts, model.model_id, str(local))
     tracker._call("finish a model", tracker.client.finalize_logged_model, model.model_id, "READY")
     tracker._call("link a model", tracker.client.log_outputs, run_id, [LoggedModelOutput(model.model_id, step=0)])
@@ -462,7 +546,8 @@ def log_encoder(tracker: Tracker, run_id: str, *, name: str, model_paths: list[s
     if registered_name:
         _ensure_registered_model(tracker, registered_name)
         version = tracker._call("register a model version", tracker.client.create_model_version, registered_name,
-                                model.artifact_location, run_id=run_id, model_id=model.model_id)
+                                model.artifact_location, run_id=run_id, model_id=model.model_id,
+                                description=model_description(modality=modality, serving=serving, dims=dims))
         tracker._call("set a model alias", tracker.client.set_registered_model_alias, registered_name, MODEL_ALIAS,
                       version.version)
         out |= {"version": str(version.version), "registered_uri": f"models:/{registered_name}@{MODEL_ALIAS}"}

@@ -25,7 +25,6 @@ from contrastive.engine.loop import TrainCallback, release_device_memory, train
 from contrastive.engine.rng import seed_everything
 from contrastive.engine.task import StageSpec
 from contrastive.errors import DataError
-from contrastive.evaluate import evaluate_representation
 from contrastive.integrate import concat_normalized
 from contrastive.mcl.sampler import ClusterBatchSampler
 from contrastive.mcl.steps import load_pseudo_labels
@@ -132,12 +131,18 @@ def read_image_batches(*, dataset, rows_in_split: np.ndarray, planned, workers: 
 
 
 def load_trained_model(*, model_path: Path, device: torch.device) -> torch.nn.Module:
+    return read_trained_model(model_path=model_path, device=device)[0]
+
+
+def read_trained_model(*, model_path: Path, device: torch.device) -> tuple[torch.nn.Module, dict]:
+    """A stage's ``model.pt``: the method rebuilt from it (on ``device``, eval mode) and the ``model_kwargs`` it
+    was built with (``in_channels``, absent in models saved before it existed: 3)."""
     if not Path(model_path).exists():
         raise DataError(f"trained model {model_path} is missing: rerun the pipeline to retrain this stage")
     saved = torch.load(model_path, map_location=device, weights_only=False)
     method = build_method(model_kwargs=saved["model_kwargs"], method_kwargs=saved["method_kwargs"])
     method.load_state_dict(saved["state_dict"])
-    return method.to(device).eval()
+    return method.to(device).eval(), saved["model_kwargs"]
 
 
 # ---------------------------------------------------------------------------------------------------- export
@@ -189,10 +194,36 @@ def export_stage_from_json(*, export: dict, info: DistInfo | None = None) -> dic
     return export_stage_embeddings(**export, info=info)
 
 
+class _Rows:
+    """What :func:`embed_images` gives ``compute_embeddings`` in place of an ``EmbeddingWriter``: the float32
+    blocks, kept in memory."""
+
+    def __init__(self):
+        self.blocks: list[np.ndarray] = []
+        self.dim = 0
+
+    def add(self, embeddings: np.ndarray, ids: np.ndarray) -> None:
+        self.blocks.append(embeddings)
+
+
+def embed_images(model: torch.nn.Module, images: torch.Tensor, *, device: torch.device,
+                 batch_size: int = 256) -> np.ndarray:
+    """float32 (n, D) embeddings of uint8 images (n, C, H, W) held in memory, by the export's own transform
+    (``compute_embeddings``: pixels / 255 on the model's ``embed``), ``batch_size`` images at a time."""
+    if not len(images):
+        raise ValueError("no images to embed")
+    planned = [np.arange(start, min(start + batch_size, len(images))) for start in range(0, len(images), batch_size)]
+    rows = _Rows()
+    compute_embeddings(encode=model.embed, batches=((kept, images[kept[0]:kept[-1] + 1]) for kept in planned),
+                       device=device, writer=rows, ids=np.arange(len(images)), expected_rows=planned)
+    return np.concatenate(rows.blocks).astype(np.float32, copy=False)
+
+
 # ---------------------------------------------------------------------------------------------------- evaluation
 def evaluate_embeddings(*, dataset_dir: Path, embeddings_dirs: list[Path], probe_c: float, probe_max_iter: int,
                         probe_max_train: int, knn_k: int, seed: int) -> dict[str, float]:
     """Probe one stage (one dir) or the concatenation of several stages' L2-normalised embeddings."""
+    from contrastive.evaluate import evaluate_representation  # scikit-learn: not needed to load or serve a model
     dataset = load_dataset(dataset_dir)
     stage_embeddings = []
     for directory in embeddings_dirs:

@@ -1,0 +1,178 @@
+"""The registered model's input: one stage's image encoder embeds the same pixels identically in every accepted
+layout (NCHW, NHWC, one image, a list of arrays, PIL images), refuses anything else with the layouts it takes, and
+``log_encoder`` logs it with the modality, a signature, a description and installable requirements."""
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+
+from contrastive.engine.checkpoint import save_torch
+from contrastive.methods import build_method
+from contrastive.modalities.image import serving
+
+METHOD = dict(name="simclr", temperature=0.5)
+
+
+def tiny_model(path: Path, *, channels: int = 3, seed: int = 0) -> str:
+    """A small CNN stage model as training saves it (``model.pt``), without training."""
+    torch.manual_seed(seed)
+    model_kwargs = dict(encoder="small_cnn", widths=[8, 16], projection_hidden=16, projection_dim=8,
+                        in_channels=channels)
+    method = build_method(model_kwargs=model_kwargs, method_kwargs=METHOD)
+    save_torch({"state_dict": method.state_dict(), "model_kwargs": model_kwargs, "method_kwargs": METHOD}, path,
+               what="a test model")
+    return str(path)
+
+
+def images(n: int = 5, *, size: int = 12, channels: int = 3, seed: int = 0) -> np.ndarray:
+    """uint8 (n, H, W, C)."""
+    return np.random.default_rng(seed).integers(0, 256, (n, size, size, channels), dtype=np.uint8)
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory):
+    return serving.load_encoder(tiny_model(tmp_path_factory.mktemp("serving") / "model.pt"))
+
+
+def test_every_layout_of_the_same_pixels_gives_the_same_embeddings(encoder):
+    from PIL import Image
+    hwc = images()
+    expected = serving.embed(encoder, hwc)
+    assert expected.dtype == np.float32 and expected.shape == (5, 16)
+    nchw = np.ascontiguousarray(hwc.transpose(0, 3, 1, 2))
+    for same in (nchw, list(hwc), [Image.fromarray(image) for image in hwc], tuple(nchw),
+                 torch.from_numpy(hwc)):
+        np.testing.assert_array_equal(serving.embed(encoder, same), expected)
+    one = serving.embed(encoder, hwc[2])  # one image, HWC (a batch of one: float sums in another order)
+    np.testing.assert_allclose(one, expected[2:3], atol=1e-6)
+    np.testing.assert_array_equal(serving.embed(encoder, nchw[2]), one)  # one image, CHW
+    np.testing.assert_array_equal(serving.embed(encoder, Image.fromarray(hwc[2])), one)
+
+
+def test_the_transform_is_the_exports(encoder):
+    """Pixels / 255 on the stage model's own ``embed``: what the export writes (steps.export_stage_embeddings)."""
+    hwc = images()
+    with torch.no_grad():
+        direct = encoder.model.embed(torch.from_numpy(hwc).permute(0, 3, 1, 2).float() / 255.0).numpy()
+    np.testing.assert_allclose(serving.embed(encoder, hwc), direct, atol=1e-6)
+    np.testing.assert_allclose(serving.embed(encoder, images(300), batch_size=128)[:5],
+                               serving.embed(encoder, images(300)[:5]), atol=1e-6)  # nor do the batches
+
+
+def test_pil_images_are_converted_to_the_encoders_channels(encoder):
+    from PIL import Image
+    gray = images(2, channels=1)[..., 0]
+    as_rgb = [Image.fromarray(g, mode="L").convert("RGB") for g in gray]
+    np.testing.assert_array_equal(serving.embed(encoder, [Image.fromarray(g, mode="L") for g in gray]),
+                                  serving.embed(encoder, as_rgb))
+
+
+def test_one_and_four_channel_encoders(tmp_path):
+    from PIL import Image
+    one = serving.load_encoder(tiny_model(tmp_path / "one.pt", channels=1))
+    gray = images(3, channels=1)
+    expected = serving.embed(one, gray)
+    for same in (gray.transpose(0, 3, 1, 2), [g[..., 0] for g in gray], [Image.fromarray(g[..., 0]) for g in gray]):
+        np.testing.assert_array_equal(serving.embed(one, same), expected)
+    four = serving.load_encoder(tiny_model(tmp_path / "four.pt", channels=4))
+    rgba = images(2, channels=4)
+    np.testing.assert_array_equal(serving.embed(four, [Image.fromarray(x, mode="RGBA") for x in rgba]),
+                                  serving.embed(four, rgba.transpose(0, 3, 1, 2)))
+    with pytest.raises(ValueError, match="4-channel"):
+        serving.embed(four, [Image.fromarray(images(1)[0])])
+
+
+def test_an_ambiguous_shape_is_read_channels_last():
+    x = images(2, size=3)  # (2, 3, 3, 3): both axis 1 and axis 3 could hold the channels
+    np.testing.assert_array_equal(serving.as_nchw(x, channels=3), x.transpose(0, 3, 1, 2))
+    y = np.zeros((2, 3, 5, 3), np.uint8)
+    np.testing.assert_array_equal(serving.as_nchw(y, channels=3), y.transpose(0, 3, 1, 2))
+    assert serving.as_nchw(np.zeros((2, 3, 5, 7), np.uint8), channels=3).shape == (2, 3, 5, 7)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (np.zeros((2, 12, 12, 2), np.uint8), r"shape \(2, 12, 12, 2\).*\(n, H, W, C\) or \(n, C, H, W\)"),
+    (np.zeros((2, 1, 12, 12, 3), np.uint8), r"shape \(2, 1, 12, 12, 3\).*\(n, H, W, C\)"),
+    (np.zeros((12, 12), np.uint8), r"shape \(12, 12\).*3-channel"),
+    (np.zeros((0, 12, 12, 3), np.uint8), "no images"),
+    ([], "no images"),
+    (np.zeros((2, 12, 12, 3), np.float32), r"dtype float32.*uint8"),
+    ([np.zeros((12, 12, 3), np.uint8), np.zeros((10, 10, 3), np.uint8)], "differ in size"),
+    ([np.zeros((12, 12, 3), np.uint8), "a path"], r"image 1 of the list is a str"),
+    ("a path", r"the input is a str.*\(n, H, W, C\)"),
+])
+def test_anything_else_is_refused_naming_the_layouts(encoder, bad, message):
+    with pytest.raises(ValueError, match=message):
+        serving.embed(encoder, bad)
+
+
+# ---------------------------------------------------------------------------------------------------- logged model
+@pytest.fixture
+def tracker(tmp_path):
+    """A sqlite store in tmp_path, also where mlflow's ``models:/`` URIs are looked up while the test runs."""
+    from tasks.tracking import Tracker
+    tracker = Tracker(uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="t", artifact_root=tmp_path / "art")
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(tracker.uri)
+    yield tracker
+    mlflow.set_tracking_uri(previous)
+
+
+def test_the_logged_model_says_what_it_takes_and_embeds_every_layout(tracker, tmp_path):
+    from tasks.tracking import log_encoder
+    paths = [tiny_model(tmp_path / f"stage{i}.pt", seed=i) for i in range(2)]
+    run = tracker.client.create_run(tracker.experiment_id).info.run_id
+    logged = log_encoder(tracker, run, name="mcl-representation", model_paths=paths, dims=[16, 16],
+                         modality="mcl", registered_name="tiny")
+    info = mlflow.models.get_model_info(logged["registered_uri"])
+    assert info.metadata["input"] == serving.SERVING.description and info.metadata["modality"] == "mcl"
+    assert "(n, H, W, C) or (n, C, H, W)" in info.metadata["description"]
+    [given], [out] = info.signature.inputs.inputs, info.signature.outputs.inputs
+    assert (given.type, given.shape, out.type, out.shape) == (np.dtype("uint8"), (-1, -1, -1, -1),
+                                                              np.dtype("float32"), (-1, 32))
+    version = tracker.client.get_model_version("tiny", logged["version"])
+    assert "uint8 images (n, H, W, C)" in version.description
+
+    model = mlflow.pyfunc.load_model(logged["registered_uri"])
+    hwc = images()
+    stages = [serving.embed(serving.load_encoder(p), hwc) for p in paths]
+    from contrastive.integrate import concat_normalized
+    expected = concat_normalized(stage_embeddings=stages)
+    np.testing.assert_allclose(model.predict(hwc), expected, atol=1e-6)
+    np.testing.assert_allclose(model.predict(np.ascontiguousarray(hwc.transpose(0, 3, 1, 2))), expected, atol=1e-6)
+    ragged = np.empty(len(hwc), dtype=object)  # a list of images that MLflow's signature check lets through
+    ragged[:] = list(hwc)
+    np.testing.assert_allclose(model.predict(ragged), expected, atol=1e-6)
+    with pytest.raises(ValueError, match=r"\(n, H, W, C\) or \(n, C, H, W\)"):
+        model.unwrap_python_model().predict(None, np.zeros((2, 12, 12, 2), np.uint8))
+
+
+def test_the_model_ships_contrastive_and_installable_pinned_requirements(tracker, tmp_path):
+    from importlib.metadata import version
+
+    from tasks.tracking import log_encoder
+    run = tracker.client.create_run(tracker.experiment_id).info.run_id
+    logged = log_encoder(tracker, run, name="stage0-encoder", model_paths=[tiny_model(tmp_path / "m.pt")], dims=[16])
+    local = Path(mlflow.artifacts.download_artifacts(logged["model_uri"], dst_path=str(tmp_path / "dl")))
+    requirements = (local / "requirements.txt").read_text().split()
+    names = [line.split("==")[0] for line in requirements]
+    assert "mclpipe" not in names and {"torch", "torchvision", "numpy", "mlflow"} <= set(names)
+    for line in requirements:
+        name, pinned = line.split("==")
+        assert pinned == version(name).split("+")[0], line
+    code = local / "code"
+    assert sorted(p.name for p in code.iterdir()) == ["contrastive"]
+    assert (code / "contrastive" / "modalities" / "image" / "serving.py").is_file()
+    assert not list(code.rglob("__pycache__")) and not list(code.rglob("*.pyc"))
+
+
+def test_a_pipeline_that_serves_no_model_is_refused(tmp_path):
+    from contrastive.modalities.registry import PACKAGES, modality_for
+    from tasks.tracking import save_encoder
+    silent = [key for key in PACKAGES if modality_for(key).serving is None]
+    if not silent:
+        pytest.skip("every modality serves a model")
+    with pytest.raises(ValueError, match="serves no model"):
+        save_encoder(tmp_path / "model", model_paths=[], dims=[1], modality=silent[0])
