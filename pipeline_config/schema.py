@@ -16,7 +16,7 @@ from contrastive.data.dataset import params_hash
 from contrastive.engine.task import LoopSpec
 from contrastive.errors import ConfigError
 from contrastive.mcl.steps import KMeansSpec
-from pipeline_config.launcher import check_launcher
+from pipeline_config.launcher import LauncherConfig, check_launcher
 
 
 # A field that never changes a result (log cadence, thread count, worker count): left out of content keys.
@@ -206,20 +206,23 @@ class ScheduleConfig(_Section):
 
 
 class _PipelineBase(_Section):
-    """The top of every pipeline config (MCL and CLIP) and its hash. Subclasses give ``pipeline`` and ``name`` their
-    literal and default (a redeclared field keeps its place, so these stay first in a dumped config) and declare
-    ``tracking`` and ``schedule`` last themselves, after their own sections."""
+    """The top of every modality's pipeline config and its hash: what every pipeline has whatever its data (seed,
+    device, where its files, processes and tracking go, its schedule). Subclasses give ``pipeline`` and ``name``
+    their literal and default (a redeclared field keeps its place, so these stay first in a dumped config) and add
+    the modality's own sections."""
 
     pipeline: str
     name: str = Field(**NOT_IN_KEY)
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     output_dir: Path = Field(Path("runs"), **NOT_IN_KEY)
+    launcher: LauncherConfig = Field(LauncherConfig(), **NOT_IN_KEY)  # where stages run, never what they compute
+    tracking: TrackingConfig = Field(TrackingConfig(), **NOT_IN_KEY)
+    schedule: ScheduleConfig = Field(ScheduleConfig(), **NOT_IN_KEY)
 
     @model_validator(mode="after")
     def _launcher_fits(self) -> "_PipelineBase":
-        if hasattr(self, "launcher"):
-            check_launcher(self)
+        check_launcher(self)
         return self
 
     def for_stage(self, stage: int) -> "_PipelineBase":

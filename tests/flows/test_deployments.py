@@ -38,7 +38,7 @@ def test_deploy_to_a_process_work_pool_registers_the_checkout(tmp_path):
     from prefect.client.schemas.actions import WorkPoolCreate
 
     from contrastive.errors import ConfigError
-    from flows.deployments import ENTRYPOINTS, REPO_ROOT, deploy_to_work_pool
+    from flows.deployments import ENTRYPOINT, REPO_ROOT, deploy_to_work_pool
 
     with pytest.raises(ConfigError, match="prefect work-pool create nowhere --type process"):
         deploy_to_work_pool(config_name="trifeature_tiny", work_pool="nowhere")
@@ -55,7 +55,7 @@ def test_deploy_to_a_process_work_pool_registers_the_checkout(tmp_path):
             return await client.read_deployment(deployment_id)
 
     stored = asyncio.run(read())
-    assert stored.work_pool_name == "unit-cpu" and stored.entrypoint == ENTRYPOINTS["mcl"]
+    assert stored.work_pool_name == "unit-cpu" and stored.entrypoint == ENTRYPOINT
     assert stored.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(REPO_ROOT)}}]
     assert ImagePipelineConfig.model_validate(stored.parameters["config"]).train.epochs == 2
     assert set(stored.tags) == {"mclpipe", "mcl"}

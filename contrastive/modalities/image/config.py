@@ -26,9 +26,8 @@ from contrastive.methods.parts import (MethodParts, PatchSettings, check_method_
                                        parts_in_use)
 from contrastive.errors import ConfigError
 from contrastive.modalities.image import dataset_config as ds
-from pipeline_config.launcher import LauncherConfig
-from pipeline_config.schema import (NOT_IN_KEY, DistributedConfig, EvalConfig, LoopSettings, MclConfig,
-                                    ScheduleConfig, TrackingConfig, _deep_merge, _PipelineBase, _Section)
+from pipeline_config.schema import (NOT_IN_KEY, DistributedConfig, EvalConfig, LoopSettings, MclConfig, _deep_merge,
+                                    _PipelineBase, _Section)
 
 
 class TrifeatureConfig(_Section):
@@ -364,14 +363,11 @@ class ImagePipelineConfig(_PipelineBase):
     mcl: MclConfig = MclConfig()
     eval: EvalConfig = EvalConfig()
     distributed: DistributedConfig = DistributedConfig()
-    launcher: LauncherConfig = Field(LauncherConfig(), **NOT_IN_KEY)  # where stages run, never what they compute
     stage_overrides: dict[int, dict[str, Any]] = Field(
         default_factory=dict,
         description="per-stage changes to the model, method, augment and train sections, e.g. "
                     "{2: {train: {epochs: 20}}}: stage 2 (MCL and control) trains 20 epochs. Stages without an "
                     "entry keep their content keys, so with --rerun-from N a change here recomputes only stage N on")
-    tracking: TrackingConfig = Field(TrackingConfig(), **NOT_IN_KEY)
-    schedule: ScheduleConfig = Field(ScheduleConfig(), **NOT_IN_KEY)
 
     @model_validator(mode="after")
     def _check_stage_overrides(self) -> "ImagePipelineConfig":

@@ -7,8 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import Callable
 
-from contrastive.modalities.base import Launch, Member, Modality, ResultsTable
-from contrastive.modalities.image import serving
+from contrastive.modalities.base import Launch, Member, Modality, ResultsTable, ServingInput
 
 
 class ImageModality(Modality):
@@ -17,7 +16,8 @@ class ImageModality(Modality):
     launch = Launch(train_entry="contrastive.modalities.image.steps:train_stage_from_json",
                     export_entry="contrastive.modalities.image.steps:export_stage_from_json")
     diagnoses = True
-    serving = serving.SERVING
+    serving = ServingInput(dtype="uint8", shape=(-1, -1, -1, -1),
+                           description="uint8 images (n, H, W, C) or (n, C, H, W), or a list of HWC images")
 
     # ------------------------------------------------------------------------------------------ checks and data
     def preflight(self, config) -> None:
@@ -136,10 +136,12 @@ class ImageModality(Modality):
 
     # ------------------------------------------------------------------------------------------ serving
     def load_encoder(self, model_path: str):
-        return serving.load_encoder(model_path)
+        from contrastive.modalities.image.serving import load_encoder
+        return load_encoder(model_path)
 
     def embed(self, encoder, inputs):
-        return serving.embed(encoder, inputs)
+        from contrastive.modalities.image.serving import embed
+        return embed(encoder, inputs)
 
 
 def prepare_image_data(data) -> Path:

@@ -10,9 +10,8 @@ from pydantic import Field, model_validator
 
 from contrastive.engine.task import OptimSpec
 from contrastive.errors import ConfigError
-from pipeline_config.launcher import LauncherConfig
-from pipeline_config.schema import (NOT_IN_KEY, DistributedConfig, LoopSettings, ScheduleConfig,
-                                    StageClusteringConfig, TrackingConfig, _PipelineBase, _Section)
+from pipeline_config.schema import (NOT_IN_KEY, DistributedConfig, LoopSettings, StageClusteringConfig, _PipelineBase,
+                                    _Section)
 
 
 class ClipSyntheticConfig(_Section):
@@ -126,9 +125,6 @@ class ClipPipelineConfig(_PipelineBase):
     distributed: ClipDistributedConfig = ClipDistributedConfig()
     mcl: ClipMclConfig = ClipMclConfig()
     eval: ClipEvalConfig = ClipEvalConfig()
-    launcher: LauncherConfig = Field(LauncherConfig(), **NOT_IN_KEY)  # where stages run, never what they compute
-    tracking: TrackingConfig = Field(TrackingConfig(), **NOT_IN_KEY)
-    schedule: ScheduleConfig = Field(ScheduleConfig(), **NOT_IN_KEY)
 
     def global_batch_size(self, stage: int) -> int:
         return self.train.global_batch_size

@@ -15,9 +15,8 @@ from pydantic import Field, model_validator
 from contrastive.engine.task import OptimSpec
 from contrastive.errors import ConfigError
 from contrastive.modalities.text.encoders import TextEncoderSpec
-from pipeline_config.launcher import LauncherConfig
-from pipeline_config.schema import (NOT_IN_KEY, DistributedConfig, EvalConfig, LoopSettings, MclConfig,
-                                    ScheduleConfig, TrackingConfig, _PipelineBase, _Section)
+from pipeline_config.schema import (NOT_IN_KEY, DistributedConfig, EvalConfig, LoopSettings, MclConfig, _PipelineBase,
+                                    _Section)
 
 
 class TextGeneratorConfig(_Section):
@@ -156,10 +155,6 @@ class TextPipelineConfig(_PipelineBase):
     eval: EvalConfig = EvalConfig()
     hyper: HyperConfig = HyperConfig()
     distributed: DistributedConfig = DistributedConfig()
-    tracking: TrackingConfig = Field(TrackingConfig(), **NOT_IN_KEY)
-    schedule: ScheduleConfig = Field(ScheduleConfig(), **NOT_IN_KEY)
-    # Where stages run (the shared launcher section); text stages run in the flow's process: kind local only.
-    launcher: LauncherConfig = Field(LauncherConfig(), **NOT_IN_KEY)
 
     def global_batch_size(self, stage: int) -> int:
         return self.train.batch_size

@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from contrastive.modalities.base import Member, Modality, ResultsTable
+from contrastive.modalities.base import Member, Modality, ResultsTable, ServingInput
 
 PROJECTIONS = {"hyper": "Hyper-CL", "linear": "linear per condition", "unconditioned": "unconditioned"}
 
@@ -19,6 +19,7 @@ class TextModality(Modality):
     title = "sentences"
     step_prefix = "text-"
     final_name = "hyper"
+    serving = ServingInput(dtype="str", shape=(-1,), description="sentences (a list of strings)")
 
     # ------------------------------------------------------------------------------------------ checks and data
     def preflight(self, config) -> None:
@@ -169,6 +170,24 @@ class TextModality(Modality):
         if not any(k.startswith("probe/") for m in results.values() for k in m):
             return []
         return [plot_attribute_accuracy(results=results, path=out / "probe_accuracy.png")]
+
+    # ------------------------------------------------------------------------------------------ serving
+    def load_encoder(self, model_path: str):
+        """(SimCSE model, tokenizer, encoder spec) of one stage on the CPU."""
+        import torch
+
+        from contrastive.modalities.text.steps import load_text_model
+        return load_text_model(model_path=model_path, device=torch.device("cpu"))
+
+    def embed(self, encoder, inputs) -> np.ndarray:
+        """float32 (n, D) pooled embeddings of n sentences (a list, an array or a one-column frame of strings)."""
+        import torch
+
+        from contrastive.modalities.text.steps import embed_sentences
+        model, tokenizer, spec = encoder
+        sentences = inputs.iloc[:, 0].tolist() if hasattr(inputs, "iloc") else [str(x) for x in np.ravel(inputs)]
+        return embed_sentences(model=model, tokenizer=tokenizer, sentences=sentences, max_length=spec.max_length,
+                               device=torch.device("cpu"))
 
 
 MODALITY = TextModality()
