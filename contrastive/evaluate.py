@@ -69,6 +69,32 @@ def evaluate_representation(*, train_x: np.ndarray, test_x: np.ndarray, train_la
     return metrics
 
 
+def read_stage_embeddings(*, dataset, embeddings_dirs: list) -> list[np.ndarray]:
+    """Every stage's exported embeddings, float32 (N, D_j), each verified to hold exactly ``dataset``'s ids in its
+    order (a ``contrastive.data.dataset.SampleIndex``), so rows line up with its split and labels."""
+    from contrastive.embeddings import load_embeddings
+    stage_embeddings = []
+    for directory in embeddings_dirs:
+        ids, embeddings = load_embeddings(directory=Path(directory))
+        dataset.verify_ids(ids)
+        stage_embeddings.append(embeddings)
+    return stage_embeddings
+
+
+def score_attributes(*, dataset, features: np.ndarray, probe_c: float, probe_max_iter: int, probe_max_train: int,
+                     knn_k: int, seed: int) -> dict[str, float]:
+    """:func:`evaluate_representation` of (N, D) ``features`` (rows in ``dataset``'s order) fitted on its train
+    split and scored on its test split, per attribute; {} when it has no attributes or no test split."""
+    train, test = dataset.indices("train"), dataset.indices("test")
+    if not dataset.labels or not len(test):
+        return {}
+    return evaluate_representation(
+        train_x=features[train], test_x=features[test],
+        train_labels={a: y[train] for a, y in dataset.labels.items()},
+        test_labels={a: y[test] for a, y in dataset.labels.items()},
+        probe_c=probe_c, probe_max_iter=probe_max_iter, probe_max_train=probe_max_train, knn_k=knn_k, seed=seed)
+
+
 def plot_attribute_accuracy(*, results: dict[str, dict[str, float]], path: Path, metric: str = "probe",
                             title: str = "Linear-probe accuracy per attribute") -> Path:
     """Grouped bars: one group per representation (stage 0, stage 1, ..., concat), one bar per attribute."""

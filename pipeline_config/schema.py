@@ -219,9 +219,16 @@ class _PipelineBase(_Section):
     launcher: LauncherConfig = Field(LauncherConfig(), **NOT_IN_KEY)  # where stages run, never what they compute
     tracking: TrackingConfig = Field(TrackingConfig(), **NOT_IN_KEY)
     schedule: ScheduleConfig = Field(ScheduleConfig(), **NOT_IN_KEY)
+    distributed: DistributedConfig = DistributedConfig()
+
+    #: Set by a modality whose stages run only in the flow's process (its ``title``, for the message).
+    IN_PROCESS_ONLY: ClassVar[str | None] = None
 
     @model_validator(mode="after")
     def _launcher_fits(self) -> "_PipelineBase":
+        if self.IN_PROCESS_ONLY and (self.distributed.world_size() != 1 or self.launcher.kind != "local"):
+            raise ValueError(f"{self.pipeline} stages ({self.IN_PROCESS_ONLY}) run in one process, in the flow's: "
+                             "set distributed.nproc_per_node=1, distributed.nnodes=1 and launcher.kind=local")
         check_launcher(self)
         return self
 

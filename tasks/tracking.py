@@ -387,11 +387,6 @@ MODEL_ALIAS = "current"  # the registered model's alias for the encoder of the l
 #: names itself) and cloudpickle (which reads the model): what ``pip install -r requirements.txt`` of the model
 #: installs, pinned to the versions here. Found by loading the model with only ``contrastive`` on sys.path
 #: (tests/e2e/test_model_fresh_venv.py for images); webdataset: ``contrastive.data.shards`` imports it.
-SERVING_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
-    "mcl": ("torch", "torchvision", "numpy", "webdataset"),
-    "text": ("torch", "numpy", "scikit-learn"),
-}
-DEFAULT_SERVING_DISTRIBUTIONS = ("torch", "numpy")
 
 
 class EncoderModel(mlflow.pyfunc.PythonModel):
@@ -440,7 +435,8 @@ def serving_requirements(modality: str) -> list[str]:
     from importlib.metadata import version
 
     from packaging.version import Version
-    names = ("cloudpickle", *SERVING_DISTRIBUTIONS.get(modality, DEFAULT_SERVING_DISTRIBUTIONS))
+    from contrastive.modalities.registry import modality_for
+    names = ("cloudpickle", *modality_for(modality).serving.requirements)
     return [f"{name}=={Version(version(name)).public}" for name in names]
 
 
@@ -505,14 +501,17 @@ def save_encoder(path: Path, *, model_paths: list[str], dims: list[int], modalit
     import mlflow.pyfunc
 
     from contrastive.modalities.registry import modality_for
-    serving = modality_for(modality).serving
+    plugin = modality_for(modality)
+    serving = plugin.serving
     if serving is None:
         raise ValueError(f"pipeline {modality!r} serves no model (its modality has no serving input)")
     description = model_description(modality=modality, serving=serving, dims=dims)
     with tempfile.TemporaryDirectory() as code, quiet_model_saving(), _pickled_by_value():
         # pip_requirements given: inferring them starts a subprocess that imports the model (slow).
         mlflow.pyfunc.save_model(
-            str(path), python_model=EncoderModel(), artifacts={f"stage{i}": str(p) for i, p in enumerate(model_paths)},
+            str(path), python_model=EncoderModel(),
+            artifacts={f"stage{i}": plugin.serving_file(str(p), out_dir=Path(code) / "stages")
+                       for i, p in enumerate(model_paths)},
             model_config={"modality": modality}, code_paths=[str(_code_copy(Path(code)))],
             signature=encoder_signature(dims=dims, serving=serving), pip_requirements=serving_requirements(modality),
             metadata={"modality": modality, "input": serving.description, "input_dtype": serving.dtype,

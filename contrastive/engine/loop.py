@@ -62,6 +62,13 @@ class TrainResult:
     epochs_ended_early: int = 0
     history: list[dict[str, float]] = field(default_factory=list)
 
+    def summary(self) -> dict:
+        """What every stage's ``train_summary.json`` starts with (each modality adds its own keys)."""
+        return {"steps": self.steps, "epochs": self.epochs, "final_loss": self.final_loss,
+                "resumed_from_step": self.resumed_from_step, "seconds": self.seconds,
+                "samples_per_second": self.samples_per_second, "trimmed_samples": self.trimmed_samples,
+                "epochs_ended_early": self.epochs_ended_early}
+
 
 def _wrap(*, task: StageTask, spec: LoopSpec, device: torch.device, info: DistInfo) -> nn.Module:
     """The forward module on the device: global batch norm and DDP across ranks, channels_last, compile."""

@@ -18,6 +18,7 @@ from contrastive.errors import DataError
 from contrastive.integrate import concat_normalized
 from contrastive.mcl.ids import align_labels_to_ids
 from contrastive.mcl.pseudo_labels import combine_pseudo_labels
+from contrastive.mcl.sampler import ClusterBatchSampler
 from contrastive.mcl.small_groups import merge_small_groups
 
 
@@ -112,3 +113,15 @@ def load_pseudo_labels(*, path: Path, ids: np.ndarray) -> np.ndarray:
         raise DataError(f"pseudo-labels {path} are missing: rerun the pipeline so the clustering step writes them")
     stored = np.load(path, allow_pickle=False)
     return align_labels_to_ids(label_ids=stored["ids"], labels=stored["groups"], dataset_ids=ids)
+
+
+def stage_sampler(*, pseudo_labels_path: Path | str | None, train_ids: np.ndarray, batch_size: int, seed: int,
+                  remainder_policy: str, world_size: int = 1, rank: int = 0) -> tuple[ClusterBatchSampler,
+                                                                                      np.ndarray | None]:
+    """The batch plan of one stage over its M training samples (``train_ids`` (M,)): cluster-pure batches of
+    ``batch_size`` per rank from the pseudo-labels at ``pseudo_labels_path`` (MCL stages >= 1, Algorithm 1), random
+    batches without it (stage 0, the control run). Returns (sampler, groups (M,) aligned to ``train_ids`` or None)."""
+    groups = None if pseudo_labels_path is None else load_pseudo_labels(path=Path(pseudo_labels_path), ids=train_ids)
+    sampler = ClusterBatchSampler(groups=groups, num_samples=len(train_ids), batch_size=batch_size, seed=seed,
+                                  world_size=world_size, rank=rank, remainder_policy=remainder_policy)
+    return sampler, groups

@@ -58,6 +58,8 @@ class ServingInput:
     dtype: str
     shape: tuple[int, ...]
     description: str
+    #: PyPI distributions the model needs where it is loaded (pinned to the versions installed here when logged).
+    requirements: tuple[str, ...] = ("torch", "numpy")
 
 
 @dataclass(frozen=True)
@@ -245,6 +247,11 @@ class Modality:
     def load_encoder(self, model_path: str) -> Any:
         """One stage's model, ready for :meth:`embed` on the CPU (the registered MLflow model loads it)."""
         raise NotImplementedError
+
+    def serving_file(self, model_path: str, *, out_dir: Path) -> str:
+        """A file :meth:`load_encoder` reads without anything from this machine (the stage's model itself, or a
+        self-contained copy written into ``out_dir``): what the registered model ships."""
+        return model_path
 
     def embed(self, encoder: Any, inputs: Any) -> np.ndarray:
         """float32 (n, D) embeddings of the inputs ``serving`` describes."""

@@ -17,7 +17,7 @@ PACKAGES: dict[str, str] = {
     "mcl": "image",
     "clip": "image_text",
     "text": "text",
-    # "embeddings": "embeddings",  # TEMP
+    "embeddings": "embeddings",
 }
 
 

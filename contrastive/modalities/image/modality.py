@@ -16,8 +16,8 @@ class ImageModality(Modality):
     launch = Launch(train_entry="contrastive.modalities.image.steps:train_stage_from_json",
                     export_entry="contrastive.modalities.image.steps:export_stage_from_json")
     diagnoses = True
-    serving = ServingInput(dtype="uint8", shape=(-1, -1, -1, -1),
-                           description="uint8 images (n, H, W, C) or (n, C, H, W), or a list of HWC images")
+    serving = ServingInput(dtype="uint8", shape=(-1, -1, -1, -1), description="uint8 images (n, H, W, C) or (n, C, H, W)",
+                           requirements=("torch", "torchvision", "numpy", "webdataset"))
 
     # ------------------------------------------------------------------------------------------ checks and data
     def preflight(self, config) -> None:

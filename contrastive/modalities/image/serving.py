@@ -28,10 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from contrastive.modalities.base import ServingInput
 
-SERVING = ServingInput(dtype="uint8", shape=(-1, -1, -1, -1),
-                       description="uint8 images (n, H, W, C) or (n, C, H, W), or a list of HWC images")
 
 LAYOUTS = ("uint8 images (n, H, W, C) or (n, C, H, W), one image (H, W, C) or (C, H, W) ((H, W) for a one-channel "
            "encoder), or a list of such images or of PIL images, all of one size")

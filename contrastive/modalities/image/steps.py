@@ -16,7 +16,7 @@ import torch
 
 from contrastive.modalities.image.augment import TwoViewAugment
 from contrastive.data.loading import iter_batches, load_dataset
-from contrastive.embeddings import EmbeddingWriter, compute_embeddings, load_embeddings, write_manifest
+from contrastive.embeddings import EmbeddingWriter, compute_embeddings, write_manifest
 from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
 from contrastive.engine.checkpoint import save_torch, write_json
 from contrastive.engine.distributed import DistInfo, barrier, current_info, device_for, per_rank_batch
@@ -26,8 +26,7 @@ from contrastive.engine.rng import seed_everything
 from contrastive.engine.task import StageSpec
 from contrastive.errors import DataError
 from contrastive.integrate import concat_normalized
-from contrastive.mcl.sampler import ClusterBatchSampler
-from contrastive.mcl.steps import load_pseudo_labels
+from contrastive.mcl.steps import stage_sampler
 from contrastive.methods import build_method
 from contrastive.modalities.image.adapter import ImageBatchSource, ImageContrastiveTask
 
@@ -67,12 +66,10 @@ def train_stage(spec: ImageStageSpec, *, info: DistInfo | None = None, callbacks
     stage_dir = Path(spec.stage_dir)
     dataset = load_dataset(spec.dataset_dir)
     train_indices = dataset.indices("train")
-    groups = None if spec.pseudo_labels_path is None else load_pseudo_labels(path=spec.pseudo_labels_path,
-                                                                             ids=dataset.ids[train_indices])
     batch = per_rank_batch(global_batch_size=spec.batch_size, world_size=info.world_size)
-    sampler = ClusterBatchSampler(groups=groups, num_samples=len(train_indices), batch_size=batch, seed=spec.seed,
-                                  world_size=info.world_size, rank=info.rank,
-                                  remainder_policy=spec.remainder_policy)
+    sampler, groups = stage_sampler(pseudo_labels_path=spec.pseudo_labels_path, train_ids=dataset.ids[train_indices],
+                                    batch_size=batch, seed=spec.seed, remainder_policy=spec.remainder_policy,
+                                    world_size=info.world_size, rank=info.rank)
     seed_everything(spec.seed)
     method = build_method(model_kwargs=spec.model, method_kwargs=spec.method)
     if spec.init_model_path is not None:  # a resume's checkpoint still wins: the engine loads it over these
@@ -97,11 +94,7 @@ def train_stage(spec: ImageStageSpec, *, info: DistInfo | None = None, callbacks
         write_json(stage_dir / f"keys_rank{info.rank}.json", {
             "batches": recorder.batches, "losses": [h["train/loss"] for h in result.history]})
     model_path = stage_dir / "model" / "model.pt"
-    summary = {"steps": result.steps, "epochs": result.epochs, "final_loss": result.final_loss,
-               "resumed_from_step": result.resumed_from_step, "seconds": result.seconds,
-               "samples_per_second": result.samples_per_second,
-               "views_per_second": task.views_per_sample * result.samples_per_second,
-               "trimmed_samples": result.trimmed_samples, "epochs_ended_early": result.epochs_ended_early,
+    summary = {**result.summary(), "views_per_second": task.views_per_sample * result.samples_per_second,
                "world_size": info.world_size, "per_rank_batch": batch, "global_batch": spec.batch_size,
                "batch_plan": sampler.stats, "cluster_pure_batches": groups is not None,
                "model_path": str(model_path)}
@@ -223,17 +216,9 @@ def embed_images(model: torch.nn.Module, images: torch.Tensor, *, device: torch.
 def evaluate_embeddings(*, dataset_dir: Path, embeddings_dirs: list[Path], probe_c: float, probe_max_iter: int,
                         probe_max_train: int, knn_k: int, seed: int) -> dict[str, float]:
     """Probe one stage (one dir) or the concatenation of several stages' L2-normalised embeddings."""
-    from contrastive.evaluate import evaluate_representation  # scikit-learn: not needed to load or serve a model
+    from contrastive.evaluate import read_stage_embeddings, score_attributes  # scikit-learn: not needed to serve
     dataset = load_dataset(dataset_dir)
-    stage_embeddings = []
-    for directory in embeddings_dirs:
-        ids, embeddings = load_embeddings(directory=directory)
-        dataset.verify_ids(ids)
-        stage_embeddings.append(embeddings)
-    features = concat_normalized(stage_embeddings=stage_embeddings)
-    train, test = dataset.indices("train"), dataset.indices("test")
-    return evaluate_representation(
-        train_x=features[train], test_x=features[test],
-        train_labels={a: y[train] for a, y in dataset.labels.items()},
-        test_labels={a: y[test] for a, y in dataset.labels.items()},
-        probe_c=probe_c, probe_max_iter=probe_max_iter, probe_max_train=probe_max_train, knn_k=knn_k, seed=seed)
+    features = concat_normalized(stage_embeddings=read_stage_embeddings(dataset=dataset,
+                                                                        embeddings_dirs=embeddings_dirs))
+    return score_attributes(dataset=dataset, features=features, probe_c=probe_c, probe_max_iter=probe_max_iter,
+                            probe_max_train=probe_max_train, knn_k=knn_k, seed=seed)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from contrastive.modalities.base import Launch, Member, Modality, ResultsTable
+from contrastive.modalities.base import Launch, Member, Modality, ResultsTable, ServingInput
 
 
 class ImageTextModality(Modality):
@@ -18,6 +18,9 @@ class ImageTextModality(Modality):
     clusters_dataset = False  # every exported sample of the shards, no attributes
     regroups = True
     encodes_for_eval = True
+    serving = ServingInput(dtype="uint8", shape=(-1, -1, -1, -1),
+                           description="RGB uint8 images (n, H, W, 3) or (n, 3, H, W): their image embeddings",
+                           requirements=("torch", "torchvision", "numpy", "open_clip_torch", "webdataset"))
 
     # ------------------------------------------------------------------------------------------ checks and data
     def preflight(self, config) -> None:
@@ -174,6 +177,19 @@ class ImageTextModality(Modality):
             paths.append(plot_metric_groups(results=results, prefix="retrieval", path=out / "retrieval.png",
                                             title="zero-shot retrieval recall@k (held-out)", ylabel="recall (%)"))
         return paths
+
+    # ------------------------------------------------------------------------------------------ serving
+    def serving_file(self, model_path: str, *, out_dir: Path) -> str:
+        from contrastive.modalities.image_text.serving import write_serving_file
+        return write_serving_file(model_path, out_dir=out_dir)
+
+    def load_encoder(self, model_path: str):
+        from contrastive.modalities.image_text.serving import load_encoder
+        return load_encoder(model_path)
+
+    def embed(self, encoder, inputs):
+        from contrastive.modalities.image_text.serving import embed
+        return embed(encoder, inputs)
 
 
 def clip_spec(config):

@@ -197,10 +197,7 @@ def _train_stage(spec: ClipStageSpec, *, info: DistInfo, callbacks: list[TrainCa
         write_json(stage / f"keys_rank{info.rank}.json", {"batches": recorder.batches,
                                                           "losses": [h["train/loss"] for h in result.history]})
     model_path = stage / "model" / "model.pt"
-    summary = {"steps": result.steps, "epochs": result.epochs, "final_loss": result.final_loss,
-               "resumed_from_step": result.resumed_from_step, "seconds": result.seconds,
-               "samples_per_second": result.samples_per_second, "trimmed_samples": result.trimmed_samples,
-               "epochs_ended_early": result.epochs_ended_early, "steps_per_epoch_planned": steps_per_epoch,
+    summary = {**result.summary(), "steps_per_epoch_planned": steps_per_epoch,
                "world_size": info.world_size, "data_slots": slots, "per_rank_batch": batch, "batch_plan": plan_stats,
                "data": counter.stats(), "model_path": str(model_path)}
     if info.is_main:

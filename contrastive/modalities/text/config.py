@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 from contrastive.engine.task import OptimSpec
 from contrastive.errors import ConfigError
 from contrastive.modalities.text.encoders import TextEncoderSpec
-from pipeline_config.schema import (NOT_IN_KEY, DistributedConfig, EvalConfig, LoopSettings, MclConfig, _PipelineBase,
+from pipeline_config.schema import (NOT_IN_KEY, EvalConfig, LoopSettings, MclConfig, _PipelineBase,
                                     _Section)
 
 
@@ -154,18 +154,14 @@ class TextPipelineConfig(_PipelineBase):
     mcl: TextMclConfig = TextMclConfig()
     eval: EvalConfig = EvalConfig()
     hyper: HyperConfig = HyperConfig()
-    distributed: DistributedConfig = DistributedConfig()
+
+    IN_PROCESS_ONLY = "sentences"
 
     def global_batch_size(self, stage: int) -> int:
         return self.train.batch_size
 
     @model_validator(mode="after")
-    def _one_process(self) -> "TextPipelineConfig":
-        if self.distributed.nproc_per_node != 1 or self.distributed.nnodes != 1:
-            raise ValueError("text stages run in one process: set distributed.nproc_per_node=1 and nnodes=1")
-        if self.launcher.kind != "local":
-            raise ValueError(f"launcher.kind {self.launcher.kind} is not supported by the text pipeline: its stages "
-                             "run in the flow's process (launcher.kind local)")
+    def _fresh_stages(self) -> "TextPipelineConfig":
         if getattr(self.mcl, "inherit", False):
             raise ValueError("mcl.inherit is not supported by the text pipeline: its stages always start fresh")
         return self

@@ -19,7 +19,8 @@ class TextModality(Modality):
     title = "sentences"
     step_prefix = "text-"
     final_name = "hyper"
-    serving = ServingInput(dtype="str", shape=(-1,), description="sentences (a list of strings)")
+    serving = ServingInput(dtype="str", shape=(-1,), description="sentences (a list of strings)",
+                           requirements=("torch", "numpy", "scikit-learn"))
 
     # ------------------------------------------------------------------------------------------ checks and data
     def preflight(self, config) -> None:

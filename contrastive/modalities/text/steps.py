@@ -12,17 +12,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from contrastive.embeddings import EmbeddingWriter, load_embeddings, write_manifest
+from contrastive.embeddings import EmbeddingWriter, write_manifest
 from contrastive.engine.checkpoint import write_json
 from contrastive.engine.distributed import current_info, device_for
 from contrastive.engine.loop import TrainCallback, release_device_memory, train
 from contrastive.engine.rng import seed_everything
 from contrastive.engine.task import StageSpec
 from contrastive.errors import ConfigError, DataError
-from contrastive.evaluate import evaluate_representation
+from contrastive.evaluate import read_stage_embeddings, score_attributes
 from contrastive.integrate import concat_normalized
-from contrastive.mcl.sampler import ClusterBatchSampler
-from contrastive.mcl.steps import load_pseudo_labels
+from contrastive.mcl.steps import stage_sampler
 from contrastive.modalities.text.adapter import IsotropyProbe, TextBatchSource, TextContrastiveTask, TokenArrays, encode_tokens
 from contrastive.modalities.text.dataset import TextDataset, load_text_dataset, triples_for
 from contrastive.modalities.text.encoders import TextEncoderSpec, build_encoder, resolve_hf_path
@@ -92,10 +91,8 @@ def train_text_stage(spec: TextStageSpec, *, callbacks: list[TrainCallback] = ()
     stage_dir = Path(spec.stage_dir)
     dataset = load_text_dataset(spec.dataset_dir)
     train_rows = dataset.indices("train")
-    groups = None if spec.pseudo_labels_path is None else load_pseudo_labels(path=spec.pseudo_labels_path,
-                                                                             ids=dataset.ids[train_rows])
-    sampler = ClusterBatchSampler(groups=groups, num_samples=len(train_rows), batch_size=spec.batch_size,
-                                  seed=spec.seed, remainder_policy=spec.remainder_policy)
+    sampler, groups = stage_sampler(pseudo_labels_path=spec.pseudo_labels_path, train_ids=dataset.ids[train_rows],
+                                    batch_size=spec.batch_size, seed=spec.seed, remainder_policy=spec.remainder_policy)
     seed_everything(spec.seed)
     encoder = TextEncoderSpec(**spec.encoder)
     vocab = dataset.tokenizer().vocab if encoder.kind == "tiny" else None
@@ -133,10 +130,7 @@ def train_text_stage(spec: TextStageSpec, *, callbacks: list[TrainCallback] = ()
     buffer.replace(model_path)
     history = [{"step": step, **values} for step, values in task.isotropy_history]
     write_json(stage_dir / "isotropy.json", {"history": history})
-    summary = {"steps": result.steps, "epochs": result.epochs, "final_loss": result.final_loss,
-               "resumed_from_step": result.resumed_from_step, "seconds": result.seconds,
-               "samples_per_second": result.samples_per_second, "trimmed_samples": result.trimmed_samples,
-               "epochs_ended_early": result.epochs_ended_early, "global_batch": spec.batch_size,
+    summary = {**result.summary(), "global_batch": spec.batch_size,
                "batch_plan": sampler.stats, "cluster_pure_batches": groups is not None,
                "model_path": str(model_path), "isotropy_path": str(stage_dir / "isotropy.json"),
                "isotropy_start": history[0] if history else None, "isotropy_end": history[-1] if history else None}
@@ -210,20 +204,10 @@ def evaluate_text_embeddings(*, dataset_dir: Path | str, embeddings_dirs: list[P
     """One stage (one dir) or the concatenation of several stages: probe/<attr>, knn/<attr> (labelled data),
     sts/spearman (when the dataset has STS pairs) and the representation's isotropy (iso/...)."""
     dataset: TextDataset = load_text_dataset(dataset_dir)
-    stage_embeddings = []
-    for directory in embeddings_dirs:
-        ids, embeddings = load_embeddings(directory=Path(directory))
-        dataset.verify_ids(ids)
-        stage_embeddings.append(embeddings)
-    features = concat_normalized(stage_embeddings=stage_embeddings)
-    metrics: dict[str, float] = {}
-    train_rows, test_rows = dataset.indices("train"), dataset.indices("test")
-    if dataset.attributes and len(test_rows):
-        metrics.update(evaluate_representation(
-            train_x=features[train_rows], test_x=features[test_rows],
-            train_labels={a: y[train_rows] for a, y in dataset.labels.items()},
-            test_labels={a: y[test_rows] for a, y in dataset.labels.items()},
-            probe_c=probe_c, probe_max_iter=probe_max_iter, probe_max_train=probe_max_train, knn_k=knn_k, seed=seed))
+    stage_embeddings = read_stage_embeddings(dataset=dataset, embeddings_dirs=embeddings_dirs)
+    metrics = score_attributes(dataset=dataset, features=concat_normalized(stage_embeddings=stage_embeddings),
+                               probe_c=probe_c, probe_max_iter=probe_max_iter, probe_max_train=probe_max_train,
+                               knn_k=knn_k, seed=seed)
     if dataset.file("sts") is not None:
         from contrastive.modalities.text.readers import read_sts_pairs
         encode = concat_encoder(model_paths=model_paths, device=device_for(name=device))

@@ -1,0 +1,131 @@
+"""The embeddings modality (``pipeline: embeddings``): MCL over precomputed feature vectors (the user's ``.npy``
+or synthetic features with a dominant and a weaker attribute), small MLP encoders trained stage by stage, probed
+per attribute. The smallest complete modality: docs/architecture.md walks through it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from contrastive.modalities.base import Member, Modality, ResultsTable, ServingInput
+
+
+class EmbeddingsModality(Modality):
+    name = "embeddings"
+    title = "feature vectors"
+    step_prefix = "emb-"
+    serving = ServingInput(dtype="float32", shape=(-1, -1), description="float32 feature vectors (n, D)")
+
+    # ------------------------------------------------------------------------------------------ checks and data
+    def preflight(self, config) -> None:
+        from contrastive.modalities.embeddings.config import preflight_features
+        preflight_features(config)
+
+    def prepare_data(self, config, *, log: Callable[[str], None]) -> dict:
+        """Generate (or find) the synthetic features, or read the user's files (errors name the file and the fix);
+        check the capacity rule against the number of training vectors before any training."""
+        from contrastive.modalities.embeddings import data as features_data
+        from contrastive.modalities.embeddings.config import check_features_feasible
+        d = config.data
+        if d.kind == "synthetic":
+            s = d.synthetic
+            path = features_data.prepare_synthetic(root=d.cache_dir, num_train=s.num_train, num_test=s.num_test,
+                                                   dim=s.dim, classes=s.classes, scales=s.scales, noise=s.noise,
+                                                   seed=s.seed)
+        else:
+            f = d.files
+            path = features_data.prepare_feature_files(root=d.cache_dir, features_path=f.features, ids_path=f.ids,
+                                                       labels_path=f.labels, test_fraction=f.test_fraction,
+                                                       seed=config.seed)
+        dataset = features_data.load_feature_dataset(path)
+        num_train = len(dataset.indices("train"))
+        check_features_feasible(config, num_train=num_train)
+        log(f"feature vectors in {path}: {num_train} training vectors of dimension {dataset.dim}, attributes "
+            f"{dataset.attributes}")
+        return {"dir": str(path), "digest": dataset.digest, "num_train": num_train,
+                "num_test": len(dataset.indices("test")), "dim": dataset.dim, "attributes": dataset.attributes}
+
+    def sample_scope(self, data: dict) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        from contrastive.modalities.embeddings.data import load_feature_dataset
+        dataset = load_feature_dataset(data["dir"])
+        train = dataset.indices("train")
+        return dataset.ids[train], {name: labels[train] for name, labels in dataset.labels.items()}
+
+    # ------------------------------------------------------------------------------------------ training
+    def train_content(self, config, *, stage: int, seed: int, data: dict, batches_key: str | None,
+                      inherit_key: str | None) -> dict:
+        """What a stage's weights depend on: encoder, views, training, seed, data and its batches."""
+        return {"step": "emb-train", "model": config.model.content(), "method": config.method.content(),
+                "train": config.train.content(), "seed": seed, "data": data["digest"], "pseudo_labels": batches_key,
+                "remainder_policy": config.mcl.remainder_policy if batches_key else None,
+                "inherit_from": inherit_key}
+
+    def train_spec(self, config, *, stage: int, seed: int, out_dir: str, data: dict, batches_path: str | None,
+                   init_model_path: str | None):
+        from contrastive.modalities.embeddings.steps import FeatureStageSpec
+        t = config.train
+        return FeatureStageSpec(
+            dataset_dir=data["dir"], stage_dir=out_dir, pseudo_labels_path=batches_path,
+            encoder=config.model.model_dump(mode="json"), views=config.method.model_dump(mode="json"),
+            batch_size=t.batch_size, remainder_policy=config.mcl.remainder_policy, seed=seed, device=config.device,
+            optim=t.optim_spec(), loop=t.loop_spec(), threads=t.threads, init_model_path=init_model_path)
+
+    def train(self, spec, *, callbacks: list) -> dict:
+        from contrastive.modalities.embeddings.steps import train_feature_stage
+        return train_feature_stage(spec, callbacks=callbacks)
+
+    # ------------------------------------------------------------------------------------------ export
+    def export_content(self, config, *, train_key: str) -> list:
+        return ["emb-export", train_key]
+
+    def export_kwargs(self, config, *, model_path: str, data: dict, out_dir: str) -> dict:
+        return {"dataset_dir": data["dir"], "model_path": model_path, "out_dir": out_dir, "batch_size": 4096,
+                "device": config.device}
+
+    def export(self, **kwargs) -> dict:
+        from contrastive.modalities.embeddings.steps import export_feature_embeddings
+        return export_feature_embeddings(**kwargs)
+
+    # ------------------------------------------------------------------------------------------ evaluation
+    def eval_content(self, config, *, member_keys: list[str]) -> list:
+        return ["emb-eval", member_keys, config.eval.content(), config.seed]
+
+    def evaluate(self, config, *, members: list[Member], data: dict, out_dir: str) -> dict[str, float]:
+        from contrastive.modalities.embeddings.steps import evaluate_feature_embeddings
+        e = config.eval
+        return evaluate_feature_embeddings(
+            dataset_dir=data["dir"], embeddings_dirs=[m.embeddings_dir for m in members], probe_c=e.probe_c,
+            probe_max_iter=e.probe_max_iter, probe_max_train=e.probe_max_train, knn_k=e.knn_k, seed=config.seed)
+
+    # ------------------------------------------------------------------------------------------ reporting
+    def tables(self, config, summary: dict) -> list[ResultsTable]:
+        results = summary["results"]
+        return [ResultsTable(title=f"{config.name}: linear-probe accuracy (held-out vectors)", rows=results,
+                             metric="probe"),
+                ResultsTable(title="kNN accuracy", rows=results, metric="knn")]
+
+    def plots(self, config, *, results: dict[str, dict], out: Path) -> list[Path]:
+        from contrastive.evaluate import plot_attribute_accuracy
+        if not any(k.startswith("probe/") for m in results.values() for k in m):
+            return []
+        return [plot_attribute_accuracy(results=results, path=out / "probe_accuracy.png")]
+
+    # ------------------------------------------------------------------------------------------ serving
+    def load_encoder(self, model_path: str):
+        import torch
+
+        from contrastive.modalities.embeddings.steps import load_feature_model
+        return load_feature_model(model_path=model_path, device=torch.device("cpu"))
+
+    def embed(self, encoder, inputs) -> np.ndarray:
+        """float32 (n, dim) representations of (n, D) vectors (an array, a list of rows or a numeric frame)."""
+        import torch
+
+        from contrastive.modalities.embeddings.steps import embed_features
+        rows = inputs.to_numpy() if hasattr(inputs, "to_numpy") else np.asarray(inputs)
+        return embed_features(encoder, np.atleast_2d(rows), device=torch.device("cpu"))
+
+
+MODALITY = EmbeddingsModality()
