@@ -18,7 +18,7 @@ from prefect.blocks.notifications import CustomWebhookNotificationBlock, SlackWe
 from prefect.events.actions import SendNotification
 from prefect.events.schemas.automations import EventTrigger, Posture
 
-PIPELINE_FLOWS = ["mcl-pipeline", "clip-mcl-pipeline", "text-mcl-pipeline", "mcl-sweep"]
+PIPELINE_FLOWS = ["mcl-pipeline", "mcl-sweep"]  # the one pipeline flow (every modality) and the sweep
 SUBJECT = "mclpipe: {{ flow_run.name }} {{ flow_run.state.name }}"
 # Jinja over the event's related objects (flow, flow_run); ui_url is the server's filter for a run's page.
 BODY = ("Flow run {{ flow_run.name }} of {{ flow.name }} ended {{ flow_run.state.name }}: "

@@ -220,6 +220,7 @@ class _PipelineBase(_Section):
     tracking: TrackingConfig = Field(TrackingConfig(), **NOT_IN_KEY)
     schedule: ScheduleConfig = Field(ScheduleConfig(), **NOT_IN_KEY)
     distributed: DistributedConfig = DistributedConfig()
+    eval: EvalConfig = EvalConfig()
 
     #: Set by a modality whose stages run only in the flow's process (its ``title``, for the message).
     IN_PROCESS_ONLY: ClassVar[str | None] = None
@@ -237,8 +238,9 @@ class _PipelineBase(_Section):
         return self
 
     def global_batch_size(self, stage: int) -> int:
-        """Samples per optimizer step of ``stage`` over all processes (a pseudo-label group must hold one)."""
-        raise NotImplementedError
+        """Samples per optimizer step of ``stage`` over all processes (a pseudo-label group must hold one): the
+        train section's ``batch_size`` unless a modality says otherwise."""
+        return self.train.batch_size
 
     def config_hash(self) -> str:
         """Digest of everything that changes results: ``name``, ``output_dir``, ``tracking`` and ``schedule`` do not,

@@ -270,6 +270,20 @@ def is_prepared(directory: Path, *, kind: str, params: Mapping[str, Any]) -> boo
 
 
 # --------------------------------------------------------------------------------------------- reading
+def read_storage_index(path: Path, *, storage: str, what: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """(manifest, index arrays) of a prepared dataset of ``storage`` (a modality's own format: "text",
+    "features"); DataError naming the fix when it is not one or its index is unreadable."""
+    manifest = read_manifest(path)
+    if manifest is None or manifest.get("storage") != storage:
+        raise DataError(f"{path} is not a prepared {what} (manifest.json missing or not storage {storage!r}): rerun "
+                        "the pipeline to prepare it")
+    try:
+        with np.load(path / INDEX_FILE, allow_pickle=False) as stored:
+            return manifest, {name: stored[name] for name in stored.files}
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{what} {path} is damaged ({exc}): delete it and rerun the pipeline") from None
+
+
 class SampleIndex:
     """What every prepared dataset holds besides its pixels: stable sample ids, the split of each sample and its
     attribute labels, read from the directory's index and manifest. The pipeline's steps only use this part (and

@@ -99,6 +99,13 @@ class ClusterBatchSampler(Sampler[list[int]]):
             self.batches_consumed += 1
             yield batch.tolist()
 
+    def planned_rows(self, *, epoch: int, start: int) -> Iterator[np.ndarray]:
+        """int64 (b,) rows of every batch of ``epoch`` from batch ``start`` on: what a ``BatchSource`` of the
+        engine yields its batches from (``contrastive.engine.task``)."""
+        self.load_state_dict({"epoch": epoch, "batches_consumed": start})
+        for planned in self:
+            yield np.asarray(planned, dtype=np.int64)
+
     def state_dict(self) -> dict:
         return {"epoch": int(self.epoch), "batches_consumed": int(self.batches_consumed)}
 

@@ -108,10 +108,14 @@ class Modality:
         attribute labels (to score the clusters), or (None, None): every exported sample, no labels."""
         if not self.clusters_dataset:
             return None, None
-        from contrastive.data.loading import load_dataset
-        dataset = load_dataset(data["dir"])
+        dataset = self.open_dataset(data["dir"])
         train = dataset.indices("train")
         return dataset.ids[train], {name: labels[train] for name, labels in dataset.labels.items()}
+
+    def open_dataset(self, directory: str):
+        """The prepared dataset in ``directory`` (a ``contrastive.data.dataset.SampleIndex``: ids, split, labels)."""
+        from contrastive.data.loading import load_dataset
+        return load_dataset(directory)
 
     # ------------------------------------------------------------------------------------------ training
     def train_content(self, config, *, stage: int, seed: int, data: dict, batches_key: str | None,
@@ -144,12 +148,17 @@ class Modality:
         return train.epochs * per_epoch
 
     # ------------------------------------------------------------------------------------------ export
+    #: Samples per forward pass of the export (the default :meth:`export_kwargs`).
+    export_batch_size: ClassVar[int] = 512
+
     def export_content(self, config, *, train_key: str) -> Any:
-        raise NotImplementedError
+        """The export depends on the trained model only (its key holds the data and everything else)."""
+        return [f"{self.step_prefix}export", train_key]
 
     def export_kwargs(self, config, *, model_path: str, data: dict, out_dir: str) -> dict:
         """The JSON kwargs of :meth:`export` (and of ``launch.export_entry`` when it runs as processes)."""
-        raise NotImplementedError
+        return {"dataset_dir": data["dir"], "model_path": model_path, "out_dir": out_dir,
+                "batch_size": self.export_batch_size, "device": config.device}
 
     def export(self, **kwargs) -> dict:
         """Embed the samples MCL clusters into ``out_dir`` (sharded .npy + ids): {"dir", "num_samples", "dim",
@@ -174,7 +183,8 @@ class Modality:
 
     # ------------------------------------------------------------------------------------------ evaluation
     def eval_content(self, config, *, member_keys: list[str]) -> Any:
-        raise NotImplementedError
+        """The scores depend on the members' models, the eval section and the seed (probe subsets)."""
+        return [f"{self.step_prefix}eval", member_keys, config.eval.content(), config.seed]
 
     def evaluate(self, config, *, members: list[Member], data: dict, out_dir: str) -> dict[str, float]:
         """Metrics of one stage (one member) or of the concatenation of several."""

@@ -76,9 +76,7 @@ class FeatureBatchSource:
         return len(self.sampler)
 
     def batches(self, *, epoch: int, start: int) -> Iterator[FeatureBatch]:
-        self.sampler.load_state_dict({"epoch": epoch, "batches_consumed": start})
-        for planned in self.sampler:
-            rows = np.asarray(planned, dtype=np.int64)
+        for rows in self.sampler.planned_rows(epoch=epoch, start=start):
             yield FeatureBatch(rows=rows, ids=self.ids[rows], features=torch.from_numpy(self.features[rows].copy()))
 
 

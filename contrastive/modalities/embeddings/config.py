@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 
 from contrastive.engine.task import OptimSpec
 from contrastive.errors import ConfigError
-from pipeline_config.schema import NOT_IN_KEY, EvalConfig, LoopSettings, MclConfig, _PipelineBase, _Section
+from pipeline_config.schema import NOT_IN_KEY, LoopSettings, MclConfig, _PipelineBase, _Section
 
 
 class SyntheticFeaturesConfig(_Section):
@@ -107,12 +107,8 @@ class EmbeddingsPipelineConfig(_PipelineBase):
     method: FeatureViewsConfig = FeatureViewsConfig()
     train: FeaturesTrainConfig = FeaturesTrainConfig()
     mcl: FeaturesMclConfig = FeaturesMclConfig()
-    eval: EvalConfig = EvalConfig()
 
     IN_PROCESS_ONLY = "feature vectors: seconds a stage"
-
-    def global_batch_size(self, stage: int) -> int:
-        return self.train.batch_size
 
 
 def check_features_feasible(config: EmbeddingsPipelineConfig, *, num_train: int) -> None:

@@ -19,7 +19,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from contrastive.data.dataset import (INDEX_FILE, MANIFEST_FILE, SampleIndex, _build_index, _write_json_atomic,
-                                      atomic_dataset_dir, compute_digest, params_hash, read_manifest)
+                                      atomic_dataset_dir, compute_digest, params_hash, read_manifest,
+                                      read_storage_index)
 from contrastive.errors import DataError
 
 STORAGE = "features"
@@ -41,14 +42,9 @@ class FeatureDataset(SampleIndex):
     @classmethod
     def load(cls, path: Path | str) -> "FeatureDataset":
         path = Path(path)
-        manifest = read_manifest(path)
-        if manifest is None or manifest.get("storage") != STORAGE:
-            raise DataError(f"{path} is not a prepared feature dataset (manifest.json missing or not storage "
-                            f"'{STORAGE}'): rerun the pipeline to prepare it")
+        manifest, index = read_storage_index(path, storage=STORAGE, what="feature dataset")
         try:
             features = np.load(path / FEATURES_FILE, mmap_mode="r")
-            with np.load(path / INDEX_FILE, allow_pickle=False) as stored:
-                index = {name: stored[name] for name in stored.files}
         except (OSError, ValueError) as exc:
             raise DataError(f"feature dataset {path} is damaged ({exc}): delete it and rerun the pipeline") from None
         if features.shape[0] != len(index["ids"]):

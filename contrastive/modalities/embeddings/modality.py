@@ -16,6 +16,7 @@ class EmbeddingsModality(Modality):
     name = "embeddings"
     title = "feature vectors"
     step_prefix = "emb-"
+    export_batch_size = 4096
     serving = ServingInput(dtype="float32", shape=(-1, -1), description="float32 feature vectors (n, D)")
 
     # ------------------------------------------------------------------------------------------ checks and data
@@ -47,11 +48,9 @@ class EmbeddingsModality(Modality):
         return {"dir": str(path), "digest": dataset.digest, "num_train": num_train,
                 "num_test": len(dataset.indices("test")), "dim": dataset.dim, "attributes": dataset.attributes}
 
-    def sample_scope(self, data: dict) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def open_dataset(self, directory: str):
         from contrastive.modalities.embeddings.data import load_feature_dataset
-        dataset = load_feature_dataset(data["dir"])
-        train = dataset.indices("train")
-        return dataset.ids[train], {name: labels[train] for name, labels in dataset.labels.items()}
+        return load_feature_dataset(directory)
 
     # ------------------------------------------------------------------------------------------ training
     def train_content(self, config, *, stage: int, seed: int, data: dict, batches_key: str | None,
@@ -77,21 +76,11 @@ class EmbeddingsModality(Modality):
         return train_feature_stage(spec, callbacks=callbacks)
 
     # ------------------------------------------------------------------------------------------ export
-    def export_content(self, config, *, train_key: str) -> list:
-        return ["emb-export", train_key]
-
-    def export_kwargs(self, config, *, model_path: str, data: dict, out_dir: str) -> dict:
-        return {"dataset_dir": data["dir"], "model_path": model_path, "out_dir": out_dir, "batch_size": 4096,
-                "device": config.device}
-
     def export(self, **kwargs) -> dict:
         from contrastive.modalities.embeddings.steps import export_feature_embeddings
         return export_feature_embeddings(**kwargs)
 
     # ------------------------------------------------------------------------------------------ evaluation
-    def eval_content(self, config, *, member_keys: list[str]) -> list:
-        return ["emb-eval", member_keys, config.eval.content(), config.seed]
-
     def evaluate(self, config, *, members: list[Member], data: dict, out_dir: str) -> dict[str, float]:
         from contrastive.modalities.embeddings.steps import evaluate_feature_embeddings
         e = config.eval

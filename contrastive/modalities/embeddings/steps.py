@@ -13,12 +13,12 @@ import torch
 
 from contrastive.embeddings import save_embeddings
 from contrastive.engine.checkpoint import save_torch, write_json
-from contrastive.engine.distributed import current_info, device_for
+from contrastive.engine.distributed import device_for, single_process_info
 from contrastive.engine.launch import EXPORT_SUMMARY
 from contrastive.engine.loop import TrainCallback, release_device_memory, train
 from contrastive.engine.rng import seed_everything
 from contrastive.engine.task import StageSpec
-from contrastive.errors import ConfigError, DataError
+from contrastive.errors import DataError
 from contrastive.integrate import concat_normalized
 from contrastive.mcl.steps import stage_sampler
 from contrastive.modalities.embeddings.adapter import FeatureBatchSource, FeatureSimCLR, FeatureViewTask
@@ -49,11 +49,7 @@ def train_feature_stage(spec: FeatureStageSpec, *, callbacks: list[TrainCallback
                         stop_after_steps: int | None = None) -> dict:
     """Train a FRESH MLP encoder for one stage; writes ``checkpoints/last.pt`` (resumable), ``model/model.pt`` and
     ``train_summary.json`` into ``spec.stage_dir``."""
-    info = current_info()
-    if info.is_distributed:
-        raise ConfigError("embeddings stages run in one process: set launcher.kind local")
-    if spec.threads:
-        torch.set_num_threads(spec.threads)
+    info = single_process_info(threads=spec.threads, what="embeddings")
     stage_dir = Path(spec.stage_dir)
     dataset = load_feature_dataset(spec.dataset_dir)
     train_rows = dataset.indices("train")

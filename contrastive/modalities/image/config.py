@@ -26,7 +26,7 @@ from contrastive.methods.parts import (MethodParts, PatchSettings, check_method_
                                        parts_in_use)
 from contrastive.errors import ConfigError
 from contrastive.modalities.image import dataset_config as ds
-from pipeline_config.schema import (NOT_IN_KEY, DistributedConfig, EvalConfig, LoopSettings, MclConfig, _deep_merge,
+from pipeline_config.schema import (NOT_IN_KEY, LoopSettings, MclConfig, _deep_merge,
                                     _PipelineBase, _Section)
 
 
@@ -116,7 +116,7 @@ class DataConfig(_Section):
     trifeature: TrifeatureConfig = TrifeatureConfig()
     image_folder: ImageFolderConfig = ImageFolderConfig()
     shards: ShardsConfig = ShardsConfig()
-    # The standard datasets read from their on-disk layouts (pipeline_config/datasets.py, docs/datasets.md).
+    # The standard datasets read from their on-disk layouts (contrastive/modalities/image/dataset_config.py, docs/datasets.md).
     cifar_mnist: ds.CifarMnistConfig = ds.CifarMnistConfig()
     celeba: ds.CelebAConfig = ds.CelebAConfig()
     stl10: ds.Stl10Config = ds.Stl10Config()
@@ -361,8 +361,6 @@ class ImagePipelineConfig(_PipelineBase):
     augment: AugmentConfig = AugmentConfig()
     train: TrainConfig = TrainConfig()
     mcl: MclConfig = MclConfig()
-    eval: EvalConfig = EvalConfig()
-    distributed: DistributedConfig = DistributedConfig()
     stage_overrides: dict[int, dict[str, Any]] = Field(
         default_factory=dict,
         description="per-stage changes to the model, method, augment and train sections, e.g. "

@@ -71,12 +71,9 @@ class ImageModality(Modality):
         return {"train/views_per_second": summary["views_per_second"]}
 
     # ------------------------------------------------------------------------------------------ export
-    def export_content(self, config, *, train_key: str) -> list:
-        return ["export", train_key]
-
     def export_kwargs(self, config, *, model_path: str, data: dict, out_dir: str) -> dict:
-        return {"dataset_dir": data["dir"], "model_path": model_path, "out_dir": out_dir, "batch_size": 512,
-                "device": config.device, "workers": config.train.workers}
+        return {**super().export_kwargs(config, model_path=model_path, data=data, out_dir=out_dir),
+                "workers": config.train.workers}
 
     def export(self, **kwargs) -> dict:
         from contrastive.modalities.image.steps import export_stage_embeddings
@@ -86,9 +83,6 @@ class ImageModality(Modality):
         return {"unreadable": result["unreadable"]}
 
     # ------------------------------------------------------------------------------------------ evaluation
-    def eval_content(self, config, *, member_keys: list[str]) -> list:
-        return ["eval", member_keys, config.eval.content(), config.seed]
-
     def evaluate(self, config, *, members: list[Member], data: dict, out_dir: str) -> dict[str, float]:
         """Linear probe + kNN per attribute of one stage or of the concatenation of several."""
         from contrastive.modalities.image.steps import evaluate_embeddings

@@ -19,7 +19,6 @@ import zlib
 from typing import Callable
 
 import numpy as np
-import torch
 from PIL import Image
 from torchvision import transforms as T
 from torchvision.transforms import functional as F

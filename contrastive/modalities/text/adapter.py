@@ -81,9 +81,7 @@ class TextBatchSource:
         return len(self.sampler)
 
     def batches(self, *, epoch: int, start: int) -> Iterator[TextBatch]:
-        self.sampler.load_state_dict({"epoch": epoch, "batches_consumed": start})
-        for planned in self.sampler:
-            rows = np.asarray(planned, dtype=np.int64)
+        for rows in self.sampler.planned_rows(epoch=epoch, start=start):
             input_ids, mask = self.tokens.rows(rows)
             batch = TextBatch(rows=rows, ids=self.ids[rows], input_ids=input_ids, attention_mask=mask,
                               groups=None if self.groups is None else torch.from_numpy(self.groups[rows].astype(np.int64)))

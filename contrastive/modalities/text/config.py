@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 from contrastive.engine.task import OptimSpec
 from contrastive.errors import ConfigError
 from contrastive.modalities.text.encoders import TextEncoderSpec
-from pipeline_config.schema import (NOT_IN_KEY, EvalConfig, LoopSettings, MclConfig, _PipelineBase,
+from pipeline_config.schema import (NOT_IN_KEY, LoopSettings, MclConfig, _PipelineBase,
                                     _Section)
 
 
@@ -152,13 +152,9 @@ class TextPipelineConfig(_PipelineBase):
     train: TextTrainConfig = TextTrainConfig()
     isotropy: IsotropyConfig = IsotropyConfig()
     mcl: TextMclConfig = TextMclConfig()
-    eval: EvalConfig = EvalConfig()
     hyper: HyperConfig = HyperConfig()
 
     IN_PROCESS_ONLY = "sentences"
-
-    def global_batch_size(self, stage: int) -> int:
-        return self.train.batch_size
 
     @model_validator(mode="after")
     def _fresh_stages(self) -> "TextPipelineConfig":

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from contrastive.data.dataset import (INDEX_FILE, MANIFEST_FILE, SampleIndex, _build_index, _write_json_atomic,
-                                      atomic_dataset_dir, read_manifest)
+                                      atomic_dataset_dir, read_manifest, read_storage_index)
 from contrastive.errors import DataError
 from contrastive.modalities.text import generator as gen
 from contrastive.modalities.text.readers import (Triple, read_csts_pairs, read_sentences, read_sts_pairs, read_triples,
@@ -49,14 +49,9 @@ class TextDataset(SampleIndex):
     @classmethod
     def load(cls, path: Path | str) -> "TextDataset":
         path = Path(path)
-        manifest = read_manifest(path)
-        if manifest is None or manifest.get("storage") != STORAGE:
-            raise DataError(f"{path} is not a prepared text dataset (manifest.json missing or not storage 'text'): "
-                            "rerun the pipeline to prepare it")
+        manifest, index = read_storage_index(path, storage=STORAGE, what="text dataset")
         try:
             sentences = json.loads((path / SENTENCES_FILE).read_text())
-            with np.load(path / INDEX_FILE, allow_pickle=False) as stored:
-                index = {name: stored[name] for name in stored.files}
         except (OSError, ValueError) as exc:
             raise DataError(f"text dataset {path} is damaged ({exc}): delete it and rerun the pipeline") from None
         if len(sentences) != len(index["ids"]):

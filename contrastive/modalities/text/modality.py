@@ -19,6 +19,7 @@ class TextModality(Modality):
     title = "sentences"
     step_prefix = "text-"
     final_name = "hyper"
+    export_batch_size = 256
     serving = ServingInput(dtype="str", shape=(-1,), description="sentences (a list of strings)",
                            requirements=("torch", "numpy", "scikit-learn"))
 
@@ -53,11 +54,9 @@ class TextModality(Modality):
                 "num_test": len(dataset.indices("test")), "attributes": dataset.attributes,
                 "files": dataset.manifest.get("files", {})}
 
-    def sample_scope(self, data: dict) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def open_dataset(self, directory: str):
         from contrastive.modalities.text.dataset import load_text_dataset
-        dataset = load_text_dataset(data["dir"])
-        train = dataset.indices("train")
-        return dataset.ids[train], {name: labels[train] for name, labels in dataset.labels.items()}
+        return load_text_dataset(directory)
 
     # ------------------------------------------------------------------------------------------ training
     def train_content(self, config, *, stage: int, seed: int, data: dict, batches_key: str | None,
@@ -95,21 +94,11 @@ class TextModality(Modality):
         return [plot, history_path]
 
     # ------------------------------------------------------------------------------------------ export
-    def export_content(self, config, *, train_key: str) -> list:
-        return ["text-export", train_key]
-
-    def export_kwargs(self, config, *, model_path: str, data: dict, out_dir: str) -> dict:
-        return {"dataset_dir": data["dir"], "model_path": model_path, "out_dir": out_dir, "batch_size": 256,
-                "device": config.device}
-
     def export(self, **kwargs) -> dict:
         from contrastive.modalities.text.steps import export_text_embeddings
         return export_text_embeddings(**kwargs)
 
     # ------------------------------------------------------------------------------------------ evaluation
-    def eval_content(self, config, *, member_keys: list[str]) -> list:
-        return ["text-eval", member_keys, config.eval.content(), config.seed]
-
     def evaluate(self, config, *, members: list[Member], data: dict, out_dir: str) -> dict[str, float]:
         """Probe + kNN per attribute, STS Spearman and isotropy of one stage or the concatenation of several."""
         from contrastive.modalities.text.steps import evaluate_text_embeddings

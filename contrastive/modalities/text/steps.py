@@ -14,7 +14,7 @@ import torch
 
 from contrastive.embeddings import EmbeddingWriter, write_manifest
 from contrastive.engine.checkpoint import write_json
-from contrastive.engine.distributed import current_info, device_for
+from contrastive.engine.distributed import device_for, single_process_info
 from contrastive.engine.loop import TrainCallback, release_device_memory, train
 from contrastive.engine.rng import seed_everything
 from contrastive.engine.task import StageSpec
@@ -83,11 +83,7 @@ def train_text_stage(spec: TextStageSpec, *, callbacks: list[TrainCallback] = ()
     """Train a FRESH SimCSE encoder for one stage (cluster-pure batches when ``spec.pseudo_labels_path``); writes
     ``checkpoints/last.pt`` (resumable), ``model/model.pt``, ``isotropy.json`` (the trajectory) and
     ``train_summary.json`` into ``spec.stage_dir``."""
-    info = current_info()
-    if info.is_distributed:
-        raise ConfigError("text stages run in one process: set distributed.nproc_per_node=1 and nnodes=1")
-    if spec.threads:
-        torch.set_num_threads(spec.threads)
+    info = single_process_info(threads=spec.threads, what="text")
     stage_dir = Path(spec.stage_dir)
     dataset = load_text_dataset(spec.dataset_dir)
     train_rows = dataset.indices("train")
