@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -115,13 +116,22 @@ def load_pseudo_labels(*, path: Path, ids: np.ndarray) -> np.ndarray:
     return align_labels_to_ids(label_ids=stored["ids"], labels=stored["groups"], dataset_ids=ids)
 
 
-def stage_sampler(*, pseudo_labels_path: Path | str | None, train_ids: np.ndarray, batch_size: int, seed: int,
-                  remainder_policy: str, world_size: int = 1, rank: int = 0) -> tuple[ClusterBatchSampler,
-                                                                                      np.ndarray | None]:
-    """The batch plan of one stage over its M training samples (``train_ids`` (M,)): cluster-pure batches of
-    ``batch_size`` per rank from the pseudo-labels at ``pseudo_labels_path`` (MCL stages >= 1, Algorithm 1), random
-    batches without it (stage 0, the control run). Returns (sampler, groups (M,) aligned to ``train_ids`` or None)."""
+class StagePlan(NamedTuple):
+    """One stage's training rows (int64 (M,) positions of the train split in the dataset), their batch plan and
+    pseudo-label groups ((M,), None for random batches)."""
+    train_rows: np.ndarray
+    sampler: ClusterBatchSampler
+    groups: np.ndarray | None
+
+
+def stage_sampler(*, dataset, pseudo_labels_path: Path | str | None, batch_size: int, seed: int,
+                  remainder_policy: str, world_size: int = 1, rank: int = 0) -> StagePlan:
+    """The batch plan of one stage over the M training samples of ``dataset`` (a ``SampleIndex``): cluster-pure
+    batches of ``batch_size`` per rank from the pseudo-labels at ``pseudo_labels_path`` (MCL stages >= 1,
+    Algorithm 1), random batches without it (stage 0, the control run)."""
+    train_rows = dataset.indices("train")
+    train_ids = dataset.ids[train_rows]
     groups = None if pseudo_labels_path is None else load_pseudo_labels(path=Path(pseudo_labels_path), ids=train_ids)
     sampler = ClusterBatchSampler(groups=groups, num_samples=len(train_ids), batch_size=batch_size, seed=seed,
                                   world_size=world_size, rank=rank, remainder_policy=remainder_policy)
-    return sampler, groups
+    return StagePlan(train_rows=train_rows, sampler=sampler, groups=groups)

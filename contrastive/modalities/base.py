@@ -128,6 +128,14 @@ class Modality:
         """The typed spec of one stage's training (JSON-able: processes receive it as a file)."""
         raise NotImplementedError
 
+    def stage_fields(self, config, *, seed: int, out_dir: str, data: dict, batches_path: str | None) -> dict:
+        """The fields every stage spec over a prepared dataset shares (``dataset_dir``, ``pseudo_labels_path``, the
+        batch and its plan, optimizer, loop, device): a modality's :meth:`train_spec` adds its own."""
+        t = config.train
+        return {"dataset_dir": data["dir"], "stage_dir": out_dir, "pseudo_labels_path": batches_path,
+                "batch_size": t.batch_size, "remainder_policy": config.mcl.remainder_policy, "seed": seed,
+                "device": config.device, "optim": t.optim_spec(), "loop": t.loop_spec(), "threads": t.threads}
+
     def train(self, spec: StageSpec, *, callbacks: list) -> dict:
         """Train one stage in this process; returns the train summary (``model_path``, ``final_loss``,
         ``seconds``, ``samples_per_second``, ``trimmed_samples``, ``resumed_from_step``, ``batch_plan``)."""
@@ -250,8 +258,12 @@ class Modality:
         raise NotImplementedError
 
     def plots(self, config, *, results: dict[str, dict], out: Path) -> list[Path]:
-        """Plots of the whole pipeline's results for the parent run."""
-        return []
+        """Plots of the whole pipeline's results for the parent run: the probe accuracy per attribute of every
+        representation, when there are probe scores."""
+        from contrastive.evaluate import plot_attribute_accuracy
+        if not any(k.startswith("probe/") for m in results.values() for k in m):
+            return []
+        return [plot_attribute_accuracy(results=results, path=out / "probe_accuracy.png")]
 
     # ------------------------------------------------------------------------------------------ serving
     def load_encoder(self, model_path: str) -> Any:

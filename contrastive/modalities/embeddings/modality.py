@@ -4,7 +4,6 @@ per attribute. The smallest complete modality: docs/architecture.md walks throug
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -64,12 +63,10 @@ class EmbeddingsModality(Modality):
     def train_spec(self, config, *, stage: int, seed: int, out_dir: str, data: dict, batches_path: str | None,
                    init_model_path: str | None):
         from contrastive.modalities.embeddings.steps import FeatureStageSpec
-        t = config.train
         return FeatureStageSpec(
-            dataset_dir=data["dir"], stage_dir=out_dir, pseudo_labels_path=batches_path,
+            **self.stage_fields(config, seed=seed, out_dir=out_dir, data=data, batches_path=batches_path),
             encoder=config.model.model_dump(mode="json"), views=config.method.model_dump(mode="json"),
-            batch_size=t.batch_size, remainder_policy=config.mcl.remainder_policy, seed=seed, device=config.device,
-            optim=t.optim_spec(), loop=t.loop_spec(), threads=t.threads, init_model_path=init_model_path)
+            init_model_path=init_model_path)
 
     def train(self, spec, *, callbacks: list) -> dict:
         from contrastive.modalities.embeddings.steps import train_feature_stage
@@ -94,12 +91,6 @@ class EmbeddingsModality(Modality):
         return [ResultsTable(title=f"{config.name}: linear-probe accuracy (held-out vectors)", rows=results,
                              metric="probe"),
                 ResultsTable(title="kNN accuracy", rows=results, metric="knn")]
-
-    def plots(self, config, *, results: dict[str, dict], out: Path) -> list[Path]:
-        from contrastive.evaluate import plot_attribute_accuracy
-        if not any(k.startswith("probe/") for m in results.values() for k in m):
-            return []
-        return [plot_attribute_accuracy(results=results, path=out / "probe_accuracy.png")]
 
     # ------------------------------------------------------------------------------------------ serving
     def load_encoder(self, model_path: str):

@@ -52,9 +52,9 @@ def train_feature_stage(spec: FeatureStageSpec, *, callbacks: list[TrainCallback
     info = single_process_info(threads=spec.threads, what="embeddings")
     stage_dir = Path(spec.stage_dir)
     dataset = load_feature_dataset(spec.dataset_dir)
-    train_rows = dataset.indices("train")
-    sampler, groups = stage_sampler(pseudo_labels_path=spec.pseudo_labels_path, train_ids=dataset.ids[train_rows],
-                                    batch_size=spec.batch_size, seed=spec.seed, remainder_policy=spec.remainder_policy)
+    train_rows, sampler, groups = stage_sampler(dataset=dataset, pseudo_labels_path=spec.pseudo_labels_path,
+                                                batch_size=spec.batch_size, seed=spec.seed,
+                                                remainder_policy=spec.remainder_policy)
     features = np.asarray(dataset.features[train_rows], dtype=np.float32)
     seed_everything(spec.seed)
     model = build_model(in_dim=dataset.dim, encoder=spec.encoder, temperature=spec.views["temperature"])

@@ -55,13 +55,10 @@ class ImageModality(Modality):
     def train_spec(self, config, *, stage: int, seed: int, out_dir: str, data: dict, batches_path: str | None,
                    init_model_path: str | None):
         from contrastive.modalities.image.steps import ImageStageSpec
-        t = config.train
         return ImageStageSpec(
-            dataset_dir=data["dir"], stage_dir=out_dir, pseudo_labels_path=batches_path,
+            **self.stage_fields(config, seed=seed, out_dir=out_dir, data=data, batches_path=batches_path),
             model=config.model.model_dump(mode="json"), method=config.method.model_dump(mode="json"),
-            augment=config.augment.model_dump(), batch_size=t.batch_size, seed=seed, device=config.device,
-            remainder_policy=config.mcl.remainder_policy, optim=t.optim_spec(), loop=t.loop_spec(),
-            threads=t.threads, workers=t.workers, init_model_path=init_model_path)
+            augment=config.augment.model_dump(), workers=config.train.workers, init_model_path=init_model_path)
 
     def train(self, spec, *, callbacks: list) -> dict:
         from contrastive.modalities.image.steps import train_stage

@@ -65,11 +65,10 @@ def train_stage(spec: ImageStageSpec, *, info: DistInfo | None = None, callbacks
         torch.set_num_threads(spec.threads)
     stage_dir = Path(spec.stage_dir)
     dataset = load_dataset(spec.dataset_dir)
-    train_indices = dataset.indices("train")
     batch = per_rank_batch(global_batch_size=spec.batch_size, world_size=info.world_size)
-    sampler, groups = stage_sampler(pseudo_labels_path=spec.pseudo_labels_path, train_ids=dataset.ids[train_indices],
-                                    batch_size=batch, seed=spec.seed, remainder_policy=spec.remainder_policy,
-                                    world_size=info.world_size, rank=info.rank)
+    train_indices, sampler, groups = stage_sampler(
+        dataset=dataset, pseudo_labels_path=spec.pseudo_labels_path, batch_size=batch, seed=spec.seed,
+        remainder_policy=spec.remainder_policy, world_size=info.world_size, rank=info.rank)
     seed_everything(spec.seed)
     method = build_method(model_kwargs=spec.model, method_kwargs=spec.method)
     if spec.init_model_path is not None:  # a resume's checkpoint still wins: the engine loads it over these

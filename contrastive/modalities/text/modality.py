@@ -70,12 +70,9 @@ class TextModality(Modality):
     def train_spec(self, config, *, stage: int, seed: int, out_dir: str, data: dict, batches_path: str | None,
                    init_model_path: str | None):
         from contrastive.modalities.text.steps import TextStageSpec
-        t = config.train
         return TextStageSpec(
-            dataset_dir=data["dir"], stage_dir=out_dir, pseudo_labels_path=batches_path,
+            **self.stage_fields(config, seed=seed, out_dir=out_dir, data=data, batches_path=batches_path),
             encoder=config.encoder_spec().to_json(), method=config.method.model_dump(mode="json"),
-            batch_size=t.batch_size, remainder_policy=config.mcl.remainder_policy, seed=seed, device=config.device,
-            optim=t.optim_spec(), loop=t.loop_spec(), threads=t.threads,
             isotropy=config.isotropy.model_dump(mode="json"))
 
     def train(self, spec, *, callbacks: list) -> dict:
@@ -154,12 +151,6 @@ class TextModality(Modality):
             tables.append(ResultsTable(title=f"conditioned retrieval recall@{config.hyper.recall_k}", rows=recall,
                                        metric="recall"))
         return tables
-
-    def plots(self, config, *, results: dict[str, dict], out: Path) -> list[Path]:
-        from contrastive.evaluate import plot_attribute_accuracy
-        if not any(k.startswith("probe/") for m in results.values() for k in m):
-            return []
-        return [plot_attribute_accuracy(results=results, path=out / "probe_accuracy.png")]
 
     # ------------------------------------------------------------------------------------------ serving
     def load_encoder(self, model_path: str):

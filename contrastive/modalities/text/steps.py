@@ -86,9 +86,9 @@ def train_text_stage(spec: TextStageSpec, *, callbacks: list[TrainCallback] = ()
     info = single_process_info(threads=spec.threads, what="text")
     stage_dir = Path(spec.stage_dir)
     dataset = load_text_dataset(spec.dataset_dir)
-    train_rows = dataset.indices("train")
-    sampler, groups = stage_sampler(pseudo_labels_path=spec.pseudo_labels_path, train_ids=dataset.ids[train_rows],
-                                    batch_size=spec.batch_size, seed=spec.seed, remainder_policy=spec.remainder_policy)
+    train_rows, sampler, groups = stage_sampler(dataset=dataset, pseudo_labels_path=spec.pseudo_labels_path,
+                                                batch_size=spec.batch_size, seed=spec.seed,
+                                                remainder_policy=spec.remainder_policy)
     seed_everything(spec.seed)
     encoder = TextEncoderSpec(**spec.encoder)
     vocab = dataset.tokenizer().vocab if encoder.kind == "tiny" else None
