@@ -66,13 +66,21 @@ class LoopSettings(_Section):
     log_every_steps: int = Field(10, ge=1, **NOT_IN_KEY)
     checkpoint_every_steps: int = Field(100, ge=1, **NOT_IN_KEY)
     threads: int = Field(0, ge=0, description="torch CPU threads; 0 = torch default", **NOT_IN_KEY)
+    on_nonfinite: Literal["stop", "rollback"] = Field(
+        "stop", description="a NaN / inf loss: stop the stage, or roll back to the last checkpoint, skip the batch "
+                            "that diverged and scale the learning rate by rollback_lr_factor (max_rollbacks times)")
+    max_rollbacks: int = Field(3, ge=1)
+    rollback_lr_factor: float = Field(0.5, gt=0, le=1)
+
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("on_nonfinite", "max_rollbacks", "rollback_lr_factor")
 
     def loop_spec(self) -> LoopSpec:
         return LoopSpec(epochs=self.epochs, checkpoint_every_steps=self.checkpoint_every_steps,
                         log_every_steps=self.log_every_steps, precision=self.precision,
                         grad_accumulation=self.grad_accumulation, grad_clip_norm=self.grad_clip_norm,
                         compile=self.compile, channels_last=self.channels_last,
-                        max_steps_per_epoch=self.max_steps_per_epoch)
+                        max_steps_per_epoch=self.max_steps_per_epoch, on_nonfinite=self.on_nonfinite,
+                        max_rollbacks=self.max_rollbacks, rollback_lr_factor=self.rollback_lr_factor)
 
 
 class DistributedConfig(_Section):

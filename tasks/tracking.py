@@ -345,34 +345,58 @@ def _metric_key(key: str) -> str:
 
 class MetricBuffer:
     """Training callback that batches per-step metrics into one log_batch call every ``flush_every`` steps, so
-    tracking costs a few round trips per epoch rather than one per step."""
+    tracking costs a few round trips per epoch rather than one per step.
+
+    Only the metrics of steps a checkpoint holds are sent before the stage ends: a stage resumed after a crash, or
+    rolled back after a non-finite loss, trains the steps after its checkpoint again and logs them then, so MLflow
+    gets every step once (none lost with the crash, none twice with the replay)."""
 
     def __init__(self, *, tracker: Tracker, run_id: str, flush_every: int = 50):
         self.tracker = tracker
         self.run_id = run_id
         self.flush_every = flush_every
         self.pending: list[tuple[int, dict[str, float]]] = []
+        self.committed = 0  # pending[:committed] belong to steps a checkpoint holds
         self.checkpoint_path: Path | None = None
 
     def on_step(self, *, step: int, epoch: int, metrics: dict[str, float]) -> None:
         self.pending.append((step, metrics))
-        if len(self.pending) >= self.flush_every:
+        if self.committed >= self.flush_every:
             self.flush()
 
     def on_epoch_end(self, *, epoch: int, metrics: dict[str, float]) -> None:
+        # The loop checkpoints the end of an epoch just before it reports it.
         self.pending.append((epoch, metrics))
+        self.committed = len(self.pending)
         self.flush()
 
     def on_checkpoint(self, *, path: Path, step: int) -> None:
         self.checkpoint_path = path
+        self.committed = len(self.pending)
+
+    def on_rollback(self, *, step: int, restored_step: int, epoch: int, batch: int, loss: float, lr_scale: float,
+                    rollbacks: int) -> None:
+        """A non-finite loss rolled training back to its last checkpoint (step ``restored_step``): the steps after
+        it are trained again, so their metrics are dropped (the replay logs its own); the rollback is a metric and
+        a tag of the run."""
+        self.pending = self.pending[:self.committed]
+        self.pending.append((step, {"train/rollbacks": float(rollbacks), "train/lr_scale": lr_scale}))
+        self.committed = len(self.pending)
+        self.flush()
+        self.tracker.set_tags(self.run_id, {f"rollback.{rollbacks}": (
+            f"step {step}: loss {loss}; restored step {restored_step}, skipped batch {batch} of epoch {epoch}, "
+            f"learning rate x {lr_scale:g}")})
 
     def flush(self, *, final: bool = False) -> None:
-        """Send pending metrics. A tracking outage mid-stage must not stop training (the checkpoint and the
-        stage's files are what matter); metrics are kept and retried at the next flush, and only the final
-        flush raises."""
+        """Send the committed metrics (all of them when the stage ended: ``final``). A tracking outage mid-stage
+        must not stop training (the checkpoint and the stage's files are what matter); metrics are kept and
+        retried at the next flush, and only the final flush raises."""
+        count = len(self.pending) if final else self.committed
+        if not count:
+            return
         try:
-            self.tracker.log_metric_history(self.run_id, self.pending)
-            self.pending = []
+            self.tracker.log_metric_history(self.run_id, self.pending[:count])
+            self.pending, self.committed = self.pending[count:], max(0, self.committed - count)
         except TrackingError:
             if final:
                 raise
@@ -381,12 +405,6 @@ class MetricBuffer:
 
 # ---------------------------------------------------------------------------------------------------- models
 MODEL_ALIAS = "current"  # the registered model's alias for the encoder of the latest finished pipeline
-
-
-#: The distributions a modality's registered model imports when it loads and predicts, besides mlflow (which MLflow
-#: names itself) and cloudpickle (which reads the model): what ``pip install -r requirements.txt`` of the model
-#: installs, pinned to the versions here. Found by loading the model with only ``contrastive`` on sys.path
-#: (tests/e2e/test_model_fresh_venv.py for images); webdataset: ``contrastive.data.shards`` imports it.
 
 
 class EncoderModel(mlflow.pyfunc.PythonModel):

@@ -22,6 +22,7 @@ batch on one rank (an unreadable image skipped) trims the others to match. Both 
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,8 @@ from contrastive.engine.rng import capture_rng, restore_rng
 from contrastive.engine.signals import consume, graceful_stop, stop_requested
 from contrastive.engine.task import BatchSource, LoopSpec, OptimSpec, StageTask
 from contrastive.errors import ConfigError, MclpipeError, StageInterrupted
+
+log = logging.getLogger(__name__)
 
 
 class TrainCallback(Protocol):
@@ -61,13 +64,43 @@ class TrainResult:
     trimmed_samples: int = 0
     epochs_ended_early: int = 0
     history: list[dict[str, float]] = field(default_factory=list)
+    rollbacks: int = 0
+    skipped_batches: int = 0
 
     def summary(self) -> dict:
         """What every stage's ``train_summary.json`` starts with (each modality adds its own keys)."""
         return {"steps": self.steps, "epochs": self.epochs, "final_loss": self.final_loss,
                 "resumed_from_step": self.resumed_from_step, "seconds": self.seconds,
                 "samples_per_second": self.samples_per_second, "trimmed_samples": self.trimmed_samples,
-                "epochs_ended_early": self.epochs_ended_early}
+                "epochs_ended_early": self.epochs_ended_early, "rollbacks": self.rollbacks,
+                "skipped_batches": self.skipped_batches}
+
+
+@dataclass
+class NonFiniteGuard:
+    """What ``on_nonfinite: rollback`` has done so far, checkpointed with the stage so a resumed stage skips the
+    same batches at the same learning rate: ``skipped`` [(epoch, batch position)] of the batches that diverged,
+    ``lr_scale`` the product of the rollback factors, ``rollbacks`` their count."""
+    skipped: set[tuple[int, int]] = field(default_factory=set)
+    lr_scale: float = 1.0
+    rollbacks: int = 0
+
+    def state_dict(self) -> dict:
+        return {"skipped": sorted(self.skipped), "lr_scale": self.lr_scale, "rollbacks": self.rollbacks}
+
+    @classmethod
+    def from_state(cls, state: dict | None) -> "NonFiniteGuard":
+        state = state or {}  # checkpoints written before rollback existed
+        return cls(skipped={tuple(x) for x in state.get("skipped", [])}, lr_scale=float(state.get("lr_scale", 1.0)),
+                   rollbacks=int(state.get("rollbacks", 0)))
+
+
+class _Diverged(Exception):
+    """A non-finite loss at (epoch, position) of step ``step``: handled by :func:`train` (stop or roll back)."""
+
+    def __init__(self, *, step: int, epoch: int, position: int, loss: float):
+        super().__init__(f"non-finite loss {loss} at step {step}")
+        self.step, self.epoch, self.position, self.loss = step, epoch, position, loss
 
 
 def _wrap(*, task: StageTask, spec: LoopSpec, device: torch.device, info: DistInfo) -> nn.Module:
@@ -111,16 +144,36 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
     scaler = grad_scaler(precision=loop.precision, device=device)
     task.on_train_start(total_steps=total_steps)
 
-    start_epoch, consumed, step, resumed_from = 0, 0, 0, None
-    checkpoint = load_checkpoint(checkpoint_path, map_location="cpu")
-    if checkpoint is not None:
+    if loop.on_nonfinite not in ("stop", "rollback"):
+        raise ConfigError(f"train.on_nonfinite must be stop or rollback, got {loop.on_nonfinite!r}")
+    base_lrs = list(scheduler.base_lrs)
+    guard = NonFiniteGuard()
+
+    def restore(checkpoint: dict) -> tuple[int, int, int]:
+        """Load a checkpoint into every stateful part; returns (epoch, batches consumed in it, step)."""
+        nonlocal guard
         task.load_state_dict(checkpoint["model"])
         opt.load_state_dict(checkpoint["optimizer"])
         scheduler.load_state_dict(checkpoint["scheduler"])
         scaler.load_state_dict(checkpoint["scaler"])
         restore_rng(checkpoint["rng"], task.generators)
-        start_epoch, consumed = checkpoint["epoch"], checkpoint["batches_consumed"]
-        step = resumed_from = checkpoint["step"]
+        guard = NonFiniteGuard.from_state(checkpoint.get("nonfinite"))
+        return checkpoint["epoch"], checkpoint["batches_consumed"], checkpoint["step"]
+
+    def scale_learning_rate() -> None:
+        # The schedule's multiplier stays; its base rates carry the rollbacks' factors.
+        scheduler.base_lrs = [lr * guard.lr_scale for lr in base_lrs]
+        for group, base, multiplier in zip(opt.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+            group["lr"] = base * multiplier(scheduler.last_epoch)
+        scheduler._last_lr = [group["lr"] for group in opt.param_groups]
+
+    start_epoch, consumed, step, resumed_from = 0, 0, 0, None
+    checkpoint = load_checkpoint(checkpoint_path, map_location="cpu")
+    if checkpoint is not None:
+        start_epoch, consumed, step = restore(checkpoint)
+        resumed_from = step
+        if guard.lr_scale != 1.0:
+            scale_learning_rate()
 
     last_saved: dict = {"at": None}
 
@@ -133,13 +186,47 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
             save_checkpoint({"model": task.state_dict(), "optimizer": opt.state_dict(),
                              "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
                              "rng": capture_rng(task.generators), "epoch": epoch, "batches_consumed": position,
-                             "step": step}, checkpoint_path)
+                             "step": step, "nonfinite": guard.state_dict()}, checkpoint_path)
             for callback in callbacks:
                 callback.on_checkpoint(path=checkpoint_path, step=step)
         barrier()
 
     trained = [p for group in opt.param_groups for p in group["params"]]
     batch_hooks = [c for c in callbacks if hasattr(c, "on_batch")]
+    rollback_hooks = [c for c in callbacks if hasattr(c, "on_rollback")]
+
+    def roll_back(bad: _Diverged) -> tuple[int, int]:
+        """``on_nonfinite``: stop with the one line, or restore the last checkpoint, skip the batch that diverged
+        and scale the learning rate; returns where training continues (epoch, batches consumed)."""
+        nonlocal step
+        fix = "lower train.lr, or use precision fp32 or bf16"
+        if loop.on_nonfinite != "rollback":
+            raise MclpipeError(f"training diverged at step {bad.step} (loss {bad.loss}): {fix}, or set "
+                               f"train.on_nonfinite=rollback; the last good checkpoint is kept at {checkpoint_path}")
+        if guard.rollbacks >= loop.max_rollbacks:
+            raise MclpipeError(
+                f"training diverged at step {bad.step} (loss {bad.loss}) after {guard.rollbacks} rollbacks (each "
+                f"restored the last checkpoint, skipped the batch that diverged and scaled the learning rate by "
+                f"{loop.rollback_lr_factor}): {fix}, or raise train.max_rollbacks; the last good checkpoint is kept "
+                f"at {checkpoint_path}")
+        newest = guard
+        epoch, position, step = restore(load_checkpoint(checkpoint_path, map_location="cpu"))
+        guard.skipped = newest.skipped | {(bad.epoch, bad.position)}
+        guard.rollbacks = newest.rollbacks + 1
+        guard.lr_scale = newest.lr_scale * loop.rollback_lr_factor
+        scale_learning_rate()
+        opt.zero_grad(set_to_none=True)
+        log.warning("training diverged at step %d (loss %s): rollback %d of %d to step %d, skipping batch %d of "
+                    "epoch %d, learning rate x %g", bad.step, bad.loss, guard.rollbacks, loop.max_rollbacks, step,
+                    bad.position, bad.epoch, guard.lr_scale)
+        if info.is_main:
+            for callback in rollback_hooks:
+                callback.on_rollback(step=bad.step, restored_step=step, epoch=bad.epoch, batch=bad.position,
+                                     loss=bad.loss, lr_scale=guard.lr_scale, rollbacks=guard.rollbacks)
+        return epoch, position
+
+    if loop.on_nonfinite == "rollback" and checkpoint is None:
+        save(start_epoch, consumed)  # somewhere to return to before the first periodic checkpoint
     result = TrainResult(steps=step, epochs=start_epoch, final_loss=float("nan"), resumed_from_step=resumed_from,
                          seconds=0.0, samples_per_second=0.0)
     started, samples = time.perf_counter(), 0
@@ -151,7 +238,8 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
             exc.checkpoint = str(checkpoint_path)
             exc.step = last_saved["at"][0] if last_saved["at"] else resumed_from
 
-    with graceful_stop(on_interrupt=name_last_checkpoint):
+    def run_epochs(start_epoch: int, consumed: int) -> TrainResult:
+        nonlocal step, samples
         for epoch in range(start_epoch, loop.epochs):
             position = consumed if epoch == start_epoch else 0
             iterator = iter(source.batches(epoch=epoch, start=position))
@@ -161,6 +249,9 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
                 step_loss, step_samples, dry = 0.0, 0, False
                 for micro in range(loop.grad_accumulation):
                     batch = next(iterator, None)
+                    while batch is not None and (epoch, position) in guard.skipped:  # diverged once: rolled back
+                        position += 1
+                        batch = next(iterator, None)
                     local = len(batch) if batch is not None else 0
                     size = all_reduce_min(local, device=device)
                     # some rank ran dry (or a batch of 1 has no negatives): the epoch ends for all ranks
@@ -183,9 +274,7 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
                             loss, metrics = module(**inputs)
                         diverged = all_reduce_max(int(not bool(torch.isfinite(loss))), device=device)
                         if diverged:
-                            raise MclpipeError(
-                                f"training diverged at step {step} (loss {loss.item()}): lower train.lr, or use "
-                                f"precision fp32/bf16; the last good checkpoint is kept at {checkpoint_path}")
+                            raise _Diverged(step=step, epoch=epoch, position=position, loss=loss.item())
                         scaler.scale(loss / loop.grad_accumulation).backward()
                     step_loss += loss.item() / loop.grad_accumulation
                     step_samples += size * info.world_size
@@ -229,17 +318,26 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
                     raise StageInterrupted(signum=signum, checkpoint=str(checkpoint_path), step=step)
                 if stop_after_steps is not None and step >= stop_after_steps:
                     save(epoch, position)
-                    return _finish(result, step=step, epoch=epoch, started=started, samples=samples)
+                    return _finish(result, step=step, epoch=epoch, started=started, samples=samples, guard=guard)
             save(epoch + 1, 0)
             if info.is_main:
                 for callback in callbacks:
                     callback.on_epoch_end(epoch=epoch, metrics={
                         "train/epoch_loss": float(np.mean(epoch_losses)) if epoch_losses else float("nan")})
-        return _finish(result, step=step, epoch=loop.epochs, started=started, samples=samples)
+        return _finish(result, step=step, epoch=loop.epochs, started=started, samples=samples, guard=guard)
+
+    with graceful_stop(on_interrupt=name_last_checkpoint):
+        while True:
+            try:
+                return run_epochs(start_epoch, consumed)
+            except _Diverged as bad:
+                start_epoch, consumed = roll_back(bad)
 
 
-def _finish(result: TrainResult, *, step: int, epoch: int, started: float, samples: int) -> TrainResult:
+def _finish(result: TrainResult, *, step: int, epoch: int, started: float, samples: int,
+            guard: NonFiniteGuard) -> TrainResult:
     result.steps, result.epochs = step, epoch
+    result.rollbacks, result.skipped_batches = guard.rollbacks, len(guard.skipped)
     result.seconds = time.perf_counter() - started
     result.samples_per_second = samples / max(result.seconds, 1e-9)
     return result

@@ -53,6 +53,11 @@ class LoopSpec:
     compile: bool = False
     channels_last: bool = False
     max_steps_per_epoch: int | None = None
+    #: A non-finite loss: "stop" the stage, or "rollback" (restore the last checkpoint, skip the batch that
+    #: diverged, scale the learning rate by ``rollback_lr_factor``) at most ``max_rollbacks`` times.
+    on_nonfinite: str = "stop"
+    max_rollbacks: int = 3
+    rollback_lr_factor: float = 0.5
 
 
 @dataclass(frozen=True)

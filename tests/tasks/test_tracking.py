@@ -50,6 +50,7 @@ def test_metric_buffer_keeps_metrics_through_an_outage():
     buffer = MetricBuffer(tracker=flaky, run_id="r", flush_every=2)
     for step in range(1, 5):
         buffer.on_step(step=step, epoch=0, metrics={"loss": float(step)})  # flushes fail silently, nothing lost
+        buffer.on_checkpoint(path=None, step=step)
     assert len(buffer.pending) == 4 and flaky.sent == []
     with pytest.raises(TrackingError):
         buffer.flush(final=True)
@@ -147,3 +148,42 @@ def test_ui_command_works_as_printed(tmp_path, monkeypatch):
     command = ui_command(f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert command.split()[0] == str(Path(sys.executable).with_name("mlflow")) and Path(command.split()[0]).exists()
     assert f"--backend-store-uri sqlite:///{tmp_path / 'mlflow.db'}" in command
+
+
+def test_a_rollback_is_a_metric_and_a_tag_and_drops_the_replayed_steps_unsent_metrics(tracker):
+    run = tracker.start_run(name="stage", tags={"stage": "0"})
+    buffer = MetricBuffer(tracker=tracker, run_id=run, flush_every=100)
+    for step in range(1, 8):
+        buffer.on_step(step=step, epoch=0, metrics={"train/loss": float(step)})
+        if step == 4:
+            buffer.on_checkpoint(path=None, step=4)
+            buffer.flush()  # steps 1..4 sent; 5..7 wait for the next checkpoint
+    assert [m.step for m in tracker.client.get_metric_history(run, "train/loss")] == [1, 2, 3, 4]
+    buffer.on_rollback(step=7, restored_step=4, epoch=1, batch=1, loss=float("nan"), lr_scale=0.5, rollbacks=1)
+    for step in range(5, 8):  # the replay from the checkpoint at step 4
+        buffer.on_step(step=step, epoch=0, metrics={"train/loss": 10.0 * step})
+    buffer.flush(final=True)
+    history = tracker.client.get_metric_history(run, "train/loss")
+    assert [(m.step, m.value) for m in history] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 50.0), (6, 60.0),
+                                                     (7, 70.0)]  # neither lost nor duplicated
+    assert [(m.step, m.value) for m in tracker.client.get_metric_history(run, "train/rollbacks")] == [(7, 1.0)]
+    tag = tracker.client.get_run(run).data.tags["rollback.1"]
+    assert "restored step 4, skipped batch 1 of epoch 1, learning rate x 0.5" in tag
+
+
+def test_metrics_after_the_last_checkpoint_wait_for_it(tracker):
+    """A crash loses the steps after the last checkpoint and the resumed stage trains them again: they are sent
+    only once a checkpoint holds them, so the resumed stage's values are the only ones in MLflow."""
+    run = tracker.start_run(name="stage", tags={"stage": "0"})
+    crashed = MetricBuffer(tracker=tracker, run_id=run, flush_every=2)
+    for step in range(1, 6):
+        crashed.on_step(step=step, epoch=0, metrics={"train/loss": float(step)})
+        if step == 3:
+            crashed.on_checkpoint(path=None, step=3)
+    # the process dies here: steps 4 and 5 were never sent
+    resumed = MetricBuffer(tracker=tracker, run_id=run, flush_every=2)
+    for step in range(4, 7):
+        resumed.on_step(step=step, epoch=0, metrics={"train/loss": 10.0 * step})
+    resumed.flush(final=True)
+    assert [(m.step, m.value) for m in tracker.client.get_metric_history(run, "train/loss")] == [
+        (1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0), (5, 50.0), (6, 60.0)]

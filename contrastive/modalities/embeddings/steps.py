@@ -49,13 +49,11 @@ def train_feature_stage(spec: FeatureStageSpec, *, callbacks: list[TrainCallback
                         stop_after_steps: int | None = None) -> dict:
     """Train a FRESH MLP encoder for one stage; writes ``checkpoints/last.pt`` (resumable), ``model/model.pt`` and
     ``train_summary.json`` into ``spec.stage_dir``."""
-    info = single_process_info(threads=spec.threads, what="embeddings")
-    stage_dir = Path(spec.stage_dir)
     dataset = load_feature_dataset(spec.dataset_dir)
-    train_rows, sampler, groups = stage_sampler(dataset=dataset, pseudo_labels_path=spec.pseudo_labels_path,
-                                                batch_size=spec.batch_size, seed=spec.seed,
-                                                remainder_policy=spec.remainder_policy)
-    features = np.asarray(dataset.features[train_rows], dtype=np.float32)
+    info = single_process_info(threads=spec.threads, what="embeddings")
+    plan = stage_sampler(dataset=dataset, pseudo_labels_path=spec.pseudo_labels_path, batch_size=spec.batch_size,
+                         seed=spec.seed, remainder_policy=spec.remainder_policy)
+    features = np.asarray(dataset.features[plan.train_rows], dtype=np.float32)
     seed_everything(spec.seed)
     model = build_model(in_dim=dataset.dim, encoder=spec.encoder, temperature=spec.views["temperature"])
     if spec.init_model_path is not None:  # a resume's checkpoint still wins: the engine loads it over these
@@ -63,16 +61,17 @@ def train_feature_stage(spec: FeatureStageSpec, *, callbacks: list[TrainCallback
     task = FeatureViewTask(model=model, feature_std=features.std(axis=0),
                            feature_dropout=spec.views["feature_dropout"], noise=spec.views["noise"], seed=spec.seed)
     torch_device = device_for(name=spec.device, info=info)
-    result = train(task=task, source=FeatureBatchSource(sampler=sampler, features=features,
-                                                        ids=dataset.ids[train_rows]),
+    stage_dir = Path(spec.stage_dir)
+    result = train(task=task, source=FeatureBatchSource(sampler=plan.sampler, features=features,
+                                                        ids=dataset.ids[plan.train_rows]),
                    optim=spec.optim, loop=spec.loop, device=torch_device,
                    checkpoint_path=stage_dir / "checkpoints" / "last.pt", info=info, callbacks=list(callbacks),
                    stop_after_steps=stop_after_steps)
     model_path = stage_dir / "model" / "model.pt"
     save_torch({"state_dict": model.state_dict(), "in_dim": dataset.dim, "encoder": spec.encoder,
                 "views": spec.views}, model_path, what="the stage's final model")
-    summary = {**result.summary(), "global_batch": spec.batch_size, "batch_plan": sampler.stats,
-               "cluster_pure_batches": groups is not None, "model_path": str(model_path)}
+    summary = {**result.summary(), "global_batch": spec.batch_size, "batch_plan": plan.sampler.stats,
+               "cluster_pure_batches": plan.groups is not None, "model_path": str(model_path)}
     write_json(stage_dir / "train_summary.json", summary)
     del task
     release_device_memory(torch_device)
