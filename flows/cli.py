@@ -39,25 +39,30 @@ ConfigArg = Annotated[str, typer.Argument(help="YAML config path or preset name 
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="override: key.path=value (repeatable)")]
 
 
-def fail(message: str) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+def fail(message: str, config=None) -> None:
+    """A mistake the user can fix: one line (also in ``<output_dir>/last-stop.txt`` once the config is known),
+    exit 2."""
+    shutdown.record_stop(config.output_dir if config is not None else None, f"error: {message}")
+    shutdown.say(err_console, f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code=2)
 
 
 def interrupted(exc: StageInterrupted, config, *, rerun_from: int | None = None, command: str | None = None) -> None:
-    """Ctrl-C or SIGTERM: one line (what stopped, the checkpoint kept, the resume command), exit 128 + signal."""
+    """Ctrl-C or SIGTERM: one line (what stopped, the checkpoint kept, the resume command), also in
+    ``<output_dir>/last-stop.txt``; exit 128 + signal."""
     message = shutdown.interrupted_message(exc, config, rerun_from=rerun_from, command=command)
-    err_console.print(f"[bold yellow]interrupted:[/] {message}", highlight=False, soft_wrap=True)
+    shutdown.record_stop(config.output_dir if config is not None else None, f"interrupted: {message}")
+    shutdown.say(err_console, f"[bold yellow]interrupted:[/] {message}", highlight=False, soft_wrap=True)
     shutdown.exit_now(exc.exit_code)
 
 
-def fail_disk_full(exc: OSError) -> None:
+def fail_disk_full(exc: OSError, config=None) -> None:
     """A full disk met outside the steps (Prefect's result store, a summary): one line naming the directory."""
     from contrastive.engine.checkpoint import disk_full_error, is_disk_full
     if not is_disk_full(exc):
         raise exc
     where = Path(exc.filename).parent if exc.filename else Path.cwd()
-    fail(str(disk_full_error(directory=where, what="the pipeline's records")))
+    fail(str(disk_full_error(directory=where, what="the pipeline's records")), config)
 
 
 def load_or_fail(config: str, overrides: list[str] | None):
@@ -119,12 +124,15 @@ def run_and_report(make_config, *, rerun_from: int | None) -> None:
         interrupted(exc, cfg, rerun_from=rerun_from)
         return
     except OSError as exc:
-        fail_disk_full(exc)
+        fail_disk_full(exc, cfg)
         return
     except MclpipeError as exc:
-        fail(str(exc))
+        fail(str(exc), cfg)
         return
     report(cfg, summary, time.perf_counter() - started)
+    shutdown.record_stop(cfg.output_dir, f"finished: pipeline {summary.get('pipeline_id', '')} in "
+                                         f"{(time.perf_counter() - started) / 60:.1f} min; `mclpipe results` "
+                                         f"prints its tables")
 
 
 def find_pipeline_config(pipeline: str, output_dir: Path) -> Path:
@@ -324,6 +332,18 @@ def results(config: ConfigArg, overrides: SetOpt = None) -> None:
     print_tables(cfg, summary)
     console.print(f"files: {summary_path.parent}", soft_wrap=True)
     print_links(cfg, summary)
+
+
+@app.command()
+def status(output_dir: Annotated[Path, typer.Option(help="the runs' output_dir")] = Path("runs")) -> None:
+    """How the last `mclpipe run` / `resume` under output_dir ended: its final line (finished, error or
+    interrupted, with the command that continues it), kept even when the terminal or pipe it printed to closed."""
+    path = output_dir.resolve() / shutdown.LAST_STOP
+    if not path.exists():
+        fail(f"no run has ended under {output_dir.resolve()} yet (no {shutdown.LAST_STOP}); pass the run's "
+             "output_dir with --output-dir")
+        return
+    shutdown.say(console, path.read_text().strip(), highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command("show-config")

@@ -28,6 +28,17 @@ from contrastive.errors import MclpipeError, StageInterrupted
 
 def install() -> None:
     install_stop_handlers()
+    keep_exit_codes_on_closed_pipes()
+
+
+def keep_exit_codes_on_closed_pipes() -> None:
+    """rich (the CLI's and Prefect's consoles) ends the process with exit 1 when its stream's reader has gone
+    (``Console.on_broken_pipe``): after `mclpipe run | tee log` and Ctrl-C, the first log line would end the run
+    silently with 1 instead of its checkpoint, its one line and 130. Point the streams at /dev/null instead and
+    let the run end as it would have; its final line also goes to last-stop.txt (:func:`record_stop`)."""
+    from rich.console import Console
+
+    Console.on_broken_pipe = lambda self: silence_closed_streams()
 
 
 def _explained(exc: BaseException | None) -> bool:
@@ -95,6 +106,45 @@ def interrupted_message(exc: StageInterrupted, config=None, *, rerun_from: int |
             f"{command or resume_command(config, rerun_from=rerun_from)}")
 
 
+LAST_STOP = "last-stop.txt"
+
+
+def record_stop(output_dir: Path | str | None, line: str) -> Path | None:
+    """Keep the run's final line in ``<output_dir>/last-stop.txt`` (with the time), where ``mclpipe status`` reads
+    it: a terminal or pipe that closed with the run (``mclpipe run ... | tee log`` and Ctrl-C) cannot lose it."""
+    if output_dir is None:
+        return None
+    import datetime
+    path = Path(output_dir).resolve() / LAST_STOP
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        tmp.write_text(f"{datetime.datetime.now().astimezone().isoformat(timespec='seconds')} {line}\n")
+        tmp.replace(path)
+    except OSError:  # a full or read-only output disk: the line still goes to the terminal
+        return None
+    return path
+
+
+def say(console, text: str, **kwargs) -> None:
+    """Print on ``console``; when its stream was closed (the reader of a pipe ended, the terminal went away) the
+    streams are pointed at /dev/null, so the exit code stays the one the CLI chose (not 1 from a broken pipe)."""
+    try:
+        console.print(text, **kwargs)
+        console.file.flush()
+    except OSError:  # BrokenPipeError, or EIO from a terminal that closed
+        silence_closed_streams()
+
+
+def silence_closed_streams() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        try:
+            os.dup2(devnull, fd)
+        except OSError:
+            pass
+
+
 def command_line() -> str:
     """The command that was run, to repeat it."""
     return shlex.join(["mclpipe", *sys.argv[1:]])
@@ -117,8 +167,11 @@ def exit_now(code: int) -> NoReturn:
     except Exception:  # noqa: BLE001 - best effort: the states that matter were recorded synchronously
         pass
     stop_local_server(timeout=SERVER_STOP_SECONDS)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (BrokenPipeError, OSError):  # the reader of a pipe is gone: the code below still says what happened
+            pass
     os._exit(code)
 
 

@@ -165,7 +165,8 @@ class Tracker:
                 if getattr(exc, "error_code", None) in ANSWERS:  # the store answered; asking again changes nothing
                     raise
                 if is_disk_full(exc):  # a local store on a full disk: retrying does not help
-                    where = Path(exc.filename).parent if exc.filename else Path(self.uri.removeprefix("sqlite:///"))
+                    filename = getattr(exc, "filename", None)
+                    where = Path(filename).parent if filename else Path(self.uri.removeprefix("sqlite:///")).parent
                     raise disk_full_error(directory=where, what=f"MLflow's records ({what})") from exc
                 if attempt == self.retries:
                     raise TrackingError(

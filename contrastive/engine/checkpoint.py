@@ -35,8 +35,22 @@ def _previous_path(path: Path) -> Path:
     return path.with_name(path.name + ".prev")
 
 
-def is_disk_full(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
+#: SQLite's SQLITE_FULL, as MLflow's and Prefect's stores raise it (through SQLAlchemy): no OSError, only this text.
+SQLITE_FULL = "database or disk is full"
+
+
+def is_disk_full(exc: BaseException | None) -> bool:
+    """``exc`` (or an exception it was raised from) says its filesystem is full: ENOSPC / EDQUOT, or SQLite's
+    SQLITE_FULL from a tracking or orchestration store."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+            return True
+        if SQLITE_FULL in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def disk_full_error(*, directory: Path, what: str, kept: str | None = None) -> DiskFullError:
