@@ -123,11 +123,18 @@ def run_and_report(make_config, *, rerun_from: int | None) -> None:
     except StageInterrupted as exc:
         interrupted(exc, cfg, rerun_from=rerun_from)
         return
-    except OSError as exc:
-        fail_disk_full(exc, cfg)
-        return
     except MclpipeError as exc:
         fail(str(exc), cfg)
+        return
+    except Exception as exc:  # a disk, store or server around the run failed: one line, else the traceback
+        from contrastive.engine.checkpoint import is_disk_full
+        if isinstance(exc, OSError) and is_disk_full(exc):
+            fail_disk_full(exc, cfg)
+        from flows.faults import explain_failure
+        line = explain_failure(exc, cfg)
+        if line is None:
+            raise
+        fail(line, cfg)
         return
     report(cfg, summary, time.perf_counter() - started)
     shutdown.record_stop(cfg.output_dir, f"finished: pipeline {summary.get('pipeline_id', '')} in "

@@ -223,3 +223,30 @@ def test_an_interrupted_flow_deletes_the_job_and_its_service(api_server):
 def test_missing_credentials_name_the_fix(tmp_path):
     with pytest.raises(MclpipeError, match="launcher.kubernetes.kubeconfig"):
         KubernetesLauncher(spec=SPEC, kubeconfig=str(tmp_path / "no-such-kubeconfig")).apis()
+
+
+# The Kubernetes versions mclpipe's manifests must be valid for (docs/launchers.md): Indexed Jobs are GA from 1.24.
+SUPPORTED_VERSIONS = ("1.27.0", "1.30.0", "1.33.0", "1.37.0")
+
+
+@pytest.mark.parametrize("version", SUPPORTED_VERSIONS)
+def test_the_job_and_service_are_valid_against_the_official_schemas(version):
+    """The rendered Indexed Job, headless Service and volumes against the OpenAPI schemas of each supported
+    Kubernetes release (kubernetes-validate ships them; strict: no field the API does not know)."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    serialize = client.ApiClient().sanitize_for_serialization
+    for resource in (build_job(name=NAME, job=JOB, spec=SPEC), build_service(name=NAME, job=JOB, spec=SPEC)):
+        kubernetes_validate.validate(serialize(resource), version, strict=True)
+
+
+def test_the_schema_check_catches_what_the_api_would_refuse():
+    """The check is not vacuous: a misspelt field and a wrong type are rejected by the same schemas."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    manifest = client.ApiClient().sanitize_for_serialization(build_job(name=NAME, job=JOB, spec=SPEC))
+    manifest["spec"]["completionMod"] = manifest["spec"].pop("completionMode")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(manifest, SUPPORTED_VERSIONS[-1], strict=True)
+    manifest["spec"]["completionMode"] = manifest["spec"].pop("completionMod")
+    manifest["spec"]["completions"] = "two"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(manifest, SUPPORTED_VERSIONS[-1], strict=True)

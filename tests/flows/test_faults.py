@@ -1,0 +1,56 @@
+"""flows/faults.py: the one line for a failure around a run (a full store, a Prefect server that went away)."""
+import sqlite3
+from collections import namedtuple
+
+import httpx
+import pytest
+
+from flows import faults
+from pipeline_config.loader import load_config
+
+
+@pytest.fixture
+def config(tmp_path, monkeypatch):
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / ".prefect"))
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    return load_config("trifeature_tiny", [f"output_dir={tmp_path / 'runs'}",
+                                           f"tracking.uri=sqlite:///{tmp_path / 'store' / 'mlflow.db'}"])
+
+
+def _raised_from(outer: Exception, inner: Exception) -> Exception:
+    try:
+        try:
+            raise inner
+        except Exception as exc:
+            raise outer from exc
+    except Exception as exc:
+        return exc
+
+
+def test_sqlite_full_from_a_store_is_a_full_disk_in_one_line(config):
+    error = _raised_from(RuntimeError("(sqlalchemy) commit failed"),
+                         sqlite3.OperationalError("database or disk is full"))
+    line = faults.explain_failure(error, config)
+    assert line.startswith("disk full: no space left in ") and "finished steps and the last checkpoint" in line
+    assert "rerun the same command" in line and "\n" not in line
+
+
+def test_a_nearly_full_store_directory_is_named(config, tmp_path, monkeypatch):
+    Usage = namedtuple("Usage", "total used free")
+    store = (tmp_path / "store").resolve()
+    monkeypatch.setattr(faults.shutil, "disk_usage", lambda path: Usage(1, 1, 10 if str(path).startswith(
+        str(store)) else 1 << 30))
+    (tmp_path / "store").mkdir()
+    line = faults.explain_failure(RuntimeError("HTTP 500 from the API"), config)
+    assert line.startswith(f"disk full: no space left in {store} ") and "while writing the MLflow store" in line
+
+
+def test_a_prefect_server_that_went_away_names_the_resume_command(config):
+    error = _raised_from(RuntimeError("flow run failed"), httpx.ConnectError("All connection attempts failed"))
+    line = faults.explain_failure(error, config)
+    assert line.startswith("the Prefect server (") and "stopped answering mid-run" in line
+    assert "Continue with: mclpipe" in line
+
+
+def test_anything_else_keeps_its_traceback(config):
+    assert faults.explain_failure(ValueError("a bug"), config) is None
