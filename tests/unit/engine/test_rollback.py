@@ -10,6 +10,7 @@ from contrastive.engine.loop import train
 from contrastive.engine.task import LoopSpec, OptimSpec
 from contrastive.errors import MclpipeError
 from tests.unit.engine.test_loop import CPU, FixedBatches, RegressionTask, Rows
+from tests.unit.engine.recording import Recorder
 
 SGD = OptimSpec(name="sgd", lr=0.05, weight_decay=0.0, schedule="constant")
 
@@ -32,27 +33,6 @@ class Poisoned(FixedBatches):
             yield rows
 
 
-class Seen:
-    """Records every batch the loop trains on and every rollback."""
-
-    def __init__(self):
-        self.keys, self.rollbacks = [], []
-
-    def on_batch(self, *, step, batch):
-        self.keys.append(tuple(batch.keys))
-
-    def on_rollback(self, **event):
-        self.rollbacks.append(event)
-
-    def on_step(self, **_):
-        pass
-
-    def on_epoch_end(self, **_):
-        pass
-
-    def on_checkpoint(self, **_):
-        pass
-
 
 def _run(tmp_path, *, name, source, on_nonfinite="rollback", max_rollbacks=3, stop_after=None, seen=None):
     task = RegressionTask()
@@ -69,7 +49,7 @@ def test_stop_names_the_step_and_the_rollback_setting(tmp_path):
 
 
 def test_rollback_skips_the_batch_halves_the_rate_and_finishes(tmp_path):
-    seen = Seen()
+    seen = Recorder()
     task, result = _run(tmp_path, name="rollback", source=Poisoned(epoch=1, position=1), seen=seen)
     assert result.steps == 17 and result.rollbacks == 1 and result.skipped_batches == 1  # 18 batches, 1 skipped
     assert all(torch.isfinite(p).all() for p in task.model.parameters())

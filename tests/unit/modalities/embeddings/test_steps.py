@@ -12,14 +12,8 @@ from contrastive.modalities.embeddings.steps import (FeatureStageSpec, embed_fea
                                                      export_feature_embeddings, load_feature_model,
                                                      train_feature_stage)
 from contrastive.methods.losses import nt_xent
+from tests.unit.engine.recording import Recorder
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -38,29 +32,13 @@ def _spec(stage_dir, data_dir, *, pseudo=None, epochs=2):
                             remainder_policy="partial")
 
 
-class Batches:
-    def __init__(self):
-        self.rows = []
-
-    def on_batch(self, *, step, batch):
-        self.rows.append(batch.rows.copy())
-
-    def on_step(self, **_):
-        pass
-
-    def on_epoch_end(self, **_):
-        pass
-
-    def on_checkpoint(self, **_):
-        pass
-
 
 def test_mcl_stage_batches_are_cluster_pure(tmp_path, data_dir):
     dataset = load_feature_dataset(data_dir)
     train = dataset.indices("train")
     groups = dataset.labels["dominant"][train]
     np.savez(tmp_path / "pseudo.npz", ids=dataset.ids[train], groups=groups)
-    recorder = Batches()
+    recorder = Recorder()
     summary = train_feature_stage(_spec(tmp_path / "s1", data_dir, pseudo=str(tmp_path / "pseudo.npz"), epochs=1),
                                   callbacks=[recorder])
     assert summary["cluster_pure_batches"] and len(recorder.rows) == summary["steps"] > 0

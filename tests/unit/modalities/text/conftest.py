@@ -1,11 +1,6 @@
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core machine: one torch thread is several times faster than oversubscribing."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _tiny_models_on_one_thread(one_thread):
+    """Every text test trains or runs a tiny model: one torch thread (``one_thread``, tests/unit/modalities)."""

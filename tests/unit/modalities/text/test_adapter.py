@@ -9,16 +9,9 @@ from contrastive.engine.task import LoopSpec, OptimSpec
 from contrastive.modalities.text.dataset import GeneratorParams, load_text_dataset, prepare_generated_text
 from contrastive.modalities.text.encoders import TextEncoderSpec
 from contrastive.modalities.text.steps import (TextStageSpec, evaluate_text_embeddings, export_text_embeddings,
-                                     train_text_stage)
+                                               train_text_stage)
+from tests.unit.engine.recording import Recorder
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core machine: one torch thread is several times faster than oversubscribing."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -37,29 +30,13 @@ def _spec(stage_dir, data_dir, *, method="simcse_unsup", pseudo=None, epochs=2, 
                          isotropy={"every_steps": every, "num_sentences": 32, "num_frequent": 5})
 
 
-class Batches:
-    def __init__(self):
-        self.rows = []
-
-    def on_batch(self, *, step, batch):
-        self.rows.append(batch.rows.copy())
-
-    def on_step(self, **_):
-        pass
-
-    def on_epoch_end(self, **_):
-        pass
-
-    def on_checkpoint(self, **_):
-        pass
-
 
 def test_mcl_stage_batches_are_cluster_pure(tmp_path, data_dir):
     dataset = load_text_dataset(data_dir)
     train = dataset.indices("train")
     groups = dataset.labels["sentiment"][train]
     np.savez(tmp_path / "pseudo.npz", ids=dataset.ids[train], groups=groups)
-    recorder = Batches()
+    recorder = Recorder()
     summary = train_text_stage(_spec(tmp_path / "s1", data_dir, pseudo=str(tmp_path / "pseudo.npz"), epochs=1),
                                callbacks=[recorder])
     assert summary["cluster_pure_batches"] and recorder.rows
