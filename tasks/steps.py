@@ -138,8 +138,12 @@ class PrefectProgress:
 
     def on_step(self, *, step: int, epoch: int, metrics: dict[str, float]) -> None:
         percent = min(100.0, 100.0 * step / self.total_steps)
-        if percent - self.last_percent >= 5 or percent >= 100:
-            update_progress_artifact(self.artifact_id, progress=percent)
+        if self.artifact_id is not None and (percent - self.last_percent >= 5 or percent >= 100):
+            try:
+                update_progress_artifact(self.artifact_id, progress=percent)
+            except Exception as exc:  # noqa: BLE001 - the Prefect API is gone: the stage trains on regardless
+                get_run_logger().warning("Prefect API unreachable (%s): progress updates stop, training goes on", exc)
+                self.artifact_id = None
             self.last_percent = percent
 
     def on_epoch_end(self, *, epoch: int, metrics: dict[str, float]) -> None:

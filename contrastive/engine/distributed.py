@@ -91,7 +91,13 @@ def device_for(*, name: str, info: DistInfo | None = None) -> torch.device:
         if name == "cuda":
             raise ConfigError("device=cuda but no CUDA GPU is visible: use --set device=auto or device=cpu")
         return torch.device("cpu")
-    return torch.device("cuda", info.local_rank % torch.cuda.device_count())
+    visible = torch.cuda.device_count()
+    if info.local_rank >= visible:  # a modulo would put two processes on one GPU and leave the run to OOM there
+        raise ConfigError(f"process {info.local_rank} of this node has no GPU of its own: {visible} GPUs are visible "
+                          f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}) but "
+                          f"{info.local_rank + 1} or more processes run on the node: set distributed.nproc_per_node="
+                          f"{visible} or fewer, or make more GPUs visible")
+    return torch.device("cuda", info.local_rank)
 
 
 def per_rank_batch(*, global_batch_size: int, world_size: int) -> int:
@@ -134,6 +140,16 @@ def _all_reduce_int(value: int, *, device: torch.device, op) -> int:
 def barrier() -> None:
     if is_initialized():
         dist.barrier()
+
+
+def gather_objects(value) -> list:
+    """``value`` of every rank, in rank order (a one-item list without a process group). A collective: every rank
+    calls it."""
+    if not is_initialized() or dist.get_world_size() == 1:
+        return [value]
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
 
 
 def gather_with_grad(x: torch.Tensor) -> torch.Tensor:

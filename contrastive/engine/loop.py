@@ -34,10 +34,10 @@ from torch import nn
 
 from contrastive.engine.checkpoint import load_checkpoint, save_checkpoint
 from contrastive.engine.distributed import (DistInfo, all_reduce_max, all_reduce_min, barrier, current_info,
-                                            sync_batch_norms)
+                                            gather_objects, sync_batch_norms)
 from contrastive.engine.optim import build_optimizer, lr_multiplier
 from contrastive.engine.precision import autocast_context, check_precision, grad_scaler
-from contrastive.engine.rng import capture_rng, restore_rng
+from contrastive.engine.rng import capture_rng, restore_rng, rng_of_rank
 from contrastive.engine.signals import consume, graceful_stop, stop_requested
 from contrastive.engine.task import BatchSource, LoopSpec, OptimSpec, StageTask
 from contrastive.errors import ConfigError, MclpipeError, StageInterrupted
@@ -156,7 +156,7 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
         opt.load_state_dict(checkpoint["optimizer"])
         scheduler.load_state_dict(checkpoint["scheduler"])
         scaler.load_state_dict(checkpoint["scaler"])
-        restore_rng(checkpoint["rng"], task.generators)
+        restore_rng(rng_of_rank(checkpoint, rank=info.rank, world_size=info.world_size), task.generators)
         guard = NonFiniteGuard.from_state(checkpoint.get("nonfinite"))
         return checkpoint["epoch"], checkpoint["batches_consumed"], checkpoint["step"]
 
@@ -182,10 +182,11 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
         if last_saved["at"] == (step, epoch, position):
             return
         last_saved["at"] = (step, epoch, position)
+        rngs = gather_objects(capture_rng(task.generators))  # each rank resumes its own draws (CUDA's included)
         if info.is_main:
             save_checkpoint({"model": task.state_dict(), "optimizer": opt.state_dict(),
                              "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-                             "rng": capture_rng(task.generators), "epoch": epoch, "batches_consumed": position,
+                             "rng": rngs[0], "rng_by_rank": rngs, "epoch": epoch, "batches_consumed": position,
                              "step": step, "nonfinite": guard.state_dict()}, checkpoint_path)
             for callback in callbacks:
                 callback.on_checkpoint(path=checkpoint_path, step=step)

@@ -8,12 +8,15 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+from typing import Callable, TypeVar
 
 import torch
 
 from contrastive.errors import ConfigError
 
 PRECISIONS = ("fp32", "bf16", "fp16", "amp")
+F = TypeVar("F", bound=Callable)
 
 
 def check_precision(precision: str) -> None:
@@ -38,3 +41,25 @@ def autocast_context(*, precision: str, device: torch.device) -> contextlib.Abst
 def grad_scaler(*, precision: str, device: torch.device) -> torch.amp.GradScaler:
     """A loss scaler that is active only for float16 autocast on CUDA; a disabled no-op otherwise."""
     return torch.amp.GradScaler("cuda", enabled=_is_fp16(precision) and device.type == "cuda")
+
+
+def _as_fp32(value):
+    """A half-precision tensor as float32; float32 / float64 and everything else as they are."""
+    if isinstance(value, torch.Tensor) and value.dtype in (torch.float16, torch.bfloat16):
+        return value.float()
+    return value
+
+
+def fp32_logits(loss: F) -> F:
+    """Run a contrastive loss in fp32 whatever the autocast region around it: its floating-point tensor arguments
+    in half precision are cast to float32 and autocast is off inside, so the similarity matmul, the division by the temperature and
+    the softmax are fp32 (the encoders still run in bf16 / fp16). Why: bf16 keeps 8 bits of mantissa, so a cosine
+    near 1 moves in steps of 2^-8, which at SimCSE's tau = 0.05 is 0.08 in a logit. The cast is differentiable:
+    the gradient flows back to the encoder in its own dtype."""
+    @functools.wraps(loss)
+    def in_fp32(*args, **kwargs):
+        tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
+        device_type = tensors[0].device.type if tensors else "cpu"
+        with torch.autocast(device_type=device_type, enabled=False):
+            return loss(*map(_as_fp32, args), **{key: _as_fp32(value) for key, value in kwargs.items()})
+    return in_fp32

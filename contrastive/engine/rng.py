@@ -30,3 +30,13 @@ def restore_rng(state: dict, generators: dict[str, torch.Generator] | None = Non
         torch.cuda.set_rng_state_all(state["cuda"])
     for name, generator in (generators or {}).items():
         generator.set_state(state["generators"][name])
+
+
+def rng_of_rank(checkpoint: dict, *, rank: int, world_size: int) -> dict:
+    """The RNG state a rank restores from a checkpoint: its own (``rng_by_rank``, every rank's states gathered when
+    it was written), so ranks keep drawing different dropout masks after a resume; rank 0's ``rng`` for a
+    checkpoint written before per-rank states existed or by another number of processes."""
+    by_rank = checkpoint.get("rng_by_rank")
+    if by_rank is not None and len(by_rank) == world_size:
+        return by_rank[rank]
+    return checkpoint["rng"]

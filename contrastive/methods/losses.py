@@ -6,7 +6,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from contrastive.engine.precision import fp32_logits
 
+
+@fp32_logits
 def nt_xent(*, z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
     """SimCLR's normalised-temperature cross entropy (Chen et al., 2020, eq. 1), averaged over all 2B anchors.
 
@@ -170,6 +173,7 @@ def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return F.normalize(a.detach().float(), dim=1) @ F.normalize(b.detach().float(), dim=1).T
 
 
+@fp32_logits
 def hex_info_nce(*, z1: torch.Tensor, z2: torch.Tensor, temperature: float, epsilon: float | None,
                  q: "float | torch.Tensor | HardNegativeWeighting", hierarchy_mask: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -205,6 +209,7 @@ def hex_info_nce(*, z1: torch.Tensor, z2: torch.Tensor, temperature: float, epsi
     return per_anchor.mean(), {**hex_stats(epsilon=epsilon, hierarchy=hierarchy, q=q), **loss_stats}
 
 
+@fp32_logits
 def cross_view_info_nce(*, anchors: torch.Tensor, candidates: torch.Tensor, temperature: float,
                         hierarchy: torch.Tensor | None = None,
                         q: "float | torch.Tensor | HardNegativeWeighting" = 1.0, with_stats: bool = False):
@@ -226,6 +231,7 @@ def cross_view_info_nce(*, anchors: torch.Tensor, candidates: torch.Tensor, temp
     return (per_anchor.mean(), stats) if with_stats else per_anchor.mean()
 
 
+@fp32_logits
 def queue_info_nce(*, query: torch.Tensor, key: torch.Tensor, queue: torch.Tensor, temperature: float,
                    hierarchy: torch.Tensor | None = None, q: "float | torch.Tensor | HardNegativeWeighting" = 1.0,
                    with_stats: bool = False):

@@ -17,8 +17,10 @@ import torch
 import torch.nn.functional as F
 
 from contrastive.engine.distributed import gather_with_grad
+from contrastive.engine.precision import fp32_logits
 
 
+@fp32_logits
 def clip_loss(*, image_features: torch.Tensor, text_features: torch.Tensor, logit_scale: torch.Tensor,
               local_loss: bool = False) -> torch.Tensor:
     """Symmetric cross entropy of image->text and text->image logits; returns a scalar.

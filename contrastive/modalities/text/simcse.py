@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from contrastive.engine.precision import fp32_logits
 from contrastive.modalities.text.encoders import SentenceEncoder
 
 
@@ -21,6 +22,7 @@ def cosine_logits(a: torch.Tensor, b: torch.Tensor, *, temperature: float) -> to
     return F.normalize(a, dim=1) @ F.normalize(b, dim=1).T / temperature
 
 
+@fp32_logits
 def simcse_unsup_loss(*, z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
     """z1, z2: (B, D) two dropout-noised encodings of the same B sentences; row i of z2 is the positive of row i
     of z1, the other rows of z2 its negatives. Returns the scalar mean of l_i over the B anchors."""
@@ -28,6 +30,7 @@ def simcse_unsup_loss(*, z1: torch.Tensor, z2: torch.Tensor, temperature: float)
     return F.cross_entropy(logits, torch.arange(len(z1), device=z1.device))
 
 
+@fp32_logits
 def simcse_sup_loss(*, anchors: torch.Tensor, positives: torch.Tensor, negatives: torch.Tensor,
                     temperature: float) -> torch.Tensor:
     """anchors, positives, negatives: (B, D). l_i = -log( e^{s(h_i, h_i+)} / sum_j (e^{s(h_i, h_j+)} +
