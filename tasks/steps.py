@@ -19,6 +19,7 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.context import TaskRunContext
 
 from contrastive.engine.checkpoint import write_json
+from contrastive.engine.device import check_gpus_usable
 from contrastive.engine.launch import EXPORT_SUMMARY
 from contrastive.evaluate import plot_cluster_sizes
 from contrastive.mcl import steps
@@ -193,6 +194,10 @@ def train_and_record(*, config: _PipelineBase, tracker: Tracker, mlflow_run_id: 
             tracker.system_metrics(mlflow_run_id, seconds=config.tracking.system_metrics_seconds):
         summary = _train(config=config, tracker=tracker, mlflow_run_id=mlflow_run_id, out_dir=out_dir, spec=spec, entry=entry,
                          train_here=train_here, total_steps=total_steps, description=description)
+    environment = summary.get("environment", {})
+    if environment:  # where it trained: tags of the stage run, and a line in the Prefect log and terminal
+        tracker.set_tags(mlflow_run_id, {f"env.{name}": value for name, value in environment.items()})
+        get_run_logger().info("stage %d trained on %s", stage, ", ".join(f"{k} {v}" for k, v in environment.items()))
     return finish_train_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, stage=stage,
                                summary=summary, extra_metrics={
                                    "train/samples_per_second": summary["samples_per_second"],
@@ -227,7 +232,10 @@ def _train(*, config, tracker: Tracker, mlflow_run_id: str, out_dir: str, spec, 
 # ---------------------------------------------------------------------------------------------------- tasks
 @task(name="prepare-data")
 def prepare_data(*, config: _PipelineBase) -> dict:
-    """Write (or find) the modality's data and check the config against its size before any training."""
+    """Write (or find) the modality's data and check the config against its size before any training; when the
+    stages run here (``launcher.kind local``), check that a GPU this machine has is one torch can use."""
+    if not config.launcher.remote:
+        check_gpus_usable(config.device)
     logger = get_run_logger()
     return modality_of(config).prepare_data(config, log=logger.info)
 

@@ -30,9 +30,11 @@ from typing import Protocol
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from contrastive.engine.checkpoint import load_checkpoint, save_checkpoint
+from contrastive.engine.device import device_report
 from contrastive.engine.distributed import (DistInfo, all_reduce_max, all_reduce_min, barrier, current_info,
                                             gather_objects, sync_batch_norms)
 from contrastive.engine.optim import build_optimizer, lr_multiplier
@@ -66,6 +68,7 @@ class TrainResult:
     history: list[dict[str, float]] = field(default_factory=list)
     rollbacks: int = 0
     skipped_batches: int = 0
+    environment: dict[str, str] = field(default_factory=dict)  # contrastive.engine.device.device_report
 
     def summary(self) -> dict:
         """What every stage's ``train_summary.json`` starts with (each modality adds its own keys)."""
@@ -73,7 +76,7 @@ class TrainResult:
                 "resumed_from_step": self.resumed_from_step, "seconds": self.seconds,
                 "samples_per_second": self.samples_per_second, "trimmed_samples": self.trimmed_samples,
                 "epochs_ended_early": self.epochs_ended_early, "rollbacks": self.rollbacks,
-                "skipped_batches": self.skipped_batches}
+                "skipped_batches": self.skipped_batches, "environment": self.environment}
 
 
 @dataclass
@@ -229,7 +232,10 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
     if loop.on_nonfinite == "rollback" and checkpoint is None:
         save(start_epoch, consumed)  # somewhere to return to before the first periodic checkpoint
     result = TrainResult(steps=step, epochs=start_epoch, final_loss=float("nan"), resumed_from_step=resumed_from,
-                         seconds=0.0, samples_per_second=0.0)
+                         seconds=0.0, samples_per_second=0.0, environment=device_report(
+                             device, backend=dist.get_backend() if info.is_distributed else None,
+                             world_size=info.world_size))
+    log.info("training on %s", ", ".join(f"{k} {v}" for k, v in result.environment.items()))
     started, samples = time.perf_counter(), 0
     module.train()
 
