@@ -137,6 +137,15 @@ def _all_reduce_int(value: int, *, device: torch.device, op) -> int:
     return int(tensor.item())
 
 
+def any_rank(flag: torch.Tensor, *, device: torch.device) -> bool:
+    """Whether ``flag`` (a bool tensor on ``device``) is true on any rank: one all-reduce and one device-to-host
+    read, the only host synchronisation of a step outside logging in one process."""
+    if is_initialized() and dist.get_world_size() > 1:
+        flag = flag.to(device=device, dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag)
+
+
 def barrier() -> None:
     if is_initialized():
         dist.barrier()

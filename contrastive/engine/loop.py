@@ -28,14 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from contrastive.engine.checkpoint import load_checkpoint, save_checkpoint
 from contrastive.engine.device import device_report
-from contrastive.engine.distributed import (DistInfo, all_reduce_max, all_reduce_min, barrier, current_info,
+from contrastive.engine.distributed import (DistInfo, all_reduce_max, all_reduce_min, any_rank, barrier, current_info,
                                             gather_objects, sync_batch_norms)
 from contrastive.engine.optim import build_optimizer, lr_multiplier
 from contrastive.engine.precision import autocast_context, check_precision, grad_scaler
@@ -99,11 +98,12 @@ class NonFiniteGuard:
 
 
 class _Diverged(Exception):
-    """A non-finite loss at (epoch, position) of step ``step``: handled by :func:`train` (stop or roll back)."""
+    """A non-finite loss at step ``step``, from the micro-batches at ``positions`` of ``epoch``: handled by
+    :func:`train` (stop or roll back)."""
 
-    def __init__(self, *, step: int, epoch: int, position: int, loss: float):
+    def __init__(self, *, step: int, epoch: int, positions: list[int], loss: float):
         super().__init__(f"non-finite loss {loss} at step {step}")
-        self.step, self.epoch, self.position, self.loss = step, epoch, position, loss
+        self.step, self.epoch, self.positions, self.loss = step, epoch, positions, loss
 
 
 def _wrap(*, task: StageTask, spec: LoopSpec, device: torch.device, info: DistInfo) -> nn.Module:
@@ -215,17 +215,17 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
                 f"at {checkpoint_path}")
         newest = guard
         epoch, position, step = restore(load_checkpoint(checkpoint_path, map_location="cpu"))
-        guard.skipped = newest.skipped | {(bad.epoch, bad.position)}
+        guard.skipped = newest.skipped | {(bad.epoch, position) for position in bad.positions}
         guard.rollbacks = newest.rollbacks + 1
         guard.lr_scale = newest.lr_scale * loop.rollback_lr_factor
         scale_learning_rate()
         opt.zero_grad(set_to_none=True)
-        log.warning("training diverged at step %d (loss %s): rollback %d of %d to step %d, skipping batch %d of "
+        log.warning("training diverged at step %d (loss %s): rollback %d of %d to step %d, skipping batch %s of "
                     "epoch %d, learning rate x %g", bad.step, bad.loss, guard.rollbacks, loop.max_rollbacks, step,
-                    bad.position, bad.epoch, guard.lr_scale)
+                    ", ".join(map(str, bad.positions)), bad.epoch, guard.lr_scale)
         if info.is_main:
             for callback in rollback_hooks:
-                callback.on_rollback(step=bad.step, restored_step=step, epoch=bad.epoch, batch=bad.position,
+                callback.on_rollback(step=bad.step, restored_step=step, epoch=bad.epoch, batch=bad.positions[0],
                                      loss=bad.loss, lr_scale=guard.lr_scale, rollbacks=guard.rollbacks)
         return epoch, position
 
@@ -253,7 +253,8 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
             epoch_losses, window_start, window_samples = [], time.perf_counter(), 0
             metrics: dict[str, float] = {}
             while loop.max_steps_per_epoch is None or position < loop.max_steps_per_epoch * loop.grad_accumulation:
-                step_loss, step_samples, dry = 0.0, 0, False
+                # The loss stays on the device: read at logging steps, epoch ends and the end (host syncs).
+                step_loss, step_samples, dry, positions = torch.zeros((), device=device), 0, False, []
                 for micro in range(loop.grad_accumulation):
                     batch = next(iterator, None)
                     while batch is not None and (epoch, position) in guard.skipped:  # diverged once: rolled back
@@ -279,17 +280,18 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
                     with sync:
                         with autocast_context(precision=loop.precision, device=device):
                             loss, metrics = module(**inputs)
-                        diverged = all_reduce_max(int(not bool(torch.isfinite(loss))), device=device)
-                        if diverged:
-                            raise _Diverged(step=step, epoch=epoch, position=position, loss=loss.item())
                         scaler.scale(loss / loop.grad_accumulation).backward()
-                    step_loss += loss.item() / loop.grad_accumulation
+                    step_loss = step_loss + loss.detach().float() / loop.grad_accumulation
                     step_samples += size * info.world_size
+                    positions.append(position)
                     position += 1
                 if dry:
                     # A partial accumulation ran its backward without the gradient all-reduce: drop it.
                     opt.zero_grad(set_to_none=True)
                     break
+                # Checked before the optimizer step, so a non-finite loss never reaches the weights.
+                if any_rank(~torch.isfinite(step_loss), device=device):
+                    raise _Diverged(step=step, epoch=epoch, positions=positions, loss=float(step_loss))
                 if loop.grad_clip_norm:
                     scaler.unscale_(opt)
                     torch.nn.utils.clip_grad_norm_(trained, loop.grad_clip_norm)
@@ -299,13 +301,12 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
                 scheduler.step()
                 task.after_step(step=step)
                 step += 1
-                result.final_loss = step_loss
                 epoch_losses.append(step_loss)
                 samples += step_samples
                 window_samples += step_samples
                 if step % loop.log_every_steps == 0:
                     elapsed = max(time.perf_counter() - window_start, 1e-9)
-                    logged = {"train/loss": step_loss, "train/lr": scheduler.get_last_lr()[0],
+                    logged = {"train/loss": float(step_loss), "train/lr": scheduler.get_last_lr()[0],
                               "train/samples_per_s": window_samples / elapsed,
                               "train/views_per_s": task.views_per_sample * window_samples / elapsed,
                               "train/epoch": float(epoch), **metrics, **task.log_metrics()}
@@ -320,17 +321,21 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
                 if info.is_distributed:  # all ranks stop after the same step, or the rest would wait in a collective
                     signum = all_reduce_max(signum, device=device)
                 if signum:  # SIGINT / SIGTERM arrived during this step: keep it, then stop
+                    result.final_loss = float(step_loss)
                     save(epoch, position)
                     consume(signum)
                     raise StageInterrupted(signum=signum, checkpoint=str(checkpoint_path), step=step)
                 if stop_after_steps is not None and step >= stop_after_steps:
+                    result.final_loss = float(step_loss)
                     save(epoch, position)
                     return _finish(result, step=step, epoch=epoch, started=started, samples=samples, guard=guard)
             save(epoch + 1, 0)
+            if epoch_losses:
+                result.final_loss = float(epoch_losses[-1])
             if info.is_main:
                 for callback in callbacks:
                     callback.on_epoch_end(epoch=epoch, metrics={
-                        "train/epoch_loss": float(np.mean(epoch_losses)) if epoch_losses else float("nan")})
+                        "train/epoch_loss": float(torch.stack(epoch_losses).mean()) if epoch_losses else float("nan")})
         return _finish(result, step=step, epoch=loop.epochs, started=started, samples=samples, guard=guard)
 
     with graceful_stop(on_interrupt=name_last_checkpoint):
