@@ -71,6 +71,8 @@ class LoopSettings(_Section):
                             "that diverged and scale the learning rate by rollback_lr_factor (max_rollbacks times)")
     max_rollbacks: int = Field(3, ge=1)
     rollback_lr_factor: float = Field(0.5, gt=0, le=1)
+    tf32: bool = Field(True, description="CUDA: TF32 matmuls and convolutions (float noise only)", **NOT_IN_KEY)
+    cudnn_benchmark: bool = Field(True, description="CUDA: cuDNN picks the fastest kernels per shape", **NOT_IN_KEY)
 
     ADDED_LATER: ClassVar[tuple[str, ...]] = ("on_nonfinite", "max_rollbacks", "rollback_lr_factor")
 
@@ -80,7 +82,8 @@ class LoopSettings(_Section):
                         grad_accumulation=self.grad_accumulation, grad_clip_norm=self.grad_clip_norm,
                         compile=self.compile, channels_last=self.channels_last,
                         max_steps_per_epoch=self.max_steps_per_epoch, on_nonfinite=self.on_nonfinite,
-                        max_rollbacks=self.max_rollbacks, rollback_lr_factor=self.rollback_lr_factor)
+                        max_rollbacks=self.max_rollbacks, rollback_lr_factor=self.rollback_lr_factor, tf32=self.tf32,
+                        cudnn_benchmark=self.cudnn_benchmark)
 
 
 class DistributedConfig(_Section):

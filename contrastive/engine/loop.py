@@ -37,7 +37,8 @@ from contrastive.engine.device import device_report
 from contrastive.engine.distributed import (DistInfo, all_reduce_max, all_reduce_min, any_rank, barrier, current_info,
                                             gather_objects, sync_batch_norms)
 from contrastive.engine.optim import build_optimizer, lr_multiplier
-from contrastive.engine.precision import autocast_context, check_precision, grad_scaler
+from contrastive.engine.precision import (autocast_context, check_precision, configure_cuda_numerics, grad_scaler,
+                                          load_scaler_state)
 from contrastive.engine.rng import capture_rng, restore_rng, rng_of_rank
 from contrastive.engine.signals import consume, graceful_stop, stop_requested
 from contrastive.engine.task import BatchSource, LoopSpec, OptimSpec, StageTask
@@ -136,6 +137,7 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
     if loop.grad_accumulation < 1:
         raise ConfigError(f"train.grad_accumulation must be >= 1, got {loop.grad_accumulation}")
     checkpoint_path = Path(checkpoint_path)
+    configure_cuda_numerics(device=device, tf32=loop.tf32, cudnn_benchmark=loop.cudnn_benchmark)
     module = _wrap(task=task, spec=loop, device=device, info=info)
     opt = build_optimizer(params=task.param_groups(weight_decay=optim.weight_decay), name=optim.name, lr=optim.lr,
                           weight_decay=optim.weight_decay, momentum=optim.momentum, betas=optim.betas, eps=optim.eps)
@@ -158,7 +160,7 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
         task.load_state_dict(checkpoint["model"])
         opt.load_state_dict(checkpoint["optimizer"])
         scheduler.load_state_dict(checkpoint["scheduler"])
-        scaler.load_state_dict(checkpoint["scaler"])
+        load_scaler_state(scaler, checkpoint["scaler"])
         restore_rng(rng_of_rank(checkpoint, rank=info.rank, world_size=info.world_size), task.generators)
         guard = NonFiniteGuard.from_state(checkpoint.get("nonfinite"))
         return checkpoint["epoch"], checkpoint["batches_consumed"], checkpoint["step"]

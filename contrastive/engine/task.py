@@ -58,6 +58,9 @@ class LoopSpec:
     on_nonfinite: str = "stop"
     max_rollbacks: int = 3
     rollback_lr_factor: float = 0.5
+    #: CUDA only: TF32 matmuls and convolutions, cuDNN's autotuner (results change only within float noise).
+    tf32: bool = True
+    cudnn_benchmark: bool = True
 
 
 @dataclass(frozen=True)
