@@ -1,6 +1,8 @@
 # mclpipe on a CUDA runtime: GPU training and GPU k-means (faiss-gpu) inside; runs as a non-root user.
 # Build:  docker build -t mclpipe .
-# Run:    docker run --gpus all -v $PWD/runs:/home/mcl/app/runs mclpipe run trifeature_mcl
+# Run:    docker run --gpus all --ipc=host -v $PWD/runs:/home/mcl/app/runs mclpipe run trifeature_mcl
+#         (--ipc=host, or --shm-size=16g: DataLoader workers hand batches over in /dev/shm and NCCL's intra-node
+#         transport lives there; Docker's 64 MB default makes workers die with "bus error" or NCCL hang)
 FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
 
 ENV DEBIAN_FRONTEND=noninteractive \
