@@ -201,7 +201,9 @@ def train_and_record(*, config: _PipelineBase, tracker: Tracker, mlflow_run_id: 
     return finish_train_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, stage=stage,
                                summary=summary, extra_metrics={
                                    "train/samples_per_second": summary["samples_per_second"],
-                                   "train/trimmed_samples": summary["trimmed_samples"], **extra_metrics(summary)})
+                                   "train/trimmed_samples": summary["trimmed_samples"],
+                                   "train/stage_data_wait_share": summary.get("data_wait_share", 0.0),
+                                   **extra_metrics(summary)})
 
 
 def _train(*, config, tracker: Tracker, mlflow_run_id: str, out_dir: str, spec, entry: str, train_here,

@@ -69,6 +69,7 @@ class TrainResult:
     rollbacks: int = 0
     skipped_batches: int = 0
     environment: dict[str, str] = field(default_factory=dict)  # contrastive.engine.device.device_report
+    data_wait_seconds: float = 0.0  # blocked on the batch source, waiting for the next batch
 
     def summary(self) -> dict:
         """What every stage's ``train_summary.json`` starts with (each modality adds its own keys)."""
@@ -76,7 +77,8 @@ class TrainResult:
                 "resumed_from_step": self.resumed_from_step, "seconds": self.seconds,
                 "samples_per_second": self.samples_per_second, "trimmed_samples": self.trimmed_samples,
                 "epochs_ended_early": self.epochs_ended_early, "rollbacks": self.rollbacks,
-                "skipped_batches": self.skipped_batches, "environment": self.environment}
+                "skipped_batches": self.skipped_batches, "environment": self.environment,
+                "data_wait_share": self.data_wait_seconds / self.seconds if self.seconds > 0 else 0.0}
 
 
 @dataclass
@@ -247,21 +249,27 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
             exc.checkpoint = str(checkpoint_path)
             exc.step = last_saved["at"][0] if last_saved["at"] else resumed_from
 
+    data_wait_warned: list[int] = []
+
     def run_epochs(start_epoch: int, consumed: int) -> TrainResult:
         nonlocal step, samples
         for epoch in range(start_epoch, loop.epochs):
             position = consumed if epoch == start_epoch else 0
             iterator = iter(source.batches(epoch=epoch, start=position))
-            epoch_losses, window_start, window_samples = [], time.perf_counter(), 0
+            epoch_losses, window_start, window_samples, window_wait = [], time.perf_counter(), 0, 0.0
             metrics: dict[str, float] = {}
             while loop.max_steps_per_epoch is None or position < loop.max_steps_per_epoch * loop.grad_accumulation:
                 # The loss stays on the device: read at logging steps, epoch ends and the end (host syncs).
                 step_loss, step_samples, dry, positions = torch.zeros((), device=device), 0, False, []
                 for micro in range(loop.grad_accumulation):
+                    waited = time.perf_counter()
                     batch = next(iterator, None)
                     while batch is not None and (epoch, position) in guard.skipped:  # diverged once: rolled back
                         position += 1
                         batch = next(iterator, None)
+                    waited = time.perf_counter() - waited
+                    window_wait += waited
+                    result.data_wait_seconds += waited
                     local = len(batch) if batch is not None else 0
                     size = all_reduce_min(local, device=device)
                     # some rank ran dry (or a batch of 1 has no negatives): the epoch ends for all ranks
@@ -309,6 +317,7 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
                 if step % loop.log_every_steps == 0:
                     elapsed = max(time.perf_counter() - window_start, 1e-9)
                     logged = {"train/loss": float(step_loss), "train/lr": scheduler.get_last_lr()[0],
+                              "train/data_wait_share": window_wait / elapsed,
                               "train/samples_per_s": window_samples / elapsed,
                               "train/views_per_s": task.views_per_sample * window_samples / elapsed,
                               "train/epoch": float(epoch), **metrics, **task.log_metrics()}
@@ -316,7 +325,12 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
                     if info.is_main:
                         for callback in callbacks:
                             callback.on_step(step=step, epoch=epoch, metrics=logged)
-                    window_start, window_samples = time.perf_counter(), 0
+                    # Once a stage, and not for its first window (the input workers' start-up is in it).
+                    warning = data_wait_warning(share=window_wait / elapsed, steps=loop.log_every_steps)
+                    if warning and not data_wait_warned and step > loop.log_every_steps:
+                        log.warning(warning)
+                        data_wait_warned.append(step)
+                    window_start, window_samples, window_wait = time.perf_counter(), 0, 0.0
                 if step % loop.checkpoint_every_steps == 0:
                     save(epoch, position)
                 signum = stop_requested() or 0
@@ -346,6 +360,19 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
                 return run_epochs(start_epoch, consumed)
             except _Diverged as bad:
                 start_epoch, consumed = roll_back(bad)
+
+
+#: A logging window that spent more than this share of its time waiting for batches is reported, once a stage.
+DATA_WAIT_WARN_SHARE = 0.3
+
+
+def data_wait_warning(*, share: float, steps: int) -> str | None:
+    """The warning for a logging window in which the input, not the model, set the pace (None when it did not)."""
+    if share <= DATA_WAIT_WARN_SHARE:
+        return None
+    return (f"the stage waited for its input {100 * share:.0f}% of the last {steps} steps: the model is starved; "
+            "raise the input workers (train.workers for image files, data.decode_workers for CLIP shards) or read "
+            "from faster storage")
 
 
 def _finish(result: TrainResult, *, step: int, epoch: int, started: float, samples: int,

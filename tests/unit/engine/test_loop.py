@@ -167,3 +167,24 @@ def test_logged_metrics_carry_loss_lr_throughput_and_the_tasks_numbers(tmp_path)
     _, result = _run(tmp_path, loop=LoopSpec(epochs=1, log_every_steps=2))
     assert [h["step"] for h in result.history] == [2.0, 4.0, 6.0]
     assert {"train/loss", "train/lr", "train/samples_per_s", "train/epoch", "task/jitter"} <= set(result.history[0])
+
+
+class SlowBatches(FixedBatches):
+    """FixedBatches whose reader sleeps before every batch: a stage that waits for its input."""
+
+    def batches(self, *, epoch: int, start: int):
+        import time
+        for batch in super().batches(epoch=epoch, start=start):
+            time.sleep(0.02)
+            yield batch
+
+
+def test_the_share_of_time_spent_waiting_for_data_is_measured_and_warned_once(tmp_path, caplog):
+    loop = LoopSpec(epochs=2, log_every_steps=2, checkpoint_every_steps=1000)
+    with caplog.at_level("WARNING", logger="contrastive.engine.loop"):
+        _, slow = _run(tmp_path, name="slow", source=SlowBatches(), loop=loop)
+    _, fast = _run(tmp_path, name="fast", loop=loop)
+    assert slow.summary()["data_wait_share"] > 0.5 > fast.summary()["data_wait_share"]
+    assert slow.history[-1]["train/data_wait_share"] > 0.5 and 0 <= fast.history[-1]["train/data_wait_share"] < 0.5
+    warnings = [r.message for r in caplog.records if "waited for its input" in r.message]
+    assert len(warnings) == 1 and "train.workers" in warnings[0] and "data.decode_workers" in warnings[0]
