@@ -73,6 +73,9 @@ class LoopSettings(_Section):
     rollback_lr_factor: float = Field(0.5, gt=0, le=1)
     tf32: bool = Field(True, description="CUDA: TF32 matmuls and convolutions (float noise only)", **NOT_IN_KEY)
     cudnn_benchmark: bool = Field(True, description="CUDA: cuDNN picks the fastest kernels per shape", **NOT_IN_KEY)
+    stall_seconds: float | None = Field(300.0, gt=0, description="stop the stage when its reader delivers no batch "
+                                                                 "for this long (3x for an epoch's first batch)",
+                                        **NOT_IN_KEY)
 
     ADDED_LATER: ClassVar[tuple[str, ...]] = ("on_nonfinite", "max_rollbacks", "rollback_lr_factor")
 
@@ -83,7 +86,7 @@ class LoopSettings(_Section):
                         compile=self.compile, channels_last=self.channels_last,
                         max_steps_per_epoch=self.max_steps_per_epoch, on_nonfinite=self.on_nonfinite,
                         max_rollbacks=self.max_rollbacks, rollback_lr_factor=self.rollback_lr_factor, tf32=self.tf32,
-                        cudnn_benchmark=self.cudnn_benchmark)
+                        cudnn_benchmark=self.cudnn_benchmark, stall_seconds=self.stall_seconds)
 
 
 class DistributedConfig(_Section):

@@ -34,6 +34,7 @@ from torch import nn
 
 from contrastive.engine.checkpoint import load_checkpoint, save_checkpoint
 from contrastive.engine.device import device_report
+from contrastive.engine.feed import watched
 from contrastive.engine.distributed import (DistInfo, all_reduce_max, all_reduce_min, any_rank, barrier, current_info,
                                             gather_objects, sync_batch_norms)
 from contrastive.engine.optim import build_optimizer, lr_multiplier
@@ -42,7 +43,7 @@ from contrastive.engine.precision import (autocast_context, check_precision, con
 from contrastive.engine.rng import capture_rng, restore_rng, rng_of_rank
 from contrastive.engine.signals import consume, graceful_stop, stop_requested
 from contrastive.engine.task import BatchSource, LoopSpec, OptimSpec, StageTask
-from contrastive.errors import ConfigError, MclpipeError, StageInterrupted
+from contrastive.errors import ConfigError, DataError, MclpipeError, StageInterrupted
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,10 @@ def _wrap(*, task: StageTask, spec: LoopSpec, device: torch.device, info: DistIn
 
 
 def _plan_steps(*, source: BatchSource, spec: LoopSpec) -> int:
+    if len(source) == 0:
+        raise DataError(f"the batch source ({type(source).__name__}) plans no batch: the data left after its split and "
+                        "filters holds fewer samples than one batch (or none); check the data section and the batch "
+                        "size")
     steps = max(1, len(source) // spec.grad_accumulation)
     return min(steps, spec.max_steps_per_epoch) if spec.max_steps_per_epoch else steps
 
@@ -255,7 +260,9 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
         nonlocal step, samples
         for epoch in range(start_epoch, loop.epochs):
             position = consumed if epoch == start_epoch else 0
-            iterator = iter(source.batches(epoch=epoch, start=position))
+            iterator = watched(iter(source.batches(epoch=epoch, start=position)), seconds=loop.stall_seconds,
+                               first_seconds=3 * loop.stall_seconds if loop.stall_seconds else None,
+                               describe=lambda: describe_source(source, epoch=epoch, position=position))
             epoch_losses, window_start, window_samples, window_wait = [], time.perf_counter(), 0, 0.0
             metrics: dict[str, float] = {}
             while loop.max_steps_per_epoch is None or position < loop.max_steps_per_epoch * loop.grad_accumulation:
@@ -360,6 +367,14 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
                 return run_epochs(start_epoch, consumed)
             except _Diverged as bad:
                 start_epoch, consumed = roll_back(bad)
+
+
+def describe_source(source: BatchSource, *, epoch: int, position: int) -> str:
+    """The reader and where it was, for the stall message: the source's own ``describe(epoch=, position=)`` (the
+    file or shard it was on, what its filters dropped) when it has one."""
+    where = f"epoch {epoch}, batch {position} of {len(source)}"
+    own = getattr(source, "describe", None)
+    return f"{own(epoch=epoch, position=position)} ({where})" if own else f"the {type(source).__name__} ({where})"
 
 
 #: A logging window that spent more than this share of its time waiting for batches is reported, once a stage.

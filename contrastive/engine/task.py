@@ -61,6 +61,8 @@ class LoopSpec:
     #: CUDA only: TF32 matmuls and convolutions, cuDNN's autotuner (results change only within float noise).
     tf32: bool = True
     cudnn_benchmark: bool = True
+    #: Seconds the loop waits for a batch before it stops the stage (3x for an epoch's first); None: forever.
+    stall_seconds: float | None = 300.0
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,7 @@ SGD = OptimSpec(name="sgd", lr=0.05, weight_decay=0.0, schedule="cosine", warmup
 
 def _run(tmp_path, *, name="ckpt", loop=None, source=None, stop_after=None, task=None, optim=SGD):
     task = task or RegressionTask()
-    result = train(task=task, source=source or FixedBatches(), optim=optim,
+    result = train(task=task, source=source if source is not None else FixedBatches(), optim=optim,
                    loop=loop or LoopSpec(epochs=3, checkpoint_every_steps=4, log_every_steps=1), device=CPU,
                    checkpoint_path=tmp_path / name / "last.pt", stop_after_steps=stop_after)
     return task, result
@@ -188,3 +188,50 @@ def test_the_share_of_time_spent_waiting_for_data_is_measured_and_warned_once(tm
     assert slow.history[-1]["train/data_wait_share"] > 0.5 and 0 <= fast.history[-1]["train/data_wait_share"] < 0.5
     warnings = [r.message for r in caplog.records if "waited for its input" in r.message]
     assert len(warnings) == 1 and "train.workers" in warnings[0] and "data.decode_workers" in warnings[0]
+
+
+class HangingBatches(FixedBatches):
+    """A reader that delivers ``good`` batches, then blocks (a hung mount): it sleeps far beyond the limit."""
+
+    def __init__(self, good: int):
+        super().__init__()
+        self.good = good
+
+    def batches(self, *, epoch: int, start: int):
+        import time
+        for index, batch in enumerate(super().batches(epoch=epoch, start=start)):
+            if index == self.good:
+                time.sleep(3600)
+            yield batch
+
+    def describe(self, *, epoch: int, position: int) -> str:
+        return "the test reader on /mnt/hung"
+
+
+def test_a_reader_that_stops_ends_the_stage_within_the_limit(tmp_path):
+    import time
+    from contrastive.engine.feed import InputStalled
+    loop = LoopSpec(epochs=2, checkpoint_every_steps=2, stall_seconds=0.5)
+    started = time.monotonic()
+    with pytest.raises(InputStalled, match=r"no batch for 0 s: the test reader on /mnt/hung \(epoch 0, batch 3 of "
+                                           r"6\) did not deliver the next batch.*train.stall_seconds"):
+        _run(tmp_path, source=HangingBatches(good=3), loop=loop)
+    assert time.monotonic() - started < 10
+    assert load_checkpoint(tmp_path / "ckpt" / "last.pt")["step"] == 2  # what was trained is kept
+
+
+def test_a_source_with_no_batch_is_refused_before_training(tmp_path):
+    from contrastive.errors import DataError
+    with pytest.raises(DataError, match="plans no batch"):
+        _run(tmp_path, source=FixedBatches(size=4, rows=3))
+
+
+def test_a_watched_source_yields_the_same_batches_and_reraises_its_errors():
+    from contrastive.engine.feed import watched
+    assert list(watched(iter(range(50)), seconds=5)) == list(range(50))
+
+    def broken():
+        yield 1
+        raise ValueError("unreadable shard 7")
+    with pytest.raises(ValueError, match="unreadable shard 7"):
+        list(watched(broken(), seconds=5))
