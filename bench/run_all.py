@@ -138,10 +138,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{elapsed / 60:.1f} min in all" + (" (--quick: sizes scaled down)" if args.quick else ""))
     if args.json:
         write_results(results, args.json)
-    Path(args.output).write_text(markdown(results, quick=args.quick, elapsed=elapsed, started=started, load=load))
+    output = Path(args.output)
+    previous = output.read_text() if output.exists() else ""
+    output.write_text(markdown(results, quick=args.quick, elapsed=elapsed, started=started, load=load))
+    keep_gpu_check_section(previous, output)
     print(f"wrote {args.output}")
     return 1 if any(r.status == "error" for r in results) else 0
 
 
+def keep_gpu_check_section(previous: str, output: Path) -> None:
+    """The rows `make gpu-check` wrote (measured on a GPU this machine may not have) survive a `make bench`."""
+    from bench.gpu_check import MARK_BEGIN, MARK_END, write_report
+    if MARK_BEGIN in previous and MARK_END in previous:
+        section = previous.split(MARK_BEGIN, 1)[1].split(MARK_END, 1)[0]
+        write_report(f"{MARK_BEGIN}{section}{MARK_END}\n", output)
+
+
 if __name__ == "__main__":
     sys.exit(main())
+
