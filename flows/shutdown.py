@@ -73,11 +73,13 @@ def quiet_user_tracebacks() -> None:
     Prefect is imported (its import configures logging)."""
     from prefect.logging.handlers import PrefectConsoleHandler
 
-    names = [name for name in list(logging.root.manager.loggerDict) if name.startswith("prefect")]
+    names = [name for name in list(logging.root.manager.loggerDict) if name.startswith(("prefect", "mlflow"))]
     for logger in [logging.getLogger(), *map(logging.getLogger, names)]:
         for handler in logger.handlers:
-            if isinstance(handler, PrefectConsoleHandler) and \
-                    not isinstance(handler.formatter, _WithoutExplainedTracebacks):
+            # MLflow's own stream handler logs a full store's SQLAlchemy error with its traceback too.
+            console = isinstance(handler, PrefectConsoleHandler) or (
+                logger.name.startswith("mlflow") and isinstance(handler, logging.StreamHandler))
+            if console and not isinstance(handler.formatter, _WithoutExplainedTracebacks):
                 handler.setFormatter(_WithoutExplainedTracebacks(handler.formatter))
 
 

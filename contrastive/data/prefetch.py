@@ -16,12 +16,17 @@ class _Failure:
         self.error = error
 
 
-def prefetched(items: Iterable[In], *, fn: Callable[[In], Out], depth: int = 2) -> Iterator[Out]:
-    """``fn(item)`` for every item, in order, computed on one background thread at most ``depth`` items ahead.
+def prefetched(items: Iterable[In], *, fn: Callable[[In], Out] | None = None, depth: int = 2,
+               wait_seconds: float | None = None, first_wait_seconds: float | None = None,
+               on_stall: Callable[[bool], BaseException] | None = None) -> Iterator[Out]:
+    """``fn(item)`` (the item itself without ``fn``) for every item, in order, computed on one background thread
+    at most ``depth`` items ahead.
 
     Torch ops release the GIL, so a CPU augmentation overlaps the training step on another core. An exception
     in the thread (from ``items`` or ``fn``) is raised here, at the item where it happened. Closing the returned
-    iterator (the training loop leaving an epoch early) stops the thread and closes ``items``.
+    iterator (the training loop leaving an epoch early) stops the thread and closes ``items``. With
+    ``wait_seconds``, an item that takes longer (``first_wait_seconds`` for the first) raises
+    ``on_stall(first)`` here; the thread, stuck in ``items``, is left behind as a daemon.
     """
     if depth < 1:
         raise ValueError(f"depth must be >= 1, got {depth}")
@@ -41,7 +46,7 @@ def prefetched(items: Iterable[In], *, fn: Callable[[In], Out], depth: int = 2) 
         source = iter(items)
         try:
             for item in source:
-                if not offer(fn(item)):
+                if not offer(item if fn is None else fn(item)):
                     return
             offer(_DONE)
         except BaseException as error:  # noqa: BLE001 - handed to the consumer, which raises it
@@ -53,14 +58,25 @@ def prefetched(items: Iterable[In], *, fn: Callable[[In], Out], depth: int = 2) 
 
     thread = threading.Thread(target=work, name="mclpipe-prefetch", daemon=True)
     thread.start()
+    limit, stalled = first_wait_seconds or wait_seconds, False
     try:
         while True:
-            value = ready.get()
+            try:
+                value = ready.get(timeout=limit)
+            except queue.Empty:
+                stalled = True
+                raise (on_stall or _stalled)(limit == (first_wait_seconds or wait_seconds)) from None
             if value is _DONE:
                 return
             if isinstance(value, _Failure):
                 raise value.error
+            limit = wait_seconds
             yield value
     finally:
         stop.set()
-        thread.join()
+        if not stalled:
+            thread.join()
+
+
+def _stalled(first: bool) -> BaseException:
+    return TimeoutError(f"no {'first ' if first else ''}item from the source in time")

@@ -20,10 +20,22 @@ def resize_tmpfs(mountpoint, *, size: str) -> None:
 
 
 @pytest.fixture
-def small_tmpfs(tmp_path):
+def tmpfs(tmp_path):
+    """``tmpfs(size)``: a tmpfs of ``size`` mounted for the test (its path), unmounted after it."""
+    mounted = []
+
+    def mount(size: str):
+        mountpoint = tmp_path / f"disk{len(mounted)}"
+        mountpoint.mkdir()
+        mount_tmpfs(mountpoint, size=size)
+        mounted.append(mountpoint)
+        return mountpoint
+    yield mount
+    for mountpoint in mounted:
+        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+
+
+@pytest.fixture
+def small_tmpfs(tmpfs):
     """A 1.5 MB tmpfs mounted for the test, unmounted after it."""
-    mountpoint = tmp_path / "disk"
-    mountpoint.mkdir()
-    mount_tmpfs(mountpoint, size="1500k")
-    yield mountpoint
-    subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+    return tmpfs("1500k")

@@ -194,14 +194,15 @@ class HangingBatches(FixedBatches):
     """A reader that delivers ``good`` batches, then blocks (a hung mount): it sleeps far beyond the limit."""
 
     def __init__(self, good: int):
+        import threading
         super().__init__()
         self.good = good
+        self.release = threading.Event()  # the test lets the stuck reader go when it is done with it
 
     def batches(self, *, epoch: int, start: int):
-        import time
         for index, batch in enumerate(super().batches(epoch=epoch, start=start)):
             if index == self.good:
-                time.sleep(3600)
+                self.release.wait(3600)
             yield batch
 
     def describe(self, *, epoch: int, position: int) -> str:
@@ -213,10 +214,12 @@ def test_a_reader_that_stops_ends_the_stage_within_the_limit(tmp_path):
     from contrastive.engine.feed import InputStalled
     loop = LoopSpec(epochs=2, checkpoint_every_steps=2, stall_seconds=0.5)
     started = time.monotonic()
+    source = HangingBatches(good=3)
     with pytest.raises(InputStalled, match=r"no batch for 0 s: the test reader on /mnt/hung \(epoch 0, batch 3 of "
                                            r"6\) did not deliver the next batch.*train.stall_seconds"):
-        _run(tmp_path, source=HangingBatches(good=3), loop=loop)
+        _run(tmp_path, source=source, loop=loop)
     assert time.monotonic() - started < 10
+    source.release.set()
     assert load_checkpoint(tmp_path / "ckpt" / "last.pt")["step"] == 2  # what was trained is kept
 
 
