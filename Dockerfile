@@ -1,9 +1,12 @@
-# mclpipe on a CUDA runtime: GPU training and GPU k-means (faiss-gpu) inside; runs as a non-root user.
+# mclpipe on a CUDA runtime: GPU training inside; runs as a non-root user.
+# The base's CUDA (13.0) is the pinned torch==2.14.1's build from PyPI (torch.version.cuda 13.0; driver R580+).
+# k-means runs on faiss-cpu here: PyPI has no CUDA 13 faiss-gpu wheel (checked 2026-11-25), and a CUDA 12
+# faiss-gpu beside CUDA 13 torch is unsupported; the CUDA 12 pair for GPU k-means: docs/gpu.md.
 # Build:  docker build -t mclpipe .
 # Run:    docker run --gpus all --ipc=host -v $PWD/runs:/home/mcl/app/runs mclpipe run trifeature_mcl
 #         (--ipc=host, or --shm-size=16g: DataLoader workers hand batches over in /dev/shm and NCCL's intra-node
 #         transport lives there; Docker's 64 MB default makes workers die with "bus error" or NCCL hang)
-FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+FROM nvidia/cuda:13.0.2-cudnn-runtime-ubuntu24.04
 
 ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONUNBUFFERED=1 \
@@ -25,13 +28,11 @@ COPY --chown=mcl:mcl pipeline_config ./pipeline_config
 COPY --chown=mcl:mcl tasks ./tasks
 COPY --chown=mcl:mcl flows ./flows
 
-# The dependency set is pinned in pyproject.toml (torch, torchvision, prefect, fastapi < 0.155, mlflow 3.17);
-# on a GPU image swap faiss-cpu for the CUDA build of faiss.
+# The dependency set is pinned in pyproject.toml (torch, torchvision, prefect, fastapi < 0.155, mlflow 3.17); the
+# install line is docs/gpu.md's for the PyPI torch (CUDA 13): one faiss wheel, faiss-cpu (checked at start-up).
 RUN python3 -m venv /home/mcl/venv \
  && /home/mcl/venv/bin/pip install --upgrade pip \
- && /home/mcl/venv/bin/pip install . \
- && /home/mcl/venv/bin/pip uninstall -y faiss-cpu \
- && /home/mcl/venv/bin/pip install "faiss-gpu-cu12>=1.9"
+ && /home/mcl/venv/bin/pip install '.[cpu]'
 
 ENV PATH=/home/mcl/venv/bin:$PATH
 ENTRYPOINT ["mclpipe"]

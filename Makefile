@@ -15,7 +15,7 @@ SEEDS ?= 0,1,2
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[cpu,test]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -19,7 +19,7 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.context import TaskRunContext
 
 from contrastive.engine.checkpoint import write_json
-from contrastive.engine.device import check_gpus_usable
+from contrastive.engine.device import check_faiss, check_gpus_usable
 from contrastive.engine.launch import EXPORT_SUMMARY
 from contrastive.evaluate import plot_cluster_sizes
 from contrastive.mcl import steps
@@ -235,10 +235,12 @@ def _train(*, config, tracker: Tracker, mlflow_run_id: str, out_dir: str, spec, 
 @task(name="prepare-data")
 def prepare_data(*, config: _PipelineBase) -> dict:
     """Write (or find) the modality's data and check the config against its size before any training; when the
-    stages run here (``launcher.kind local``), check that a GPU this machine has is one torch can use."""
+    stages run here (``launcher.kind local``), check that a GPU this machine has is one torch can use; and that the
+    faiss k-means will use here (the clustering steps run in this process) matches this torch."""
+    logger = get_run_logger()
     if not config.launcher.remote:
         check_gpus_usable(config.device)
-    logger = get_run_logger()
+    check_faiss(config.device, warn=logger.warning)
     return modality_of(config).prepare_data(config, log=logger.info)
 
 

@@ -258,8 +258,8 @@ def _resolve_gpu(use_gpu: bool | None) -> bool:
         return available > 0
     if use_gpu and available == 0:
         raise ConfigError(
-            "use_gpu=True but faiss sees no GPU; install faiss-gpu (the project's [gpu] extra) on a GPU "
-            "machine, or set use_gpu to false/auto."
+            "use_gpu=True but faiss sees no GPU; install faiss-gpu on a GPU machine (its install line: "
+            "docs/gpu.md), or set use_gpu to false/auto."
         )
     return bool(use_gpu)
 
