@@ -1,7 +1,14 @@
-"""Embedding export: float16 shards plus the sample ids they belong to."""
+"""Embedding export: float16 shards plus the sample ids they belong to, written by one loop for every modality.
+
+:func:`compute_embeddings` is the forward loop (the stage's precision, inference mode, pinned non-blocking copies
+on CUDA, one device -> host read per batch); :func:`export_ranked` splits an export over the ranks of a launch (each
+rank its contiguous share, its own shards) and writes the manifest in rank order, so W processes export exactly
+what one process does. The image, CLIP and text exports are these two functions with their own batches.
+"""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -9,19 +16,22 @@ import numpy as np
 import torch
 
 from contrastive.engine.checkpoint import atomic_write_bytes
+from contrastive.engine.distributed import DistInfo
 from contrastive.errors import DataError
 
 MANIFEST = "manifest.json"
+#: Rows per float16 shard of an export (an export holds one shard per rank in memory).
+SHARD_ROWS = 65_536
 
 
 class EmbeddingWriter:
     """Streams (B, D) embeddings into float16 shards ``<prefix>-XXXXX.npy`` of ``shard_size`` rows, so an export
     holds one shard in memory, not (N, D) float32 (10 GB for ImageNet at D = 2048)."""
 
-    def __init__(self, directory: Path, *, prefix: str = "part", shard_size: int = 65_536):
+    def __init__(self, directory: Path, *, prefix: str = "part", shard_size: int | None = None):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.prefix, self.shard_size = prefix, shard_size
+        self.prefix, self.shard_size = prefix, shard_size or SHARD_ROWS
         self.pending: list[np.ndarray] = []
         self.pending_rows = 0
         self.shards: list[str] = []
@@ -61,6 +71,9 @@ def write_manifest(*, directory: Path, parts: list[dict]) -> dict:
     """Combine the parts of one or several writers (ranks, in rank order) into ``ids.npy`` + the manifest, written
     last: a directory without a manifest is an interrupted export."""
     directory = Path(directory)
+    # A rank with no samples (more ranks than shards) wrote one empty (0, 0) shard: listing it would break the
+    # concatenation of (n, D) shards.
+    parts = [part for part in parts if len(part["ids"])] or parts[:1]
     ids = np.concatenate([part["ids"] for part in parts])
     _save_npy(directory / "ids.npy", ids)
     manifest = {"num_samples": int(len(ids)), "dim": max(part["dim"] for part in parts), "dtype": "float16",
@@ -69,29 +82,128 @@ def write_manifest(*, directory: Path, parts: list[dict]) -> dict:
     return manifest
 
 
-@torch.no_grad()
-def compute_embeddings(*, encode: Callable[[torch.Tensor], torch.Tensor],
-                       batches: Iterable[tuple[np.ndarray, torch.Tensor]], device: torch.device,
-                       writer: EmbeddingWriter, ids: np.ndarray, expected_rows: Iterable[np.ndarray],
+@dataclass(frozen=True)
+class ExportBatch:
+    """One planned batch of an export. ids: (b,) the ids of the b rows written, in order; inputs: the host tensors
+    ``encode`` takes, holding the rows marked in ``present`` (all b rows when None), e.g. uint8 images
+    (p, C, H, W) or token ids and mask (p, L); present: bool (b,) or None. A row not present (an unreadable image)
+    gets a zero embedding, so every sample keeps its place and id."""
+    ids: np.ndarray
+    inputs: tuple[torch.Tensor, ...]
+    present: np.ndarray | None = None
+
+
+class HostToDevice:
+    """Host -> device copies of a batch's inputs. On CUDA each input goes through a pinned host buffer, reused from
+    batch to batch (grown when a batch is larger), and is copied with ``non_blocking=True``, so the copy is a DMA
+    from page-locked memory instead of a staged synchronous one; an input already pinned (a DataLoader with
+    ``pin_memory``) is copied directly. Reusing a buffer is safe because :func:`compute_embeddings` reads every
+    batch's output back to the host (a synchronisation) before it stages the next batch. Elsewhere: ``.to``."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.pinned: dict[int, torch.Tensor] = {}
+
+    def __call__(self, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        if self.device.type != "cuda":
+            return tuple(t.to(self.device) for t in tensors)
+        return tuple(self._stage(slot, t).to(self.device, non_blocking=True) for slot, t in enumerate(tensors))
+
+    def _stage(self, slot: int, tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.is_pinned():
+            return tensor
+        buffer = self.pinned.get(slot)
+        if buffer is None or buffer.dtype != tensor.dtype or buffer.numel() < tensor.numel():
+            buffer = self.pinned[slot] = self._allocate(tensor.numel(), dtype=tensor.dtype)
+        staged = buffer[:tensor.numel()].view(tensor.shape)
+        staged.copy_(tensor)
+        return staged
+
+    @staticmethod
+    def _allocate(numel: int, *, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(numel, dtype=dtype, pin_memory=True)
+
+
+def compute_embeddings(*, encode: Callable[..., torch.Tensor], batches: Iterable[ExportBatch],
+                       device: torch.device, writer: EmbeddingWriter, precision: str = "fp32",
                        progress: Callable[[int], None] | None = None) -> int:
-    """Embed every planned batch into ``writer``, in order. batches: (rows kept, uint8 (b, C, H, W)) per planned
-    batch of ``expected_rows``; encode: float (b, C, H, W) in [0, 1] -> (b, D). A row missing from its batch (an
-    unreadable image) gets a zero embedding, so every sample keeps its place and id. Returns how many rows did."""
+    """Embed every batch into ``writer``, in order: the one forward loop of every export (image, CLIP, text).
+
+    encode(*batch.inputs on ``device``) -> (p, D) runs under torch.inference_mode and the stage's ``precision``
+    (``contrastive.engine.precision.autocast_context``: bf16 / fp16 autocast, fp32 without); its output is cast to
+    float32 and read back to the host once per batch (the writer stores float16). Inputs are copied to the device
+    by :class:`HostToDevice` (pinned, non-blocking on CUDA). Returns how many rows were not present (zeros)."""
+    from contrastive.engine.precision import autocast_context
+    to_device = HostToDevice(device)
     missing = 0
-    for planned, (kept, images) in zip(expected_rows, batches):
-        encoded = encode(images.to(device).float().div_(255.0)).float().cpu().numpy() if len(kept) else None
-        if len(kept) == len(planned):
-            block = encoded
-        else:
-            dim = encoded.shape[1] if encoded is not None else writer.dim
-            block = np.zeros((len(planned), dim), np.float32)
-            if encoded is not None:
-                block[np.isin(planned, kept)] = encoded
-            missing += len(planned) - len(kept)
-        writer.add(block, ids[planned])
-        if progress is not None:
-            progress(len(planned))
+    with torch.inference_mode():
+        for batch in batches:
+            rows = len(batch.ids)
+            present = rows if batch.present is None else int(np.count_nonzero(batch.present))
+            encoded = None
+            if present:
+                inputs = to_device(batch.inputs)
+                with autocast_context(precision=precision, device=device):
+                    out = encode(*inputs)
+                encoded = out.float().cpu().numpy()  # the one device -> host copy of the batch
+            if present == rows:
+                block = encoded
+            else:
+                dim = encoded.shape[1] if encoded is not None else writer.dim
+                block = np.zeros((rows, dim), np.float32)
+                if encoded is not None:
+                    block[batch.present] = encoded
+                missing += rows - present
+            writer.add(block, batch.ids)
+            if progress is not None:
+                progress(rows)
     return missing
+
+
+def rank_share(count: int, *, info: DistInfo) -> np.ndarray:
+    """Positions of this rank's contiguous share of ``count`` items (``np.array_split``): rank 0 the first
+    ceil-or-floor(count / W), rank 1 the next, ..., so the shares in rank order are 0 .. count - 1 again."""
+    return np.array_split(np.arange(count, dtype=np.int64), info.world_size)[info.rank]
+
+
+def export_ranked(*, out_dir: Path, info: DistInfo, embed: Callable[[EmbeddingWriter], dict[str, int]],
+                  summarize: Callable[[dict, dict[str, int]], dict] = lambda manifest, counts: {},
+                  shard_size: int | None = None) -> dict:
+    """One export over the ranks of a launch (or one process): per-rank shards and a rank-ordered manifest.
+
+    ``embed(writer)`` embeds this rank's share (a contiguous part of the samples, e.g. :func:`rank_share`) into
+    ``writer`` and returns this rank's counts (numbers, summed over the ranks: unreadable images, skipped shard
+    members). One process writes ``part-XXXXX.npy``; rank r of W writes ``rankRRR-part-XXXXX.npy`` plus its ids and
+    counts, and after a barrier rank 0 writes ``ids.npy`` and the manifest listing every rank's shards in rank order
+    (the same ids, in the same order, as one process), then ``export_summary.json`` = {"dir", "num_samples", "dim",
+    "world_size", **counts, **summarize(manifest, counts)} (what the launcher reads back). Returns that summary on
+    rank 0, {} on the other ranks. A collective: every rank of the group calls it."""
+    from contrastive.engine.distributed import barrier
+    from contrastive.engine.launch import EXPORT_SUMMARY
+    out_dir = Path(out_dir)
+    prefix = f"rank{info.rank:03d}-part" if info.is_distributed else "part"
+    writer = EmbeddingWriter(out_dir, prefix=prefix, shard_size=shard_size or SHARD_ROWS)
+    counts = dict(embed(writer))
+    part = writer.finish()
+    if info.is_distributed:
+        _save_npy(out_dir / f"rank{info.rank:03d}-ids.npy", part["ids"])
+        atomic_write_bytes(out_dir / f"rank{info.rank:03d}.json", json.dumps(
+            {"shards": part["shards"], "dim": part["dim"], "counts": counts}).encode())
+        barrier()
+        if not info.is_main:
+            return {}
+        parts = [{**json.loads((out_dir / f"rank{rank:03d}.json").read_text()),
+                  "ids": np.load(out_dir / f"rank{rank:03d}-ids.npy", allow_pickle=False)}
+                 for rank in range(info.world_size)]
+        counts = {name: sum(p["counts"].get(name, 0) for p in parts) for name in {n for p in parts for n in p["counts"]}}
+    else:
+        parts = [part]
+    manifest = write_manifest(directory=out_dir, parts=parts)
+    summary = {"dir": str(out_dir), "num_samples": manifest["num_samples"], "dim": manifest["dim"],
+               "world_size": info.world_size, **counts}
+    summary.update(summarize(manifest, counts))
+    atomic_write_bytes(out_dir / EXPORT_SUMMARY, json.dumps(summary, indent=2).encode())
+    return summary
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:

@@ -6,7 +6,6 @@ Training takes a typed ``ImageStageSpec`` built by the config schema and runs on
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -16,11 +15,10 @@ import torch
 
 from contrastive.modalities.image.augment import TwoViewAugment
 from contrastive.data.loading import iter_batches, load_dataset
-from contrastive.embeddings import EmbeddingWriter, compute_embeddings, write_manifest
+from contrastive.embeddings import ExportBatch, compute_embeddings, export_ranked, rank_share
 from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
 from contrastive.engine.checkpoint import save_torch, write_json
-from contrastive.engine.distributed import DistInfo, barrier, current_info, device_for, per_rank_batch
-from contrastive.engine.launch import EXPORT_SUMMARY
+from contrastive.engine.distributed import DistInfo, current_info, device_for, per_rank_batch
 from contrastive.engine.loop import TrainCallback, release_device_memory, train
 from contrastive.engine.rng import seed_everything
 from contrastive.engine.task import StageSpec
@@ -141,44 +139,39 @@ def read_trained_model(*, model_path: Path, device: torch.device) -> tuple[torch
 
 
 def export_stage_embeddings(*, dataset_dir: Path, model_path: Path, out_dir: Path, batch_size: int, device: str,
-                            workers: int = 0, info: DistInfo | None = None,
+                            workers: int = 0, precision: str = "fp32", info: DistInfo | None = None,
                             progress: Callable[[int], None] | None = None) -> dict:
     """Embed every sample (train and test) with the stage's backbone; float16 shards + ids in ``out_dir``.
 
     Streams: images are read batch by batch (decoded in ``workers`` DataLoader workers for a dataset stored as
     files) and written shard by shard. Under torchrun each rank embeds a contiguous share of the samples into its
-    own shards and rank 0 writes the manifest that lists them in rank order (same ids order as one process).
-    An unreadable image gets a zero embedding (counted in ``unreadable``), so every sample keeps its id.
+    own shards and rank 0 writes the manifest that lists them in rank order (``contrastive.embeddings.
+    export_ranked``: the same ids order as one process). ``precision``: the stage's (``train.precision``; bf16 /
+    fp16 autocast on the encoder, the embeddings stored as float16 either way); it is part of the train key, so
+    the export key, which holds the train key, follows it. An unreadable image gets a zero embedding (counted in
+    ``unreadable``), so every sample keeps its id. Also what a benchmark calls to time an export at a precision.
     """
     info = info or current_info()
     dataset = load_dataset(dataset_dir)
     torch_device = device_for(name=device, info=info)
     model = load_trained_model(model_path=model_path, device=torch_device)
-    mine = np.array_split(np.arange(len(dataset), dtype=np.int64), info.world_size)[info.rank]
+    mine = rank_share(len(dataset), info=info)
     planned = [mine[i:i + batch_size] for i in range(0, len(mine), batch_size)]
-    prefix = f"rank{info.rank:03d}-part" if info.is_distributed else "part"
-    writer = EmbeddingWriter(Path(out_dir), prefix=prefix)
-    unreadable = compute_embeddings(encode=model.embed, batches=iter_batches(dataset, planned, workers=workers),
-                                    device=torch_device, writer=writer, ids=dataset.ids, expected_rows=planned,
-                                    progress=progress)
-    part = writer.finish()
-    if info.is_distributed:
-        np.save(Path(out_dir) / f"rank{info.rank:03d}-ids.npy", part["ids"])
-        write_json(Path(out_dir) / f"rank{info.rank:03d}.json", {"shards": part["shards"], "dim": part["dim"],
-                                                               "unreadable": unreadable})
-        barrier()
-        if not info.is_main:
-            return {}
-        parts = [{**json.loads((Path(out_dir) / f"rank{rank:03d}.json").read_text()),
-                  "ids": np.load(Path(out_dir) / f"rank{rank:03d}-ids.npy")} for rank in range(info.world_size)]
-        unreadable = sum(part["unreadable"] for part in parts)
-    else:
-        parts = [part]
-    manifest = write_manifest(directory=Path(out_dir), parts=parts)
-    summary = {"dir": str(out_dir), "num_samples": manifest["num_samples"], "dim": manifest["dim"],
-               "unreadable": unreadable, "world_size": info.world_size}
-    write_json(Path(out_dir) / EXPORT_SUMMARY, summary)
-    return summary
+
+    def embed(writer) -> dict[str, int]:
+        batches = (ExportBatch(ids=dataset.ids[rows], inputs=(images,), present=np.isin(rows, kept))
+                   for rows, (kept, images) in zip(planned, iter_batches(dataset, planned, workers=workers)))
+        unreadable = compute_embeddings(encode=pixels_to_embedding(model), batches=batches, device=torch_device,
+                                        writer=writer, precision=precision, progress=progress)
+        return {"unreadable": unreadable}
+
+    return export_ranked(out_dir=Path(out_dir), info=info, embed=embed)
+
+
+def pixels_to_embedding(model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """uint8 (b, C, H, W) on the device -> (b, D): the export's transform (pixels / 255, the model's ``embed``).
+    The images travel to the device as uint8 (a quarter of float32's bytes) and are scaled there."""
+    return lambda images: model.embed(images.float().div_(255.0))
 
 
 def export_stage_from_json(*, export: dict, info: DistInfo | None = None) -> dict:
@@ -204,10 +197,10 @@ def embed_images(model: torch.nn.Module, images: torch.Tensor, *, device: torch.
     (``compute_embeddings``: pixels / 255 on the model's ``embed``), ``batch_size`` images at a time."""
     if not len(images):
         raise ValueError("no images to embed")
-    planned = [np.arange(start, min(start + batch_size, len(images))) for start in range(0, len(images), batch_size)]
+    batches = (ExportBatch(ids=np.arange(start, min(start + batch_size, len(images))),
+                           inputs=(images[start:start + batch_size],)) for start in range(0, len(images), batch_size))
     rows = _Rows()
-    compute_embeddings(encode=model.embed, batches=((kept, images[kept[0]:kept[-1] + 1]) for kept in planned),
-                       device=device, writer=rows, ids=np.arange(len(images)), expected_rows=planned)
+    compute_embeddings(encode=pixels_to_embedding(model), batches=batches, device=device, writer=rows)
     return np.concatenate(rows.blocks).astype(np.float32, copy=False)
 
 

@@ -6,6 +6,7 @@ import pytest
 from contrastive.modalities.image import steps as stages
 from contrastive.data.image_folder import prepare_image_folder
 from contrastive.data.trifeature import prepare_trifeature
+from contrastive import embeddings
 from contrastive.embeddings import load_embeddings
 from contrastive.engine.distributed import DistInfo
 from tests.distributed import run_gloo_ranks
@@ -42,9 +43,7 @@ def test_two_ranks_export_what_one_process_exports(trained):
 
 def test_shards_stream_at_the_shard_size(trained, monkeypatch):
     tmp, dataset_dir, model_path = trained
-    real = stages.EmbeddingWriter
-    monkeypatch.setattr(stages, "EmbeddingWriter", lambda directory, prefix: real(directory, prefix=prefix,
-                                                                                  shard_size=30))
+    monkeypatch.setattr(embeddings, "SHARD_ROWS", 30)
     stages.export_stage_embeddings(dataset_dir=dataset_dir, model_path=model_path, out_dir=tmp / "small",
                                    batch_size=8, device="cpu")
     shards = sorted((tmp / "small").glob("part-*.npy"))
