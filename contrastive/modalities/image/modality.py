@@ -69,8 +69,9 @@ class ImageModality(Modality):
 
     # ------------------------------------------------------------------------------------------ export
     def export_kwargs(self, config, *, model_path: str, data: dict, out_dir: str) -> dict:
+        """Under the stage's precision: part of the train key, so of this export's key."""
         return {**super().export_kwargs(config, model_path=model_path, data=data, out_dir=out_dir),
-                "workers": config.train.workers}
+                "workers": config.train.workers, "precision": config.train.precision}
 
     def export(self, **kwargs) -> dict:
         from contrastive.modalities.image.steps import export_stage_embeddings
@@ -162,7 +163,7 @@ def prepare_image_data(data) -> Path:
     return prepare_image_folder(source=f.source, root=data.cache_dir, image_size=f.image_size,
                                 labels_csv=f.labels_csv, test_fraction=f.test_fraction, seed=f.seed,
                                 storage=f.storage, split_from_folders=f.split_from_folders,
-                                max_skip_fraction=f.max_skip_fraction)
+                                max_skip_fraction=f.max_skip_fraction, decode_scale=f.decode_scale)
 
 
 def without_hex(config):

@@ -14,7 +14,8 @@ class ImageTextModality(Modality):
     name = "clip"
     title = "image-text pairs"
     step_prefix = "clip-"
-    launch = Launch(train_entry="contrastive.modalities.image_text.steps:train_stage_from_json")
+    launch = Launch(train_entry="contrastive.modalities.image_text.steps:train_stage_from_json",
+                    export_entry="contrastive.modalities.image_text.steps:export_stage_from_json")
     clusters_dataset = False  # every exported sample of the shards, no attributes
     regroups = True
     encodes_for_eval = True
@@ -102,10 +103,12 @@ class ImageTextModality(Modality):
         return ["clip-export", train_key, config.data.max_skip_fraction]
 
     def export_kwargs(self, config, *, model_path: str, data: dict, out_dir: str) -> dict:
-        """Image embeddings of every good training sample, keyed by ``__key__``."""
+        """Image embeddings of every good training sample, keyed by ``__key__``, under the stage's precision (part
+        of the train key, so of this export's key)."""
         return {"model_path": model_path, "urls": data["train_urls"], "out_dir": out_dir,
                 "batch_size": config.eval.export_batch_size, "device": config.device,
-                "max_skip_fraction": config.data.max_skip_fraction, "workers": config.data.decode_workers}
+                "max_skip_fraction": config.data.max_skip_fraction, "workers": config.data.decode_workers,
+                "precision": config.train.precision}
 
     def export(self, **kwargs) -> dict:
         from contrastive.modalities.image_text.steps import export_stage

@@ -25,7 +25,7 @@ import torch
 from contrastive.engine.checkpoint import write_json
 from contrastive.modalities.image_text.data import (concat_batches, count_samples, iter_decoded, stream_batches, write_tiny_shards)
 from contrastive.data.skips import SkipCounter
-from contrastive.engine.distributed import DistInfo, device_for, per_rank_batch
+from contrastive.engine.distributed import DistInfo, current_info, device_for, per_rank_batch
 from contrastive.modalities.image_text.evaluate import (average_state_dicts, concat_stage_features, encode_images, encode_texts,
                                        retrieval_recall)
 from contrastive.modalities.image_text.grouped import MANIFEST, GroupedBatchReader, manifest_slots, reshard_by_group
@@ -38,7 +38,7 @@ from contrastive.modalities.image_text.adapter import ClipTask
 from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
 from contrastive.engine.loop import TrainCallback, release_device_memory, train
 from contrastive.engine.task import StageSpec
-from contrastive.embeddings import save_embeddings
+from contrastive.embeddings import ExportBatch, compute_embeddings, export_ranked, rank_share
 from contrastive.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -208,28 +208,48 @@ def _train_stage(spec: ClipStageSpec, *, info: DistInfo, callbacks: list[TrainCa
 
 # ---------------------------------------------------------------------------------------------------- export
 def export_stage(*, model_path: str, urls: list[str], out_dir: str, batch_size: int, device: str,
-                 max_skip_fraction: float, workers: int = 0, precision: str = "fp32",
+                 max_skip_fraction: float, workers: int = 0, precision: str = "fp32", info: DistInfo | None = None,
                  progress: Callable[[int], None] | None = None) -> dict:
     """Image embeddings of every good training sample with the stage's model, keyed by ``__key__``.
 
-    Uses the eval transform (no augmentation). Writes float16 shards + ids (``contrastive.embeddings``) and the
-    skip counts. Memory: the (M, D) float16 features are collected before writing (k-means needs them in RAM).
+    Uses the eval transform (no augmentation) and the shared export loop (``contrastive.embeddings``): float16
+    shards + ids, streamed shard by shard. Under torchrun each rank embeds a contiguous share of the shards (whole
+    shards, ``rank_share`` of the url list: img2dataset's shards hold about the same number of samples each) and
+    rank 0 writes the manifest in rank order, the same keys in the same order as one process; the skip counts are
+    summed over the ranks and ``max_skip_fraction`` is judged on the sums. ``precision``: the stage's
+    (``train.precision``: fp16 / bf16 autocast on a GPU); it is part of the train key, which the export key holds.
     """
-    torch_device = device_for(name=device, info=DistInfo())
+    info = info or current_info()
+    torch_device = device_for(name=device, info=info)
     bundle = load_stage_model(path=Path(model_path), device=torch_device)
+    mine = [urls[i] for i in rank_share(len(urls), info=info)]
+
+    def embed(writer) -> dict[str, int]:
+        counter = SkipCounter(max_skip_fraction=max_skip_fraction, where="embedding export")
+        batches = (ExportBatch(ids=np.asarray(batch.keys), inputs=(batch.images,))
+                   for batch in iter_decoded(urls=mine, transform=bundle.eval_transform, counter=counter,
+                                             batch_size=batch_size, workers=workers))
+        compute_embeddings(encode=lambda images: bundle.model.encode_image(images, normalize=True), batches=batches,
+                           device=torch_device, writer=writer, precision=precision, progress=progress)
+        return {k: v for k, v in counter.stats().items() if k != "skip_fraction"}  # summed over ranks
+
+    def summarize(counts: dict[str, int]) -> dict:
+        return {"data": export_data_stats(counts=counts, urls=urls, max_skip_fraction=max_skip_fraction,
+                                          out_dir=Path(out_dir))}
+
+    summary = export_ranked(out_dir=Path(out_dir), info=info, embed=embed, summarize=summarize)
+    return {key: summary[key] for key in ("dir", "num_samples", "dim", "world_size", "data")} if summary else {}
+
+
+def export_data_stats(*, counts: dict[str, int], urls: list[str], max_skip_fraction: float, out_dir: Path) -> dict:
+    """The export's skip counts over all ranks, judged against ``max_skip_fraction`` (DataError beyond it, or when
+    no sample was usable), compared with the shards' stats files and written to ``export_stats.json``."""
     counter = SkipCounter(max_skip_fraction=max_skip_fraction, where="embedding export")
-    chunks, keys = [], []
-    for batch in iter_decoded(urls=urls, transform=bundle.eval_transform, counter=counter, batch_size=batch_size,
-                              workers=workers):
-        chunks.append(encode_images(model=bundle.model, images=batch.images, transform=None, device=torch_device,
-                                    batch_size=batch_size, precision=precision).astype(np.float16))
-        keys.extend(batch.keys)
-        if progress is not None:
-            progress(len(batch))
+    counter.good = counts.get("good", 0)
+    counter.skipped.update({k[len("skipped_"):]: v for k, v in counts.items() if k.startswith("skipped_")})
     counter.check()
-    if not keys:
+    if not counter.good:
         raise DataError(f"no usable samples in {len(urls)} shards: check data.shards")
-    manifest = save_embeddings(embeddings=np.concatenate(chunks), ids=np.asarray(keys), directory=Path(out_dir))
     stats = counter.stats()
     # A shard cut exactly at a member boundary reads as a shorter, valid tar: only the counts can tell.
     try:
@@ -242,7 +262,12 @@ def export_stage(*, model_path: str, urls: list[str], out_dir: str, batch_size: 
                     "(re-download them with img2dataset --incremental)", read, expected)
     stats["expected_from_stats"] = expected if expected is not None else -1
     write_json(Path(out_dir) / "export_stats.json", stats)
-    return {"dir": str(out_dir), "num_samples": manifest["num_samples"], "dim": manifest["dim"], "data": stats}
+    return stats
+
+
+def export_stage_from_json(*, export: dict, info: DistInfo | None = None) -> dict:
+    """Entry point of a torchrun export (``contrastive.engine.launch``)."""
+    return export_stage(**export, info=info)
 
 
 def reshard_stage(*, pseudo_labels_path: str, urls: list[str], out_dir: str, slots: int, seed: int,
