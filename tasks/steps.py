@@ -122,6 +122,15 @@ def finish_eval_record(*, tracker: Tracker, mlflow_run_id: str, key: str, out_di
     return EvalRecord(key=key, dir=out_dir, name=name, metrics=metrics, mlflow_run_id=mlflow_run_id).save()
 
 
+def kmeans_gpu_devices(config: _PipelineBase) -> tuple[int, ...]:
+    """The GPUs a clustering step may use (faiss device ids): none with ``device: cpu``; else one, the first this
+    process sees. The step holds one slot of ``launcher.concurrency_limit``, as a training stage does, and one GPU
+    is the least a slot holds (a stage's nproc_per_node GPUs are at least one); one GPU clusters the pipelines'
+    sizes in seconds (bench/gpu_check.py: 1M x 256, K 20,000), and the same device count on every node keeps the
+    assignments independent of how many GPUs a node has."""
+    return () if config.device == "cpu" else (0,)
+
+
 def result_slug(name: str) -> str:
     """The name the evaluation of a results-table row logs under: "stage 0" -> stage0, "MCL concat" -> mcl_concat,
     "control (no HEX) stage 1" -> control_stage1, "soup" -> soup."""
@@ -351,9 +360,10 @@ def cluster_embeddings(*, config: _PipelineBase, key: str, out_dir: str, stage: 
     tracker = tracker_for(config)
     ids, attributes = modality_of(config).sample_scope(data)
     spec = config.mcl.kmeans_spec(stage, seed=stage_seed(config, stage))
-    summary = steps.cluster_stage(embeddings_dir=exported.embeddings_dir, out_dir=Path(out_dir) / "clusters",
-                                  kmeans_spec=spec, earlier_cluster_dirs=[e.clusters_dir for e in earlier],
-                                  ids=ids, attributes=attributes)
+    with gpu_slot(config):  # k-means on a GPU takes a slot of the pool like training
+        summary = steps.cluster_stage(embeddings_dir=exported.embeddings_dir, out_dir=Path(out_dir) / "clusters",
+                                      kmeans_spec=spec, earlier_cluster_dirs=[e.clusters_dir for e in earlier],
+                                      ids=ids, attributes=attributes, gpu_devices=kmeans_gpu_devices(config))
     return finish_cluster_record(tracker=tracker, mlflow_run_id=mlflow_run_id, key=key, out_dir=out_dir, stage=stage,
                                  k=spec.k, summary=summary)
 

@@ -79,6 +79,7 @@ def kmeans(
     niter: int = 25,
     spherical: bool = True,
     use_gpu: bool | None = None,
+    gpu_devices: tuple[int, ...] = (0,),
     max_train_points: int | None = None,
     init: Literal["auto", "k-means++", "random"] = "auto",
 ) -> KMeansResult:
@@ -89,6 +90,9 @@ def kmeans(
     spherical: L2-normalise rows first and keep unit centroids (cosine k-means), the usual choice for
         contrastive embeddings, which live on the sphere.
     use_gpu: None = use a GPU when faiss sees one; True = require one.
+    gpu_devices: the GPUs (faiss device ids: positions among the visible devices) k-means may use when it uses the
+        GPU; the pipeline passes its step's own (one, see tasks/steps.py). faiss.Kmeans(gpu=True) would take
+        every visible GPU, and gpu=1 too (faiss reads 1 == True as "all").
     max_train_points: None (default) = train on all M points. An int = train on a seeded uniform sample of at
         most that many points (each Lloyd iteration then costs sample/M of a full pass); every point is still
         assigned and counted in the inertia. bench/kmeans.py measures the trade-off.
@@ -99,7 +103,7 @@ def kmeans(
     if init not in KMEANS_INITS:
         raise ConfigError(f"k-means init {init!r} is not one of {KMEANS_INITS}.")
     arr = _validated_features(features=features, k=k)
-    gpu = _resolve_gpu(use_gpu)
+    devices = _resolve_gpus(use_gpu, gpu_devices=gpu_devices)
     num_points, dim = arr.shape
     rows = _training_rows(num_points=num_points, k=k, seed=seed, max_train_points=max_train_points)
     train_x = _unit_float32(arr if rows is None else arr[rows], spherical=spherical)
@@ -112,12 +116,14 @@ def kmeans(
         niter=niter,
         seed=seed % 2**31,  # faiss takes a C int
         spherical=spherical,
-        gpu=gpu,
+        gpu=False,  # the index goes to exactly these devices below
         verbose=False,
         # faiss trains on a random subset of k * max_points_per_centroid points (default 256 per
         # centroid) and says so only on stdout; raise the cap so every training point is used.
         max_points_per_centroid=math.ceil(train_x.shape[0] / k) + 1,
     )
+    if devices:
+        km.index = faiss.index_cpu_to_gpus_list(km.index, gpus=list(devices))
     km.train(train_x, init_centroids=init_centroids)
     centroids = np.asarray(km.centroids, dtype=np.float32).reshape(k, dim)
     inner_product = km.index.metric_type == faiss.METRIC_INNER_PRODUCT
@@ -252,16 +258,18 @@ def _l2_normalize_rows_(x: np.ndarray) -> None:
             rows /= np.maximum(norms, 1e-12)[:, None]
 
 
-def _resolve_gpu(use_gpu: bool | None) -> bool:
+def _resolve_gpus(use_gpu: bool | None, *, gpu_devices: tuple[int, ...]) -> tuple[int, ...]:
+    """The GPUs k-means runs on: () = the CPU; else those of ``gpu_devices`` that faiss sees."""
     available = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
-    if use_gpu is None:
-        return available > 0
-    if use_gpu and available == 0:
+    devices = tuple(device for device in gpu_devices if 0 <= device < available)
+    if use_gpu is False:
+        return ()
+    if use_gpu and not devices:
         raise ConfigError(
-            "use_gpu=True but faiss sees no GPU; install faiss-gpu on a GPU machine (its install line: "
-            "docs/gpu.md), or set use_gpu to false/auto."
+            f"use_gpu=True but faiss sees {available} GPU(s), none of {list(gpu_devices)}; install faiss-gpu on a "
+            "GPU machine (its install line: docs/gpu.md), or set use_gpu to false/auto."
         )
-    return bool(use_gpu)
+    return devices
 
 
 def _inertia(

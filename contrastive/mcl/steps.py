@@ -45,18 +45,20 @@ def embeddings_for(*, embeddings_dir: Path, ids: np.ndarray | None) -> tuple[np.
 
 
 def cluster_stage(*, embeddings_dir: Path, out_dir: Path, kmeans_spec: KMeansSpec, earlier_cluster_dirs: list[Path],
-                  ids: np.ndarray | None = None, attributes: dict[str, np.ndarray] | None = None) -> dict:
+                  ids: np.ndarray | None = None, attributes: dict[str, np.ndarray] | None = None,
+                  gpu_devices: tuple[int, ...] = (0,)) -> dict:
     """k-means on one stage's embeddings of ``ids`` (all exported samples when None); writes assignments keyed by
     sample id, centroids, sizes and inertia to ``out_dir``, and the AMI against every earlier stage's clustering and
     against each attribute in ``attributes`` (int labels aligned to ``ids``, -1 unknown): which features the
-    clusters absorbed."""
+    clusters absorbed. ``gpu_devices``: the GPUs k-means may use when faiss sees them (): the CPU); where it runs
+    is placement, not content, so it is no part of ``kmeans_spec``."""
     # faiss and scikit-learn cost seconds to import in every torchrun worker that never clusters.
     from contrastive.mcl.clustering import adjusted_mutual_information, kmeans, load_assignments, save_clusters
 
     ids, features = embeddings_for(embeddings_dir=embeddings_dir, ids=ids)
     s = kmeans_spec
     result = kmeans(features=features, k=s.k, seed=s.seed, niter=s.niter, spherical=s.spherical, init=s.init,
-                    max_train_points=s.max_train_points)
+                    max_train_points=s.max_train_points, gpu_devices=gpu_devices)
     summary = save_clusters(result=result, ids=ids, directory=Path(out_dir))
     ami = {}
     for number, earlier in enumerate(earlier_cluster_dirs):

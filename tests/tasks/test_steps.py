@@ -34,3 +34,38 @@ def test_a_retried_flow_run_reopens_its_parent_run_not_a_stage_run(tmp_path):
                              pipeline_id=config.config_hash(), flow_run_id="flow-1") == stages[1]
     # another flow run of the same config opens a parent of its own
     assert open_pipeline_run.fn(**opened, flow_run_id="flow-2") not in (parent, *stages)
+
+
+def test_kmeans_runs_on_its_own_gpu_inside_the_steps_concurrency_slot(tmp_path, monkeypatch):
+    """The clustering step holds a slot of launcher.concurrency_limit while k-means runs, on one GPU (the first
+    this process sees), or on none with device=cpu; never every visible GPU of the flow's process."""
+    from contextlib import contextmanager
+
+    import tasks.steps as task_steps
+    from tasks.records import ExportRecord
+
+    events = []
+
+    @contextmanager
+    def slot(config):
+        events.append("slot taken")
+        yield
+        events.append("slot given back")
+
+    def cluster_stage(**kwargs):
+        events.append(("k-means", kwargs["gpu_devices"]))
+        return {}
+    monkeypatch.setattr(task_steps, "gpu_slot", slot)
+    monkeypatch.setattr(task_steps.steps, "cluster_stage", cluster_stage)
+    monkeypatch.setattr(task_steps, "tracker_for", lambda config: None)
+    monkeypatch.setattr(type(task_steps.modality_of(ImagePipelineConfig())), "sample_scope",
+                        lambda self, data: (None, None))
+    monkeypatch.setattr(task_steps, "finish_cluster_record", lambda **kwargs: kwargs["summary"])
+    exported = ExportRecord(key="e", dir=str(tmp_path), embeddings_dir=str(tmp_path), num_samples=8, dim=4,
+                            mlflow_run_id="r")
+    for device, devices in (("auto", (0,)), ("cuda", (0,)), ("cpu", ())):
+        events.clear()
+        config = ImagePipelineConfig(device=device)
+        task_steps.cluster_embeddings.fn(config=config, key="k", out_dir=str(tmp_path / device), stage=0,
+                                         exported=exported, earlier=[], data={}, mlflow_run_id="r")
+        assert events == ["slot taken", ("k-means", devices), "slot given back"]

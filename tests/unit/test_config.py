@@ -95,7 +95,8 @@ def test_kmeans_spec_per_stage_covers_the_kmeans_keywords():
                                              "mcl.kmeans_init=random"])
     assert asdict(config.mcl.kmeans_spec(1, seed=5)) == {"k": 3, "seed": 5, "niter": config.mcl.kmeans_niter,
                                                         "spherical": True, "init": "random", "max_train_points": 300}
-    assert set(asdict(config.mcl.kmeans_spec(0, seed=0))) | {"features", "use_gpu"} == set(
+    # placement (where k-means runs), not content: tasks/steps.py kmeans_gpu_devices
+    assert set(asdict(config.mcl.kmeans_spec(0, seed=0))) | {"features", "use_gpu", "gpu_devices"} == set(
         inspect.signature(kmeans).parameters)
     every_point = load_config("trifeature_tiny", ["mcl.kmeans_train_points_per_cluster=0"])
     assert every_point.mcl.kmeans_spec(0, seed=0).max_train_points is None

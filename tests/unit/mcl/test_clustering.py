@@ -255,3 +255,27 @@ def test_sampled_kmeans_assigns_chunk_by_chunk_like_one_pass(blobs, monkeypatch)
     broken[late] = np.nan
     with pytest.raises(DataError, match=rf"2 of 600 embedding rows .* \(e.g. row {late[0]}\)"):
         kmeans(features=broken, k=4, seed=0, spherical=False, max_train_points=200)
+
+
+def test_kmeans_puts_its_index_on_the_named_gpus_only(blobs, monkeypatch):
+    """faiss sees 4 GPUs: k-means takes only the devices it is given (faiss.Kmeans(gpu=True), or gpu=1, which
+    faiss reads as True, would take all 4), none with use_gpu=False, and a GPU it cannot see is no GPU."""
+    x, _ = blobs
+    placed = []
+
+    def to_gpus(index, gpus=None, **kwargs):
+        placed.append(list(gpus))
+        return index  # stays a CPU index, so the rest runs here
+    monkeypatch.setattr(faiss, "get_num_gpus", lambda: 4)
+    monkeypatch.setattr(faiss, "index_cpu_to_gpus_list", to_gpus, raising=False)
+    monkeypatch.setattr(faiss, "index_cpu_to_all_gpus", lambda *a, **k: pytest.fail("every GPU taken"),
+                        raising=False)
+    on_one = kmeans(features=x, k=4, seed=0, spherical=False)
+    assert placed == [[0]]
+    kmeans(features=x, k=4, seed=0, spherical=False, gpu_devices=(2,))
+    kmeans(features=x, k=4, seed=0, spherical=False, use_gpu=False)
+    assert placed == [[0], [2]]
+    with pytest.raises(ConfigError, match=r"faiss sees 4 GPU\(s\), none of \[7\]"):
+        kmeans(features=x, k=4, seed=0, use_gpu=True, gpu_devices=(7,))
+    monkeypatch.setattr(faiss, "get_num_gpus", lambda: 0)
+    np.testing.assert_array_equal(kmeans(features=x, k=4, seed=0, spherical=False).assignments, on_one.assignments)
