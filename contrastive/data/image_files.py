@@ -35,7 +35,7 @@ import torch
 
 from contrastive.data.dataset import (INDEX_FILE, LABEL_PREFIX, MANIFEST_FILE, ImageArrayDataset, SampleIndex,
                                       _as_index_array, _manifest_fields_ok, load_arrays, read_manifest)
-from contrastive.data.image_folder import file_index_digest, load_square_rgb
+from contrastive.data.image_folder import decode_scale_of, file_index_digest, load_square_rgb
 from contrastive.data.skips import SkipCounter
 from contrastive.errors import DataError
 
@@ -143,6 +143,12 @@ class IndexedImageDataset(SampleIndex):
         return int(self.manifest["image_size"])
 
     @property
+    def decode_scale(self) -> str:
+        """How JPEGs are decoded ("full" or "auto", :func:`contrastive.data.image_folder.load_square_rgb`): as
+        the dataset was prepared."""
+        return decode_scale_of(self.manifest.get("params", {}))
+
+    @property
     def origin(self) -> str:
         """Where the images are, for messages (a folder, a set of shards)."""
         raise NotImplementedError
@@ -159,7 +165,7 @@ class IndexedImageDataset(SampleIndex):
     def decode(self, row: int) -> np.ndarray | str:
         """uint8 (S, S, 3) of ``row``, or the error text ("OSError: ...") when it cannot be decoded."""
         try:
-            return load_square_rgb(self.open_image(row), size=self.image_size)
+            return load_square_rgb(self.open_image(row), size=self.image_size, decode_scale=self.decode_scale)
         except Exception as err:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError, DecompressionBombError
             return f"{type(err).__name__}: {err}"
 

@@ -344,3 +344,67 @@ def test_config_storage_keys():
             ImageFolderConfig(storage="disk")
         with pytest.raises(ValueError, match="max_skip_fraction"):
             ImageFolderConfig(max_skip_fraction=2.0)
+
+
+# ------------------------------------------------------------------------------------------ reduced-size decoding
+def _photo_jpeg(path, *, size=(80, 60), exif_orientation: int | None = None):
+    """A smooth JPEG (a bicubic blow-up of 4x3 random colours): resampling it differently moves pixels a little."""
+    rng = np.random.default_rng(3)
+    image = Image.fromarray(rng.integers(0, 256, (3, 4, 3), dtype=np.uint8)).resize(size, Image.Resampling.BICUBIC)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    exif = Image.Exif()
+    if exif_orientation is not None:
+        exif[0x0112] = exif_orientation
+    image.save(path, format="JPEG", quality=92, exif=exif.tobytes())
+    return path
+
+
+def test_auto_decodes_jpegs_at_a_reduced_scale_close_to_full(tmp_path, monkeypatch):
+    """decode_scale="auto": libjpeg-turbo decodes an 80x60 JPEG for a 16 px square at 3/8 (30x23: the smallest n/8
+    scale whose shorter side is >= 16), then the same centre square and bicubic resampling as "full"; the pixels
+    stay within a mean of 3 levels (max 24) of full-size decoding, and are the same on every call."""
+    import simplejpeg
+
+    path = _photo_jpeg(tmp_path / "a.jpg")
+    shapes = []
+    decode = simplejpeg.decode_jpeg
+    monkeypatch.setattr(simplejpeg, "decode_jpeg", lambda *a, **k: shapes.append(decode(*a, **k).shape) or
+                        decode(*a, **k))
+    auto = load_square_rgb(path, size=16, decode_scale="auto")
+    assert shapes == [(23, 30, 3)]
+    full = load_square_rgb(path, size=16, decode_scale="full")
+    assert auto.shape == full.shape == (16, 16, 3) and auto.dtype == np.uint8
+    diff = np.abs(auto.astype(int) - full)
+    assert diff.mean() < 3 and diff.max() <= 24
+    assert np.array_equal(auto, load_square_rgb(path, size=16, decode_scale="auto"))  # keyed by the file alone
+    with open(path, "rb") as handle:  # a file object (a shard member) decodes the same
+        assert np.array_equal(auto, load_square_rgb(io.BytesIO(handle.read()), size=16, decode_scale="auto"))
+
+
+def test_auto_follows_exif_rotation_and_leaves_other_formats_to_pil(tmp_path):
+    rotated = _photo_jpeg(tmp_path / "r.jpg", size=(80, 48), exif_orientation=6)  # stored landscape, shown portrait
+    auto = load_square_rgb(rotated, size=16, decode_scale="auto")
+    full = load_square_rgb(rotated, size=16, decode_scale="full")
+    assert np.abs(auto.astype(int) - full).mean() < 3  # a missed rotation moves whole colour regions
+    upright = load_square_rgb(_photo_jpeg(tmp_path / "u.jpg", size=(80, 48)), size=16, decode_scale="auto")
+    assert np.abs(auto.astype(int) - upright).mean() > 3 * np.abs(auto.astype(int) - full).mean()
+    png = tmp_path / "p.png"
+    _save(_noise(0, (30, 20)), png, "PNG")
+    assert np.array_equal(load_square_rgb(png, size=12, decode_scale="auto"),
+                          load_square_rgb(png, size=12, decode_scale="full"))
+
+
+def test_decode_scale_is_part_of_the_dataset_key_and_both_storages_agree(tmp_path):
+    src = tmp_path / "src"
+    for i in range(3):
+        _photo_jpeg(src / "c" / f"{i}.jpg", size=(80 + 8 * i, 60))
+    full = load_dataset(_prepare(src, tmp_path / "c", "files"))
+    auto_files = load_dataset(_prepare(src, tmp_path / "c", "files", decode_scale="auto"))
+    auto_memory = load_dataset(_prepare(src, tmp_path / "c", "memory", decode_scale="auto"))
+    assert full.path != auto_files.path and full.digest != auto_files.digest
+    assert full.decode_scale == "full" and auto_files.decode_scale == "auto"
+    rows = np.arange(3)
+    assert torch.equal(auto_files.get_batch(rows), auto_memory.get_batch(rows))
+    assert not torch.equal(auto_files.get_batch(rows), full.get_batch(rows))
+    with pytest.raises(ConfigError, match="decode_scale"):
+        _prepare(src, tmp_path / "c", "files", decode_scale="half")
