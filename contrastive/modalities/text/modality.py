@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from contrastive.modalities.base import Member, Modality, ResultsTable, ServingInput
+from contrastive.modalities.base import Launch, Member, Modality, ResultsTable, ServingInput
 
 PROJECTIONS = {"hyper": "Hyper-CL", "linear": "linear per condition", "unconditioned": "unconditioned"}
 
@@ -20,6 +20,7 @@ class TextModality(Modality):
     step_prefix = "text-"
     final_name = "hyper"
     export_batch_size = 256
+    launch = Launch(export_entry="contrastive.modalities.text.steps:export_text_from_json")
     serving = ServingInput(dtype="str", shape=(-1,), description="sentences (a list of strings)",
                            requirements=("torch", "numpy", "scikit-learn"))
 
@@ -91,6 +92,11 @@ class TextModality(Modality):
         return [plot, history_path]
 
     # ------------------------------------------------------------------------------------------ export
+    def export_kwargs(self, config, *, model_path: str, data: dict, out_dir: str) -> dict:
+        """Under the stage's precision: part of the train key, so of this export's key."""
+        return {**super().export_kwargs(config, model_path=model_path, data=data, out_dir=out_dir),
+                "precision": config.train.precision}
+
     def export(self, **kwargs) -> dict:
         from contrastive.modalities.text.steps import export_text_embeddings
         return export_text_embeddings(**kwargs)

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from contrastive.embeddings import EmbeddingWriter, write_manifest
+from contrastive.embeddings import ExportBatch, compute_embeddings, export_ranked, rank_share
 from contrastive.engine.checkpoint import write_json
-from contrastive.engine.distributed import device_for, single_process_info
+from contrastive.engine.distributed import DistInfo, current_info, device_for, single_process_info
 from contrastive.engine.loop import TrainCallback, release_device_memory, train
 from contrastive.engine.rng import seed_everything
 from contrastive.engine.task import StageSpec
@@ -146,21 +146,38 @@ def embed_sentences(*, model: SimCSE, tokenizer, sentences, max_length: int, dev
 
 
 def export_text_embeddings(*, dataset_dir: Path | str, model_path: Path | str, out_dir: Path | str,
-                           batch_size: int, device: str) -> dict:
-    """Embed every sentence (train and test) with the stage's encoder: float16 shards + ids in ``out_dir``."""
+                           batch_size: int, device: str, precision: str = "fp32",
+                           info: DistInfo | None = None) -> dict:
+    """Embed every sentence (train and test) with the stage's encoder: float16 shards + ids in ``out_dir``.
+
+    The shared export loop (``contrastive.embeddings``): sentences are tokenized batch by batch (each batch cut
+    to its longest sentence) and pooled without SimCSE's head, as :func:`embed_sentences` does. Under torchrun
+    each rank embeds a contiguous share of the sentences and rank 0 writes the manifest in rank order (the same
+    ids order as one process). ``precision``: the stage's (``train.precision``: bf16 / fp16 autocast on the
+    encoder); it is part of the train key, which the export key holds."""
+    info = info or current_info()
     dataset = load_text_dataset(dataset_dir)
-    torch_device = device_for(name=device)
+    torch_device = device_for(name=device, info=info)
     model, tokenizer, encoder = load_text_model(model_path=model_path, device=torch_device)
-    writer = EmbeddingWriter(Path(out_dir))
-    for start in range(0, len(dataset), 4096):
-        rows = np.arange(start, min(start + 4096, len(dataset)))
-        writer.add(embed_sentences(model=model, tokenizer=tokenizer, sentences=dataset.sentences[rows],
-                                   max_length=encoder.max_length, device=torch_device, batch_size=batch_size),
-                   dataset.ids[rows])
-    manifest = write_manifest(directory=Path(out_dir), parts=[writer.finish()])
-    summary = {"dir": str(out_dir), "num_samples": manifest["num_samples"], "dim": manifest["dim"]}
-    write_json(Path(out_dir) / "export_summary.json", summary)
-    return summary
+    mine = rank_share(len(dataset), info=info)
+
+    def batches():
+        for start in range(0, len(mine), batch_size):
+            rows = mine[start:start + batch_size]
+            tokens = tokenize(tokenizer, dataset.sentences[rows], max_length=encoder.max_length)
+            yield ExportBatch(ids=dataset.ids[rows], inputs=tokens.rows(np.arange(len(rows))))
+
+    def embed(writer) -> dict[str, int]:
+        compute_embeddings(encode=model.encoder, batches=batches(), device=torch_device, writer=writer,
+                           precision=precision)
+        return {}
+
+    return export_ranked(out_dir=Path(out_dir), info=info, embed=embed)
+
+
+def export_text_from_json(*, export: dict, info: DistInfo | None = None) -> dict:
+    """Entry point of a torchrun export (``contrastive.engine.launch``)."""
+    return export_text_embeddings(**export, info=info)
 
 
 # ---------------------------------------------------------------------------------------------------- evaluation
