@@ -167,7 +167,7 @@ def rank_share(count: int, *, info: DistInfo) -> np.ndarray:
 
 
 def export_ranked(*, out_dir: Path, info: DistInfo, embed: Callable[[EmbeddingWriter], dict[str, int]],
-                  summarize: Callable[[dict, dict[str, int]], dict] = lambda manifest, counts: {},
+                  summarize: Callable[[dict[str, int]], dict] = lambda counts: {},
                   shard_size: int | None = None) -> dict:
     """One export over the ranks of a launch (or one process): per-rank shards and a rank-ordered manifest.
 
@@ -176,8 +176,9 @@ def export_ranked(*, out_dir: Path, info: DistInfo, embed: Callable[[EmbeddingWr
     members). One process writes ``part-XXXXX.npy``; rank r of W writes ``rankRRR-part-XXXXX.npy`` plus its ids and
     counts, and after a barrier rank 0 writes ``ids.npy`` and the manifest listing every rank's shards in rank order
     (the same ids, in the same order, as one process), then ``export_summary.json`` = {"dir", "num_samples", "dim",
-    "world_size", **counts, **summarize(manifest, counts)} (what the launcher reads back). Returns that summary on
-    rank 0, {} on the other ranks. A collective: every rank of the group calls it."""
+    "world_size", **counts, **summarize(counts)} (what the launcher reads back). ``summarize`` sees the counts of
+    all ranks before the manifest marks the export finished, so it may refuse them (a DataError). Returns that
+    summary on rank 0, {} on the other ranks. A collective: every rank of the group calls it."""
     from contrastive.engine.distributed import barrier
     from contrastive.engine.launch import EXPORT_SUMMARY
     out_dir = Path(out_dir)
@@ -198,10 +199,10 @@ def export_ranked(*, out_dir: Path, info: DistInfo, embed: Callable[[EmbeddingWr
         counts = {name: sum(p["counts"].get(name, 0) for p in parts) for name in {n for p in parts for n in p["counts"]}}
     else:
         parts = [part]
+    extra = summarize(counts)
     manifest = write_manifest(directory=out_dir, parts=parts)
     summary = {"dir": str(out_dir), "num_samples": manifest["num_samples"], "dim": manifest["dim"],
-               "world_size": info.world_size, **counts}
-    summary.update(summarize(manifest, counts))
+               "world_size": info.world_size, **counts, **extra}
     atomic_write_bytes(out_dir / EXPORT_SUMMARY, json.dumps(summary, indent=2).encode())
     return summary
 
