@@ -124,7 +124,8 @@ def run_and_report(make_config, *, rerun_from: int | None) -> None:
         interrupted(exc, cfg, rerun_from=rerun_from)
         return
     except MclpipeError as exc:
-        fail(str(exc), cfg)
+        from flows.faults import with_continue_command
+        fail(with_continue_command(exc, cfg, rerun_from=rerun_from), cfg)
         return
     except Exception as exc:  # a disk, store or server around the run failed: one line, else the traceback
         from contrastive.engine.checkpoint import is_disk_full

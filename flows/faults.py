@@ -65,3 +65,13 @@ def explain_failure(exc: BaseException, config) -> str | None:
                 f"finished steps and the last checkpoint of a stage in progress are kept in {steps}. Continue with: "
                 f"{resume_command(config)}")
     return None
+
+
+def with_continue_command(exc: BaseException, config, *, rerun_from: int | None = None) -> str:
+    """``exc``'s line, and for a tracking server that could not be reached (or stayed away past its grace) the exact
+    command that continues the pipeline (the tracker does not know it)."""
+    from flows.shutdown import resume_command
+    from tasks.tracking import TrackingError
+    if config is None or not isinstance(exc, TrackingError):
+        return str(exc)
+    return f"{exc}. Continue with: {resume_command(config, rerun_from=rerun_from)}"

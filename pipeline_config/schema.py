@@ -201,6 +201,10 @@ class TrackingConfig(_Section):
     registered_model: str | None = Field(None, description="MLflow registry name of the pipeline's final encoder "
                                                            "(alias 'current' = latest finished pipeline); None = "
                                                            "the config's name")
+    outage_grace_seconds: float = Field(600.0, ge=0, description="how long a tracking server that answered before "
+                                                                 "may be away (restarted, redeployed) before the run "
+                                                                 "stops: training goes on meanwhile and its metrics "
+                                                                 "wait in the stage's step directory")
 
 
 class ScheduleConfig(_Section):

@@ -30,7 +30,7 @@ from pipeline_config.schema import _PipelineBase
 from tasks.records import (ClusterRecord, DiagnosisRecord, EvalRecord, ExportRecord, FeaturesRecord, ModelRecord,
                            PseudoLabelRecord, RegroupRecord, StepRecord, TrainRecord, finished_record)
 from tasks.launching import gpu_slot, run_stage_processes, uses_processes
-from tasks.tracking import MetricBuffer, Tracker, log_encoder
+from tasks.tracking import PENDING_FILE, MetricBuffer, Tracker, log_encoder
 
 # ---------------------------------------------------------------------------------------------------- helpers
 def cache_key_from_parameters(context: TaskRunContext, parameters: dict[str, Any]) -> str:
@@ -45,7 +45,8 @@ def modality_of(config: _PipelineBase) -> Modality:
 
 def tracker_for(config: _PipelineBase) -> Tracker:
     return Tracker(uri=config.tracking.uri, experiment=config.tracking.experiment,
-                   artifact_root=Path(config.output_dir) / "mlartifacts")
+                   artifact_root=Path(config.output_dir) / "mlartifacts",
+                   outage_grace_seconds=config.tracking.outage_grace_seconds)
 
 
 STAGE_SEED_STRIDE = 1000  # > any stage count, so (seed, stage) pairs never share a stage seed
@@ -227,7 +228,8 @@ def _train(*, config, tracker: Tracker, mlflow_run_id: str, out_dir: str, spec, 
             else []
         tracker.log_metric_history(mlflow_run_id, [(int(h.pop("step")), h) for h in history])
     else:
-        buffer = MetricBuffer(tracker=tracker, run_id=mlflow_run_id)
+        # Metrics a checkpoint holds wait on disk until MLflow has them (an outage, a crash): tracking.md.
+        buffer = MetricBuffer(tracker=tracker, run_id=mlflow_run_id, journal=Path(out_dir) / PENDING_FILE)
         terminal = TerminalProgress(total_steps=total_steps, description=description)
         progress = PrefectProgress(total_steps=total_steps, description=f"{description} training ({out_dir})")
         try:

@@ -1,12 +1,15 @@
 """The one place that imports mlflow.
 
 Everything goes through an explicit ``MlflowClient`` and run ids (never the fluent API's thread-local active run),
-because Prefect runs tasks in worker threads. Every call retries with backoff; when the tracking server stays
-unreachable a :class:`TrackingError` says so and where the computed results are kept on local disk.
+because Prefect runs tasks in worker threads. Every call retries with backoff; a server that answered once and then
+went away (restarted, redeployed) is waited for up to ``tracking.outage_grace_seconds`` while a training stage goes
+on and keeps its metrics in its step directory (:class:`MetricBuffer`, :class:`PendingJournal`); when the server
+stays away longer, or never answered, a :class:`TrackingError` says so and where the computed results are kept.
 """
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -46,10 +49,13 @@ EXPERIMENT_KIND = "custom_model_development"
 TRAINING_VIEW = "?workflowType=machine_learning"
 MAX_PARAM_LENGTH = 6000
 ANSWERS = ("RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS", "INVALID_PARAMETER_VALUE")  # not retried
+GONE_RUN = ("RESOURCE_DOES_NOT_EXIST", "INVALID_STATE")  # what the store says of a deleted run's metrics
 # What a run never uploads: the previous checkpoint kept for a torn write, digests and half-written files are there
 # for resuming on the machine that trained, not for a person reading the run.
 NOT_UPLOADED = (".prev", ".sha256", ".tmp")
 LOCAL_UI = "http://127.0.0.1:5000"  # where `make ui-mlflow` serves a local store
+OUTAGE_GRACE_SECONDS = 600.0  # tracking.outage_grace_seconds' default
+MAX_RETRY_WAIT_SECONDS = 15.0  # the longest sleep between two tries while a server is away
 
 
 @contextlib.contextmanager
@@ -78,6 +84,56 @@ def store_init_lock(uri: str) -> Iterator[None]:
 
 class TrackingError(MclpipeError):
     """The MLflow tracking server could not be reached or refused a request."""
+
+
+class TrackingAway(TrackingError):
+    """The server that answered before does not answer now, and the outage is within its grace: the caller keeps
+    what it wanted to send and tries again later (raised only to callers that asked for one try)."""
+
+
+class _Outages:
+    """What this process knows of each tracking server: whether it ever answered, and since when it has not. Shared
+    by every :class:`Tracker` of a URI (each task makes its own), so the grace counts from the outage's first failed
+    call, and the outage is one warning when it starts and one line when it ends, however many calls failed."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._answered: set[str] = set()
+        self._away_since: dict[str, float] = {}
+
+    def answered(self, uri: str) -> None:
+        with self._lock:
+            self._answered.add(uri)
+            since = self._away_since.pop(uri, None)
+        if since is not None:
+            log.warning("MLflow tracking at %s answers again after %.0f s; sending what was kept", uri,
+                        time.monotonic() - since)
+
+    def has_answered(self, uri: str) -> bool:
+        with self._lock:
+            return uri in self._answered
+
+    def failed(self, uri: str, *, exc: Exception, grace_seconds: float) -> float:
+        """Note a failed call; returns how long the server has been away (0 for the first failure)."""
+        now = time.monotonic()
+        with self._lock:
+            if uri not in self._answered:  # not an outage: a server that never answered (a wrong URI, starting)
+                return 0.0
+            since = self._away_since.setdefault(uri, now)
+            first = since == now
+        if first:
+            log.warning("MLflow tracking at %s stopped answering (%s); waiting up to %.0f s for it "
+                        "(tracking.outage_grace_seconds): training goes on and keeps its metrics in its step "
+                        "directory (mlflow-pending.jsonl) to send them when the server is back", uri,
+                        _short(exc), grace_seconds)
+        return now - since
+
+
+_OUTAGES = _Outages()
+
+
+def _short(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
 
 
 def default_tracking_uri() -> str:
@@ -143,10 +199,12 @@ class Tracker:
     """Thin, retrying wrapper over MlflowClient for one experiment."""
 
     def __init__(self, *, uri: str | None, experiment: str, artifact_root: Path | None = None,
-                 retries: int = 4, backoff_seconds: float = 0.5):
+                 retries: int = 4, backoff_seconds: float = 0.5,
+                 outage_grace_seconds: float = OUTAGE_GRACE_SECONDS):
         self.uri = uri or default_tracking_uri()
         self.retries = retries
         self.backoff_seconds = backoff_seconds
+        self.outage_grace_seconds = outage_grace_seconds
         # Creating a local store migrates its schema; two pipelines starting together must not both do it.
         with store_init_lock(self.uri):
             self.client = MlflowClient(tracking_uri=self.uri)
@@ -155,10 +213,17 @@ class Tracker:
 
     # ------------------------------------------------------------------------------------------------ plumbing
     def _call(self, what: str, fn: Callable[..., T], *args, **kwargs) -> T:
+        return self._attempt(what, fn, args, kwargs, once=False)
+
+    def _attempt(self, what: str, fn: Callable[..., T], args: tuple, kwargs: dict, *, once: bool) -> T:
+        """``fn(*args, **kwargs)``, retried with backoff: ``retries`` times for a server that never answered in this
+        process (a wrong URI fails fast), for up to ``outage_grace_seconds`` since an outage began for one that did.
+        ``once``: within the grace, raise :class:`TrackingAway` after one failed try instead of waiting (training
+        must not wait for the server)."""
         delay = self.backoff_seconds
-        for attempt in range(self.retries + 1):
+        for attempt in itertools.count():
             try:
-                return fn(*args, **kwargs)
+                result = fn(*args, **kwargs)
             except mlflow.exceptions.RestException:
                 raise
             except Exception as exc:  # connection errors surface as several exception types
@@ -168,16 +233,33 @@ class Tracker:
                     filename = getattr(exc, "filename", None)
                     where = Path(filename).parent if filename else Path(self.uri.removeprefix("sqlite:///")).parent
                     raise disk_full_error(directory=where, what=f"MLflow's records ({what})") from exc
-                if attempt == self.retries:
-                    raise TrackingError(
-                        f"MLflow tracking at {self.uri} failed to {what} after {self.retries + 1} tries "
-                        f"({type(exc).__name__}: {str(exc)[:200]}). Start the server or fix tracking.uri / "
-                        f"MLFLOW_TRACKING_URI, then rerun: finished stages are kept on local disk and are not "
-                        f"recomputed") from exc
-                log.warning("MLflow call to %s failed (%s); retrying in %.1fs", what, exc, delay)
-                time.sleep(delay)
+                away = _OUTAGES.failed(self.uri, exc=exc, grace_seconds=self.outage_grace_seconds)
+                outage = _OUTAGES.has_answered(self.uri)
+                left = self.outage_grace_seconds - away if outage else 0.0
+                if once and left > 0:
+                    raise TrackingAway(f"MLflow tracking at {self.uri} is away ({_short(exc)})") from exc
+                if left <= 0 and attempt >= self.retries:
+                    raise TrackingError(self._failure(what, exc, away=away if outage else None)) from exc
+                if not outage:
+                    log.warning("MLflow call to %s failed (%s); retrying in %.1fs", what, _short(exc), delay)
+                time.sleep(min(delay, MAX_RETRY_WAIT_SECONDS, left) if left > 0 else delay)
                 delay *= 2
+            else:
+                _OUTAGES.answered(self.uri)
+                return result
         raise AssertionError("unreachable")
+
+    def _failure(self, what: str, exc: Exception, *, away: float | None) -> str:
+        """The one line of a tracking failure: a server that never answered, or an outage past its grace."""
+        fix = ("Start the server or fix tracking.uri / MLFLOW_TRACKING_URI, then rerun: finished stages are kept on "
+               "local disk and are not recomputed")
+        if away is None:
+            return (f"MLflow tracking at {self.uri} failed to {what} after {self.retries + 1} tries "
+                    f"({_short(exc)}). {fix}")
+        return (f"MLflow tracking at {self.uri} has not answered for {away:.0f} s, longer than "
+                f"tracking.outage_grace_seconds ({self.outage_grace_seconds:g} s), when trying to {what} "
+                f"({_short(exc)}). {fix}; a stage in training keeps its checkpoint and its unsent metrics "
+                f"({PENDING_FILE} in its step directory), sent when it continues")
 
     def _experiment_id(self, name: str, artifact_root: Path | None) -> str:
         experiment = self.client.get_experiment_by_name(name)
@@ -248,17 +330,22 @@ class Tracker:
                        tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
     def log_metrics(self, run_id: str, metrics: dict[str, float], *, step: int = 0) -> None:
-        now = int(time.time() * 1000)
-        batch = [Metric(_metric_key(k), float(v), now, step) for k, v in metrics.items() if v == v]
-        if batch:
-            self._call("log metrics", self.client.log_batch, run_id, metrics=batch)
+        self.log_metric_history(run_id, [(step, metrics)])
 
     def log_metric_history(self, run_id: str, history: list[tuple[int, dict[str, float]]]) -> None:
-        now = int(time.time() * 1000)
-        batch = [Metric(_metric_key(k), float(v), now, step) for step, metrics in history
-                 for k, v in metrics.items() if v == v]
-        for start in range(0, len(batch), 1000):
-            self._call("log metrics", self.client.log_batch, run_id, metrics=batch[start:start + 1000])
+        self.log_points(run_id, metric_points(history, timestamp_ms=now_ms()))
+
+    def log_points(self, run_id: str, points: list[list], *, tags: dict[str, str] | None = None,
+                   once: bool = False) -> None:
+        """Log metric points ``[key, value, timestamp_ms, step]`` as given, and ``tags``. MLflow's SQL stores
+        ignore a point they hold already (same key, value, timestamp and step), so sending a batch again after a
+        reply was lost adds nothing. ``once``: one try while the server is away (:class:`TrackingAway`)."""
+        metrics = [Metric(key, float(value), int(timestamp), int(step)) for key, value, timestamp, step in points]
+        tag_list = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
+        for start in range(0, max(len(metrics), 1), 1000):  # log_batch takes at most 1000 metrics
+            batch = {"metrics": metrics[start:start + 1000], "tags": tag_list if start == 0 else []}
+            if batch["metrics"] or batch["tags"]:
+                self._attempt("log metrics", self.client.log_batch, (run_id,), batch, once=once)
 
     def local_artifact_dir(self, run_id: str) -> Path | None:
         """The run's artifact folder when its artifact store is a local folder (None for a server's store)."""
@@ -344,64 +431,180 @@ def _metric_key(key: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "_-./ " else "_" for ch in key)
 
 
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def metric_points(history: list[tuple[int, dict[str, float]]], *, timestamp_ms: int) -> list[list]:
+    """``[(step, {key: value})]`` -> points ``[key, value, timestamp_ms, step]`` (NaNs left out: MLflow's charts
+    break on them, and a non-finite loss is reported by the loop)."""
+    return [[_metric_key(k), float(v), timestamp_ms, int(step)] for step, metrics in history
+            for k, v in metrics.items() if v == v]
+
+
+PENDING_FILE = "mlflow-pending.jsonl"  # in a training stage's step directory
+
+
+class PendingJournal:
+    """What a training stage wants MLflow to hold and MLflow has not acknowledged yet, on disk in the stage's step
+    directory (``mlflow-pending.jsonl``), so neither an outage nor a crash loses it.
+
+    Append-only, one line per write: a record ``{"seq": n, "run_id": ..., "metrics": [[key, value, timestamp_ms,
+    step], ...], "tags": {...}}`` for each batch a checkpoint holds, and ``{"ack": n}`` once MLflow took every
+    record up to ``n``. A process killed while appending leaves at most a torn last line, dropped when the file is
+    read again; the file is removed when nothing in it is unacknowledged. Records keep their timestamps, so a record
+    sent again after its acknowledgement was lost is a no-op for MLflow's store (see :meth:`Tracker.log_points`).
+    """
+
+    def __init__(self, path: Path | None):
+        self.path = Path(path) if path is not None else None
+        self.records: list[dict] = self._read()
+        self.next_seq = max((r["seq"] for r in self.records), default=0) + 1
+
+    def _read(self) -> list[dict]:
+        """The unacknowledged records a previous process left; rewrites the file without the rest (atomically)."""
+        if self.path is None or not self.path.exists():
+            return []
+        records, acked = [], 0
+        for line in self.path.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:  # the torn last line of a killed process: not acknowledged, not kept
+                continue
+            if "ack" in entry:
+                acked = max(acked, int(entry["ack"]))
+            else:
+                records.append(entry)
+        records = [r for r in records if r["seq"] > acked]
+        if records:
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+            os.replace(tmp, self.path)
+        else:
+            self.path.unlink()
+        return records
+
+    @property
+    def points(self) -> int:
+        return sum(len(r["metrics"]) for r in self.records)
+
+    def add(self, *, run_id: str, metrics: list[list], tags: dict[str, str] | None = None) -> None:
+        if not metrics and not tags:
+            return
+        record = {"seq": self.next_seq, "run_id": run_id, "metrics": metrics, "tags": tags or {}}
+        self.next_seq += 1
+        self.records.append(record)
+        self._append(record)
+
+    def acknowledge(self, seq: int) -> None:
+        """MLflow holds every record up to ``seq``."""
+        self.records = [r for r in self.records if r["seq"] > seq]
+        if self.path is None:
+            return
+        if self.records:
+            self._append({"ack": seq})
+        elif self.path.exists():
+            self.path.unlink()
+
+    def _append(self, entry: dict) -> None:
+        if self.path is None:
+            return
+        data = (json.dumps(entry) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            while data:  # one write for a line in practice; a short write is finished, not repeated
+                data = data[os.write(fd, data):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 class MetricBuffer:
-    """Training callback that batches per-step metrics into one log_batch call every ``flush_every`` steps, so
-    tracking costs a few round trips per epoch rather than one per step.
+    """Training callback sending per-step metrics to MLflow a batch at a time (a few round trips per epoch rather
+    than one per step), without ever losing or repeating one.
 
-    Only the metrics of steps a checkpoint holds are sent before the stage ends: a stage resumed after a crash, or
-    rolled back after a non-finite loss, trains the steps after its checkpoint again and logs them then, so MLflow
-    gets every step once (none lost with the crash, none twice with the replay)."""
+    A step's metrics wait in memory until a checkpoint holds the step; then they go to the stage's
+    :class:`PendingJournal` (``journal``: ``<step dir>/mlflow-pending.jsonl``) and are sent from there. A stage
+    resumed after a crash, or rolled back after a non-finite loss, trains the steps after its checkpoint again and
+    logs them then, so the steps after the checkpoint are dropped with the crash or the rollback; what the journal
+    holds is sent when the server answers again, or by the stage's next run (this class reads the journal when it
+    starts). While the server is away, training goes on: a send is one try, repeated at the next checkpoint at most
+    every ``retry_seconds``; only the end of the stage waits for the server, up to the tracker's grace."""
 
-    def __init__(self, *, tracker: Tracker, run_id: str, flush_every: int = 50):
+    def __init__(self, *, tracker: Tracker, run_id: str, journal: Path | None = None, flush_every: int = 50,
+                 retry_seconds: float = 10.0):
         self.tracker = tracker
         self.run_id = run_id
         self.flush_every = flush_every
-        self.pending: list[tuple[int, dict[str, float]]] = []
-        self.committed = 0  # pending[:committed] belong to steps a checkpoint holds
-        self.checkpoint_path: Path | None = None
+        self.retry_seconds = retry_seconds
+        self.unsaved: list[tuple[int, dict[str, float], int]] = []  # (step, metrics, timestamp ms) after the checkpoint
+        self.journal = PendingJournal(journal)
+        self._next_try = 0.0  # while the server is away: no send before this time.monotonic()
+        self._steps_unsent = len(self.journal.records)  # logged steps in the journal (about: a record is >= 1)
+        if self.journal.records:
+            log.info("sending %d metric points an earlier run of this stage kept in %s", self.journal.points,
+                     self.journal.path)
+            self.flush()
 
     def on_step(self, *, step: int, epoch: int, metrics: dict[str, float]) -> None:
-        self.pending.append((step, metrics))
-        if self.committed >= self.flush_every:
-            self.flush()
+        self.unsaved.append((step, metrics, now_ms()))
 
     def on_epoch_end(self, *, epoch: int, metrics: dict[str, float]) -> None:
         # The loop checkpoints the end of an epoch just before it reports it.
-        self.pending.append((epoch, metrics))
-        self.committed = len(self.pending)
+        self.unsaved.append((epoch, metrics, now_ms()))
+        self._commit()
         self.flush()
 
     def on_checkpoint(self, *, path: Path, step: int) -> None:
-        self.checkpoint_path = path
-        self.committed = len(self.pending)
+        self._commit()
+        if self._steps_unsent >= self.flush_every:
+            self.flush()
 
     def on_rollback(self, *, step: int, restored_step: int, epoch: int, batch: int, loss: float, lr_scale: float,
                     rollbacks: int) -> None:
         """A non-finite loss rolled training back to its last checkpoint (step ``restored_step``): the steps after
         it are trained again, so their metrics are dropped (the replay logs its own); the rollback is a metric and
         a tag of the run."""
-        self.pending = self.pending[:self.committed]
-        self.pending.append((step, {"train/rollbacks": float(rollbacks), "train/lr_scale": lr_scale}))
-        self.committed = len(self.pending)
+        self.unsaved = []
+        self.journal.add(run_id=self.run_id, metrics=metric_points(
+            [(step, {"train/rollbacks": float(rollbacks), "train/lr_scale": lr_scale})], timestamp_ms=now_ms()),
+            tags={f"rollback.{rollbacks}": (
+                f"step {step}: loss {loss}; restored step {restored_step}, skipped batch {batch} of epoch {epoch}, "
+                f"learning rate x {lr_scale:g}")})
         self.flush()
-        self.tracker.set_tags(self.run_id, {f"rollback.{rollbacks}": (
-            f"step {step}: loss {loss}; restored step {restored_step}, skipped batch {batch} of epoch {epoch}, "
-            f"learning rate x {lr_scale:g}")})
+
+    def _commit(self) -> None:
+        """A checkpoint holds every step seen so far: their metrics go to the journal."""
+        points = [point for step, metrics, timestamp in self.unsaved
+                  for point in metric_points([(step, metrics)], timestamp_ms=timestamp)]
+        self._steps_unsent += len(self.unsaved)
+        self.unsaved = []
+        self.journal.add(run_id=self.run_id, metrics=points)
 
     def flush(self, *, final: bool = False) -> None:
-        """Send the committed metrics (all of them when the stage ended: ``final``). A tracking outage mid-stage
-        must not stop training (the checkpoint and the stage's files are what matter); metrics are kept and
-        retried at the next flush, and only the final flush raises."""
-        count = len(self.pending) if final else self.committed
-        if not count:
+        """Send the journal's records, oldest first. Mid-stage an outage within the grace keeps them for a later
+        try (training must not wait for the server); at the end of the stage (``final``: everything is committed
+        first) it waits for the server up to the grace. Past the grace :class:`TrackingError` stops the stage and
+        the journal keeps the records for its next run."""
+        if final:
+            self._commit()
+        elif time.monotonic() < self._next_try:
             return
-        try:
-            self.tracker.log_metric_history(self.run_id, self.pending[:count])
-            self.pending, self.committed = self.pending[count:], max(0, self.committed - count)
-        except TrackingError:
-            if final:
-                raise
-            log.warning("MLflow unreachable; keeping %d metric points to send later", len(self.pending))
+        while self.journal.records:
+            record = self.journal.records[0]
+            try:
+                self.tracker.log_points(record["run_id"], record["metrics"], tags=record["tags"], once=not final)
+            except TrackingAway:
+                self._next_try = time.monotonic() + self.retry_seconds
+                return
+            except mlflow.exceptions.MlflowException as exc:
+                if exc.error_code not in GONE_RUN:
+                    raise
+                # Its run was deleted meanwhile: it will never take them; keeping them would stop every rerun.
+                log.warning("MLflow refused %d metric points for run %s (%s); dropped", len(record["metrics"]),
+                            record["run_id"], _short(exc))
+            self.journal.acknowledge(record["seq"])
+        self._steps_unsent = 0
 
 
 # ---------------------------------------------------------------------------------------------------- models

@@ -54,3 +54,11 @@ def test_a_prefect_server_that_went_away_names_the_resume_command(config):
 
 def test_anything_else_keeps_its_traceback(config):
     assert faults.explain_failure(ValueError("a bug"), config) is None
+
+
+def test_a_tracking_failure_names_the_command_that_continues(config):
+    from contrastive.errors import ConfigError
+    from tasks.tracking import TrackingError
+    line = faults.with_continue_command(TrackingError("MLflow tracking at http://x has not answered"), config)
+    assert line.startswith("MLflow tracking at http://x") and "Continue with: " in line and "\n" not in line
+    assert faults.with_continue_command(ConfigError("bad key"), config) == "bad key"

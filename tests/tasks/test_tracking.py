@@ -1,11 +1,15 @@
-"""tasks/tracking.py against a local sqlite MLflow store: nesting, reopening, retries, buffered metrics."""
+"""tasks/tracking.py against a local sqlite MLflow store: nesting, reopening, retries, buffered metrics, a tracking
+outage mid-stage (a client whose server is switched off and on) and the metrics journal a crash leaves."""
+import json
+
 import pytest
+import requests
 from pydantic import ValidationError
 
 from contrastive.modalities.base import ResultsTable
 from tasks.steps import tables_markdown
 from tasks.records import EvalRecord, ExportRecord, finished_record
-from tasks.tracking import MetricBuffer, Tracker, TrackingError, flatten
+from tasks.tracking import PENDING_FILE, MetricBuffer, Tracker, TrackingError, flatten
 
 
 @pytest.fixture
@@ -32,31 +36,6 @@ def test_nested_runs_and_reopen_by_tags(tracker, tmp_path):
     (tmp_path / "f.txt").write_text("x")
     tracker.log_artifact(child, tmp_path / "f.txt", artifact_path="eval")
     assert [a.path for a in tracker.client.list_artifacts(child, "eval")] == ["eval/f.txt"]
-
-
-class FlakyTracker:
-    def __init__(self):
-        self.down = True
-        self.sent = []
-
-    def log_metric_history(self, run_id, history):
-        if self.down:
-            raise TrackingError("down")
-        self.sent += history
-
-
-def test_metric_buffer_keeps_metrics_through_an_outage():
-    flaky = FlakyTracker()
-    buffer = MetricBuffer(tracker=flaky, run_id="r", flush_every=2)
-    for step in range(1, 5):
-        buffer.on_step(step=step, epoch=0, metrics={"loss": float(step)})  # flushes fail silently, nothing lost
-        buffer.on_checkpoint(path=None, step=step)
-    assert len(buffer.pending) == 4 and flaky.sent == []
-    with pytest.raises(TrackingError):
-        buffer.flush(final=True)
-    flaky.down = False
-    buffer.flush(final=True)
-    assert [step for step, _ in flaky.sent] == [1, 2, 3, 4] and buffer.pending == []
 
 
 def test_records_are_valid_only_while_their_files_exist(tmp_path):
@@ -187,3 +166,135 @@ def test_metrics_after_the_last_checkpoint_wait_for_it(tracker):
     resumed.flush(final=True)
     assert [(m.step, m.value) for m in tracker.client.get_metric_history(run, "train/loss")] == [
         (1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0), (5, 50.0), (6, 60.0)]
+
+
+# ---------------------------------------------------------------------------------------------------- issue 26
+class Switchable:
+    """An MlflowClient whose server can be switched off: every call then fails as a refused connection does."""
+
+    def __init__(self, client):
+        self.client, self.down = client, False
+
+    def __getattr__(self, name):
+        attr = getattr(self.client, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            if self.down:
+                raise requests.exceptions.ConnectionError("[Errno 111] Connection refused")
+            return attr(*args, **kwargs)
+        return call
+
+
+@pytest.fixture
+def switchable(tmp_path):
+    """(tracker, its switchable client, a stage run): a server that answered, with an hour of grace."""
+    tracker = Tracker(uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="t", retries=1, backoff_seconds=0.01,
+                      outage_grace_seconds=3600)
+    run = tracker.start_run(name="stage", tags={"stage": "0"})
+    tracker.client = Switchable(tracker.client)
+    return tracker, tracker.client, run
+
+
+def train(buffer: MetricBuffer, steps: range, *, checkpoint_every: int = 2, scale: float = 1.0) -> None:
+    """What the engine's loop calls: every step's metrics, a checkpoint every ``checkpoint_every`` steps."""
+    for step in steps:
+        buffer.on_step(step=step, epoch=0, metrics={"train/loss": scale * step})
+        if step % checkpoint_every == 0:
+            buffer.on_checkpoint(path=None, step=step)
+
+
+def history(tracker: Tracker, run: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in tracker.client.client.get_metric_history(run, "train/loss"))
+
+
+def journal_records(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if "seq" in line] if path.exists() else []
+
+
+def test_an_outage_mid_stage_keeps_training_and_every_metric_arrives_once(switchable, tmp_path):
+    tracker, client, run = switchable
+    journal = tmp_path / "step" / PENDING_FILE
+    journal.parent.mkdir()
+    buffer = MetricBuffer(tracker=tracker, run_id=run, journal=journal, flush_every=2, retry_seconds=0)
+    train(buffer, range(1, 3))
+    assert history(tracker, run) == [(1, 1.0), (2, 2.0)] and not journal.exists()  # sent and acknowledged
+
+    client.down = True
+    train(buffer, range(3, 9))  # four checkpoints' sends fail: no error reaches the loop, training goes on
+    assert [r["metrics"][0][3] for r in journal_records(journal)] == [3, 5, 7]  # on disk, a record a checkpoint
+    assert history(tracker, run) == [(1, 1.0), (2, 2.0)]
+
+    client.down = False
+    train(buffer, range(9, 11))  # the next checkpoint sends what waited, oldest first
+    buffer.flush(final=True)
+    assert history(tracker, run) == [(s, float(s)) for s in range(1, 11)]  # none lost, none twice
+    assert not journal.exists()
+
+
+def test_a_crash_during_an_outage_leaves_the_journal_and_the_rerun_sends_it_once(switchable, tmp_path):
+    tracker, client, run = switchable
+    journal = tmp_path / PENDING_FILE
+    client.down = True
+    crashed = MetricBuffer(tracker=tracker, run_id=run, journal=journal, flush_every=2, retry_seconds=0)
+    train(crashed, range(1, 6))  # checkpoints at 2 and 4; step 5 is trained again after the crash
+    del crashed  # killed: its memory is gone, its journal is not
+    with open(journal, "a") as handle:
+        handle.write('{"seq": 9, "run_id": "')  # and it was killed while appending: a torn last line
+
+    client.down = False
+    resumed = MetricBuffer(tracker=tracker, run_id=run, journal=journal, flush_every=2, retry_seconds=0)
+    assert history(tracker, run) == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)]  # replayed when it started
+    train(resumed, range(5, 7), scale=10.0)  # the resumed stage, from its checkpoint at step 4
+    resumed.flush(final=True)
+    assert history(tracker, run) == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 50.0), (6, 60.0)]
+    assert not journal.exists()
+
+
+def test_a_record_sent_again_after_its_acknowledgement_was_lost_is_not_doubled(switchable, tmp_path):
+    """Killed after MLflow took a record and before the journal said so: the rerun sends it again, and the store
+    ignores the points it holds (same key, value, timestamp and step)."""
+    tracker, client, run = switchable
+    journal = tmp_path / PENDING_FILE
+    buffer = MetricBuffer(tracker=tracker, run_id=run, journal=journal, flush_every=100)
+    train(buffer, range(1, 5))  # two records in the journal, nothing sent yet (flush_every)
+    kept = journal.read_text()
+    buffer.flush()
+    assert history(tracker, run) == [(s, float(s)) for s in range(1, 5)] and not journal.exists()
+    journal.write_text(kept)  # as if the acknowledgement had never been written
+    MetricBuffer(tracker=tracker, run_id=run, journal=journal)
+    assert history(tracker, run) == [(s, float(s)) for s in range(1, 5)] and not journal.exists()
+
+
+def test_an_outage_past_its_grace_stops_the_stage_in_one_line_and_keeps_the_journal(tmp_path):
+    tracker = Tracker(uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="t", retries=1, backoff_seconds=0.01,
+                      outage_grace_seconds=0)
+    run = tracker.start_run(name="stage", tags={"stage": "0"})
+    tracker.client = Switchable(tracker.client)
+    tracker.client.down = True
+    journal = tmp_path / PENDING_FILE
+    buffer = MetricBuffer(tracker=tracker, run_id=run, journal=journal, flush_every=2, retry_seconds=0)
+    with pytest.raises(TrackingError) as stopped:
+        train(buffer, range(1, 3))
+    line = str(stopped.value)
+    assert "has not answered for" in line and "tracking.outage_grace_seconds (0 s)" in line and "\n" not in line
+    assert PENDING_FILE in line and "Start the server or fix tracking.uri" in line
+    assert [r["metrics"][0][3] for r in journal_records(journal)] == [1]  # kept for the stage's next run
+
+
+def test_the_end_of_a_stage_waits_for_the_server_within_the_grace(switchable, tmp_path, monkeypatch):
+    """The stage's last metrics are sent before it is recorded as finished: the final flush waits (retries) while
+    the server is away and goes on when it answers."""
+    tracker, client, run = switchable
+    buffer = MetricBuffer(tracker=tracker, run_id=run, journal=tmp_path / PENDING_FILE, flush_every=100)
+    train(buffer, range(1, 4))
+    client.down = True
+    sleeps = []
+
+    def sleep(seconds):  # the server comes back while the tracker waits for it
+        sleeps.append(seconds)
+        client.down = len(sleeps) < 3
+    monkeypatch.setattr("tasks.tracking.time.sleep", sleep)
+    buffer.flush(final=True)
+    assert len(sleeps) == 3 and history(tracker, run) == [(1, 1.0), (2, 2.0), (3, 3.0)]
