@@ -38,19 +38,54 @@ INDEX_CLASSES: dict[str, type[IndexedImageDataset]] = {cls.storage: cls for cls 
 _IN_PROCESS_THREADS = 8  # decode threads when workers=0 (PIL decodes outside the GIL)
 
 
-class _BatchDecoder(TorchDataset):
-    """Map-style dataset whose item ``i`` is batch ``i`` decoded: (rows kept, uint8 (b, 3, S, S), failures)."""
+MAX_DEFAULT_WORKERS = 16  # a GPU host's cores per GPU; more workers than that only add start-up and memory
 
-    def __init__(self, dataset: IndexedImageDataset, batches: list[np.ndarray], *, threads: int = 1) -> None:
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a container's or Slurm's share, not the host's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS has no affinity
+        return os.cpu_count() or 1
+
+
+def default_workers(*, cores: int | None = None, processes: int | None = None) -> int:
+    """The decode workers of one training process when ``train.workers`` is unset (the stated rule).
+
+    ``cores`` (default: :func:`available_cores`) shared by the ``processes`` of this node (default: torchrun's
+    ``LOCAL_WORLD_SIZE``, else 1), less one core for the training thread, at least 1 and at most
+    ``MAX_DEFAULT_WORKERS``: 2 cores -> 1 worker, 16 cores and 1 process -> 15, 64 cores and 8 GPUs -> 7.
+    """
+    cores = available_cores() if cores is None else cores
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if processes is None else processes
+    return max(1, min(MAX_DEFAULT_WORKERS, cores // max(1, processes) - 1))
+
+
+def resolve_workers(workers: int | None) -> int:
+    """``workers`` as set, or :func:`default_workers` for None (the config's "auto")."""
+    return default_workers() if workers is None else int(workers)
+
+
+class _BatchDecoder(TorchDataset):
+    """Map-style dataset whose item for an int64 row array is that batch decoded: (rows kept, uint8 (b, 3, S, S),
+    failures). The rows come from the sampler, so one set of workers serves every epoch's plan."""
+
+    def __init__(self, dataset: IndexedImageDataset, *, threads: int = 1) -> None:
         self.dataset = dataset
-        self.batches = batches
         self.threads = threads
 
-    def __len__(self) -> int:
-        return len(self.batches)
+    def __getitem__(self, rows: np.ndarray) -> tuple[np.ndarray, torch.Tensor, list[tuple[int, str]]]:
+        return self.dataset.decode_rows(rows, threads=self.threads)
 
-    def __getitem__(self, i: int) -> tuple[np.ndarray, torch.Tensor, list[tuple[int, str]]]:
-        return self.dataset.decode_rows(self.batches[i], threads=self.threads)
+
+class _Plan:
+    """The DataLoader's sampler: the row arrays of the read in progress (set by :meth:`BatchReader.read`)."""
+
+    def __init__(self) -> None:
+        self.batches: Iterator[np.ndarray] = iter(())
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return self.batches
 
 
 def _as_is(item):
@@ -84,21 +119,12 @@ def load_dataset(directory: Path, *, verify_digest: bool = False,
 def iter_batches(dataset: Dataset, batches: Iterable[np.ndarray], *, workers: int, prefetch: int = 2,
                  max_skip_fraction: float | None = None, counter: SkipCounter | None = None,
                  pin_memory: bool | None = None) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
-    """Yield ``(rows_kept, uint8 (b, 3, S, S))`` for every batch of dataset rows, in the order of ``batches``.
+    """Yield ``(rows_kept, uint8 (b, 3, S, S))`` for every batch of dataset rows, in the order of ``batches``: one
+    read of a :class:`BatchReader` made for it (its workers end with the read).
 
     Args:
-        dataset: an ImageArrayDataset (read in this process: a slice, nothing to decode, no workers) or an
-            IndexedImageDataset (image files, shards: decoded by DataLoader workers, one whole batch per worker
-            task).
-        batches: int arrays of dataset rows, one per batch. For an index they are collected into a list first (the
-            DataLoader indexes them): an ImageNet epoch of 256-image batches is ~10 MB of row numbers.
-        workers: DataLoader worker processes for an index (0 = decode in this process, with threads).
-        prefetch: batches each worker decodes ahead (DataLoader ``prefetch_factor``; unused when workers=0).
-        max_skip_fraction: unreadable share of the images seen above which DataError is raised (checked every
-            1000 images and after the last batch); None = the dataset's ``max_skip_fraction``. Ignored when
-            ``counter`` is given.
-        counter: a SkipCounter to count into (e.g. one per training run across epochs); default: a new one.
-        pin_memory: pin the image tensors (faster copies to the GPU); default: when CUDA is available.
+        dataset, workers, prefetch, max_skip_fraction, counter, pin_memory: as :class:`BatchReader`'s.
+        batches: int arrays of dataset rows, one per batch.
 
     Yields:
         One pair per batch, also for a batch whose every image was unreadable (then b = 0): the rows that
@@ -109,16 +135,12 @@ def iter_batches(dataset: Dataset, batches: Iterable[np.ndarray], *, workers: in
         ConfigError: ``workers`` < 0 or ``prefetch`` < 1.
         IndexError: a batch holds a row outside the dataset.
     """
-    if workers < 0 or prefetch < 1:
-        raise ConfigError(f"iter_batches needs workers >= 0 and prefetch >= 1, got workers={workers}, "
-                          f"prefetch={prefetch}")
-    if not isinstance(dataset, IndexedImageDataset):
-        for batch in batches:  # images.npy: the memmap slice is the fast path
-            rows = _as_index_array(batch, size=len(dataset))
-            yield rows, dataset.get_batch(rows)
-        return
-    yield from _iter_file_batches(dataset, batches, workers=workers, prefetch=prefetch,
-                                  max_skip_fraction=max_skip_fraction, counter=counter, pin_memory=pin_memory)
+    reader = BatchReader(dataset, workers=workers, prefetch=prefetch, max_skip_fraction=max_skip_fraction,
+                         counter=counter, pin_memory=pin_memory)
+    try:
+        yield from reader.read(batches)
+    finally:
+        reader.close()
 
 
 _WORKER_MODULES = ["torch", "PIL.Image", "contrastive.data.loading"]
@@ -134,28 +156,100 @@ def _worker_context() -> str:
     return "forkserver"
 
 
-def _iter_file_batches(dataset: IndexedImageDataset, batches: Iterable[np.ndarray], *, workers: int, prefetch: int,
-                       max_skip_fraction: float | None, counter: SkipCounter | None,
-                       pin_memory: bool | None) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
-    plan = [_as_index_array(batch, size=len(dataset)) for batch in batches]
-    if counter is None:
-        counter = SkipCounter(max_skip_fraction=dataset.max_skip_fraction if max_skip_fraction is None
-                              else max_skip_fraction, where=f"reading images of {dataset.origin}",
-                              fix=dataset.skip_fix)
-    threads = 1 if workers else min(_IN_PROCESS_THREADS, os.cpu_count() or 1)
-    loader = DataLoader(_BatchDecoder(dataset, plan, threads=threads), batch_size=None, shuffle=False,
-                        num_workers=workers, collate_fn=_as_is,
-                        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
-                        prefetch_factor=prefetch if workers else None, persistent_workers=False,
-                        multiprocessing_context=_worker_context() if workers else None)
-    skipped_before = sum(counter.skipped.values())
-    for kept, images, failures in loader:  # in the order of ``plan``: the default sampler is sequential
-        for row, error in failures:
-            counter.skip(reason=UNREADABLE, key=str(dataset.ids[row]), url=dataset.skip_url(row), detail=error)
-        counter.ok(len(kept))
-        yield kept, images
-    counter.check()
-    skipped = sum(counter.skipped.values()) - skipped_before
-    if skipped:
-        log.warning("%s: skipped %d unreadable image(s) in %d batches (%d skipped of %d seen in all)",
-                    counter.where, skipped, len(plan), sum(counter.skipped.values()), counter.seen)
+class BatchReader:
+    """Reads planned batches of a dataset, one read per epoch, with the same workers for every read.
+
+    An :class:`~contrastive.data.dataset.ImageArrayDataset` is sliced in this process (nothing to decode, no
+    workers). An :class:`~contrastive.data.image_files.IndexedImageDataset` (image files, shards) is decoded by
+    ``workers`` DataLoader worker processes, one whole batch per worker task, in the order planned; the workers
+    start on the first read and stay (``persistent_workers``) until :meth:`close`, so an epoch does not pay their
+    start-up again. Decoding is deterministic (a row's pixels depend on its file alone), so the batches are the
+    same whatever the number of workers.
+
+    Args:
+        dataset: the dataset to read.
+        workers: DataLoader worker processes for an index (0 = decode in this process, with threads);
+            :func:`resolve_workers` turns the config's None ("auto") into a number.
+        prefetch: batches each worker decodes ahead (``prefetch_factor``): ``workers x prefetch`` batches in
+            flight, which covers a step as long as one worker decodes a batch in less than ``workers`` steps.
+        max_skip_fraction: unreadable share of the images seen above which DataError is raised (checked every
+            1000 images and after each read); None = the dataset's ``max_skip_fraction``. Ignored when ``counter``
+            is given.
+        counter: a SkipCounter to count into across reads; default: a new one for this reader.
+        pin_memory: pin the image tensors (faster, asynchronous copies to the GPU); default: when CUDA is available.
+
+    Raises:
+        ConfigError: ``workers`` < 0 or ``prefetch`` < 1.
+    """
+
+    def __init__(self, dataset: Dataset, *, workers: int, prefetch: int = 2, max_skip_fraction: float | None = None,
+                 counter: SkipCounter | None = None, pin_memory: bool | None = None) -> None:
+        if workers < 0 or prefetch < 1:
+            raise ConfigError(f"reading batches needs workers >= 0 and prefetch >= 1, got workers={workers}, "
+                              f"prefetch={prefetch}: set train.workers to 0 or more")
+        self.dataset = dataset
+        self.workers = workers
+        self.prefetch = prefetch
+        self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
+        self.counter = counter
+        if counter is None and isinstance(dataset, IndexedImageDataset):
+            self.counter = SkipCounter(max_skip_fraction=dataset.max_skip_fraction if max_skip_fraction is None
+                                       else max_skip_fraction, where=f"reading images of {dataset.origin}",
+                                       fix=dataset.skip_fix)
+        self._plan = _Plan()
+        self._loader: DataLoader | None = None
+
+    def read(self, batches: Iterable[np.ndarray]) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
+        """Yield ``(rows_kept int64 (b,), uint8 (b, 3, S, S))`` for every batch of dataset rows, in order; rows of
+        unreadable images are dropped from their batch (b = 0 when none is left), counted and logged.
+
+        Raises:
+            DataError: more than ``max_skip_fraction`` of the images seen so far are unreadable.
+            IndexError: a batch holds a row outside the dataset.
+        """
+        checked = (_as_index_array(batch, size=len(self.dataset)) for batch in batches)
+        if not isinstance(self.dataset, IndexedImageDataset):
+            for rows in checked:  # images.npy: the memmap slice is the fast path
+                yield rows, self.dataset.get_batch(rows)
+            return
+        yield from self._decoded(checked)
+
+    def _decoded(self, plan: Iterator[np.ndarray]) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
+        dataset, counter = self.dataset, self.counter
+        skipped_before, batches = sum(counter.skipped.values()), 0
+        self._plan.batches = plan
+        for kept, images, failures in self._data_loader():  # in the order planned: the sampler is the plan
+            batches += 1
+            for row, error in failures:
+                counter.skip(reason=UNREADABLE, key=str(dataset.ids[row]), url=dataset.skip_url(row), detail=error)
+            counter.ok(len(kept))
+            yield kept, images
+        counter.check()
+        skipped = sum(counter.skipped.values()) - skipped_before
+        if skipped:
+            log.warning("%s: skipped %d unreadable image(s) in %d batches (%d skipped of %d seen in all)",
+                        counter.where, skipped, batches, sum(counter.skipped.values()), counter.seen)
+
+    def _data_loader(self) -> DataLoader:
+        if self._loader is None:
+            workers = self.workers
+            threads = 1 if workers else min(_IN_PROCESS_THREADS, os.cpu_count() or 1)
+            self._loader = DataLoader(_BatchDecoder(self.dataset, threads=threads), batch_size=None,
+                                      sampler=self._plan, num_workers=workers, collate_fn=_as_is,
+                                      pin_memory=self.pin_memory, prefetch_factor=self.prefetch if workers else None,
+                                      persistent_workers=workers > 0,
+                                      multiprocessing_context=_worker_context() if workers else None)
+        return self._loader
+
+    def close(self) -> None:
+        """End the workers (a later read starts new ones)."""
+        loader, self._loader = self._loader, None
+        iterator = getattr(loader, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+
+    def __enter__(self) -> "BatchReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -348,8 +348,10 @@ class TrainConfig(LoopSettings):
     lr_scaling: Literal["none", "linear", "sqrt"] = Field(
         "none", description="lr used = lr * batch_size / 256 (linear) or lr * sqrt(batch_size) (sqrt, SimCLR+LARS)")
     momentum: float = Field(0.9, ge=0.0, lt=1.0, description="sgd / lars momentum")
-    workers: int = Field(0, ge=0, description="DataLoader workers decoding image files (data stored as files)",
-                         **NOT_IN_KEY)
+    workers: int | None = Field(
+        None, ge=0, description="DataLoader workers decoding image files (data stored as files, shards); unset = "
+                                "the cores available to the process, shared by the node's processes, less one "
+                                "(contrastive.data.loading.default_workers)", **NOT_IN_KEY)
 
     def optim_spec(self) -> OptimSpec:
         from contrastive.engine.optim import scaled_lr

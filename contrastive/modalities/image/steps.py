@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from contrastive.modalities.image.augment import TwoViewAugment
-from contrastive.data.loading import iter_batches, load_dataset
+from contrastive.data.loading import BatchReader, iter_batches, load_dataset, resolve_workers
 from contrastive.embeddings import ExportBatch, compute_embeddings, export_ranked, rank_share
 from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
 from contrastive.engine.checkpoint import save_torch, write_json
@@ -44,7 +44,8 @@ class ImageStageSpec(StageSpec):
     augment: dict
     batch_size: int
     remainder_policy: str
-    workers: int = 0
+    #: DataLoader workers decoding a dataset stored as files; None = ``contrastive.data.loading.default_workers``.
+    workers: int | None = 0
     #: model.pt of an earlier stage to start from (naive inheritance, paper Table 5); None = a fresh encoder.
     init_model_path: str | None = None
 
@@ -74,19 +75,23 @@ def train_stage(spec: ImageStageSpec, *, info: DistInfo | None = None, callbacks
     torch_device = device_for(name=spec.device, info=info)
     task = ImageContrastiveTask(method=method, augment=TwoViewAugment(**spec.augment), seed=spec.seed,
                                 channels_last=spec.loop.channels_last, epochs=spec.loop.epochs)
+    reader = BatchReader(dataset, workers=resolve_workers(spec.workers))  # its workers serve every epoch
     source = ImageBatchSource(
         sampler=sampler, ids=dataset.ids[train_indices], groups=groups, info=info,
-        read_batches=lambda planned: read_image_batches(dataset=dataset, rows_in_split=train_indices,
-                                                        planned=planned, workers=spec.workers),
+        read_batches=lambda planned: read_image_batches(reader=reader, rows_in_split=train_indices,
+                                                        planned=planned),
         # On the CPU a background thread augments the next batches while the step runs; a GPU augments in it.
         prepare=task.prepare if torch_device.type == "cpu" else None)
     recorder = KeyRecorder()
     # Under torchrun the flow reads the metrics from this file once the launch ends.
     extra = [JsonlMetrics(stage_dir / "train_metrics.jsonl")] if info.is_distributed else []
-    result = train(task=task, source=source, optim=spec.optim, loop=spec.loop, device=torch_device,
-                   checkpoint_path=stage_dir / "checkpoints" / "last.pt", info=info,
-                   callbacks=[*callbacks, *extra, *([recorder] if spec.record_keys else [])],
-                   stop_after_steps=stop_after_steps)
+    try:
+        result = train(task=task, source=source, optim=spec.optim, loop=spec.loop, device=torch_device,
+                       checkpoint_path=stage_dir / "checkpoints" / "last.pt", info=info,
+                       callbacks=[*callbacks, *extra, *([recorder] if spec.record_keys else [])],
+                       stop_after_steps=stop_after_steps)
+    finally:
+        reader.close()
     if spec.record_keys:
         write_json(stage_dir / f"keys_rank{info.rank}.json", {
             "batches": recorder.batches, "losses": [h["train/loss"] for h in result.history]})
@@ -109,14 +114,14 @@ def train_stage_from_json(*, spec: dict, info: DistInfo | None = None) -> dict:
     return train_stage(ImageStageSpec.from_json(spec), info=info)
 
 
-def read_image_batches(*, dataset, rows_in_split: np.ndarray, planned, workers: int):
-    """(split positions kept, uint8 images) for every planned batch of split positions, in order: decoded in
-    DataLoader workers for a dataset stored as files (unreadable files dropped and counted), a slice of the
-    in-memory array otherwise."""
-    position_of = np.full(len(dataset), -1, dtype=np.int64)
+def read_image_batches(*, reader: BatchReader, rows_in_split: np.ndarray, planned):
+    """(split positions kept, uint8 images) for every planned batch of split positions, in order: decoded in the
+    reader's DataLoader workers for a dataset stored as files (unreadable files dropped and counted), a slice of
+    the in-memory array otherwise."""
+    position_of = np.full(len(reader.dataset), -1, dtype=np.int64)
     position_of[rows_in_split] = np.arange(rows_in_split.size)
     dataset_rows = (rows_in_split[rows] for rows in planned)
-    for kept, images in iter_batches(dataset, dataset_rows, workers=workers):
+    for kept, images in reader.read(dataset_rows):
         yield position_of[kept], images
 
 
@@ -139,7 +144,7 @@ def read_trained_model(*, model_path: Path, device: torch.device) -> tuple[torch
 
 
 def export_stage_embeddings(*, dataset_dir: Path, model_path: Path, out_dir: Path, batch_size: int, device: str,
-                            workers: int = 0, precision: str = "fp32", info: DistInfo | None = None,
+                            workers: int | None = 0, precision: str = "fp32", info: DistInfo | None = None,
                             progress: Callable[[int], None] | None = None) -> dict:
     """Embed every sample (train and test) with the stage's backbone; float16 shards + ids in ``out_dir``.
 
@@ -159,8 +164,9 @@ def export_stage_embeddings(*, dataset_dir: Path, model_path: Path, out_dir: Pat
     planned = [mine[i:i + batch_size] for i in range(0, len(mine), batch_size)]
 
     def embed(writer) -> dict[str, int]:
+        read = iter_batches(dataset, planned, workers=resolve_workers(workers))
         batches = (ExportBatch(ids=dataset.ids[rows], inputs=(images,), present=np.isin(rows, kept))
-                   for rows, (kept, images) in zip(planned, iter_batches(dataset, planned, workers=workers)))
+                   for rows, (kept, images) in zip(planned, read))
         unreadable = compute_embeddings(encode=pixels_to_embedding(model), batches=batches, device=torch_device,
                                         writer=writer, precision=precision, progress=progress)
         return {"unreadable": unreadable}

@@ -1,0 +1,30 @@
+"""A stage trained from image files: the same batches, augmented views and losses whatever the number of decode
+workers (the augmentation is keyed by (seed, epoch, batch), the decoding by the file alone)."""
+import dataclasses
+import json
+
+import numpy as np
+from PIL import Image
+
+from contrastive.data.image_folder import prepare_image_folder
+from contrastive.modalities.image import steps as stages
+from tests.faults.train_tiny_stage import tiny_spec
+
+
+def test_a_stage_from_files_trains_the_same_with_0_1_and_3_workers(tmp_path):
+    rng = np.random.default_rng(0)
+    for i in range(40):
+        folder = tmp_path / "src" / f"c{i % 2}"
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (24, 20 + i % 5, 3), dtype=np.uint8)).save(folder / f"{i}.jpg")
+    dataset_dir = prepare_image_folder(source=tmp_path / "src", root=tmp_path / "c", image_size=16, storage="files",
+                                       decode_scale="auto")
+    runs = {}
+    for workers in (0, 1, 3):
+        spec = dataclasses.replace(tiny_spec(dataset_dir, tmp_path / f"w{workers}", epochs=2, record_keys=True),
+                                   workers=workers)
+        summary = stages.train_stage(spec)
+        runs[workers] = json.loads((tmp_path / f"w{workers}" / "keys_rank0.json").read_text())
+        assert summary["steps"] == 4  # 2 epochs of 30 training images in batches of 16 (one partial)
+    assert runs[0]["batches"] == runs[1]["batches"] == runs[3]["batches"]
+    assert runs[0]["losses"] == runs[1]["losses"] == runs[3]["losses"]  # the same views, bit for bit
