@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from contrastive.engine.distributed import per_rank_batch
 from contrastive.engine.task import OptimSpec
 from contrastive.errors import ConfigError
 from contrastive.modalities.text.encoders import TextEncoderSpec
@@ -96,8 +97,8 @@ class TextTrainConfig(LoopSettings):
     epochs: int = Field(2, ge=1)
     lr: float = Field(1e-3, gt=0, description="1e-3 trains the tiny encoder from scratch; 3e-5 fine-tunes MiniLM")
     weight_decay: float = Field(0.0, ge=0)
-    batch_size: int = Field(64, ge=2, description="sentences per step; every batch of a stage >= 1 comes from one "
-                                                  "pseudo-label group")
+    batch_size: int = Field(64, ge=2, description="sentences per step over all processes (the global batch); every "
+                                                  "batch of a stage >= 1 comes from one pseudo-label group")
     optimizer: Literal["adam", "adamw"] = "adamw"
 
     def optim_spec(self) -> OptimSpec:
@@ -154,7 +155,14 @@ class TextPipelineConfig(_PipelineBase):
     mcl: TextMclConfig = TextMclConfig()
     hyper: HyperConfig = HyperConfig()
 
-    IN_PROCESS_ONLY = "sentences"
+    @model_validator(mode="after")
+    def _batch_splits(self) -> "TextPipelineConfig":
+        """train.batch_size is the global batch of a DDP stage: the engine's rule, checked before any compute."""
+        try:
+            per_rank_batch(global_batch_size=self.train.batch_size, world_size=self.distributed.world_size())
+        except ConfigError as exc:
+            raise ValueError(f"train.batch_size={self.train.batch_size}: {exc}") from None
+        return self
 
     @model_validator(mode="after")
     def _fresh_stages(self) -> "TextPipelineConfig":

@@ -20,7 +20,8 @@ class TextModality(Modality):
     step_prefix = "text-"
     final_name = "hyper"
     export_batch_size = 256
-    launch = Launch(export_entry="contrastive.modalities.text.steps:export_text_from_json")
+    launch = Launch(train_entry="contrastive.modalities.text.steps:train_text_stage_from_json",
+                    export_entry="contrastive.modalities.text.steps:export_text_from_json")
     serving = ServingInput(dtype="str", shape=(-1,), description="sentences (a list of strings)",
                            requirements=("torch", "numpy", "scikit-learn"))
 
@@ -62,11 +63,16 @@ class TextModality(Modality):
     # ------------------------------------------------------------------------------------------ training
     def train_content(self, config, *, stage: int, seed: int, data: dict, batches_key: str | None,
                       inherit_key: str | None) -> dict:
-        """What a stage's weights depend on: encoder, method, training, isotropy probe, seed, data, batches."""
-        return {"step": "text-train", "model": config.model.content(), "method": config.method.content(),
-                "train": config.train.content(), "isotropy": config.isotropy.content(), "seed": seed,
-                "data": data["digest"], "pseudo_labels": batches_key,
-                "remainder_policy": config.mcl.remainder_policy if batches_key else None}
+        """What a stage's weights depend on: encoder, method, training, isotropy probe, seed, data, batches, and the
+        number of processes when it is not 1 (each rank draws its own dropout masks; absent for one process, so
+        the keys of single-process stages are what they were)."""
+        content = {"step": "text-train", "model": config.model.content(), "method": config.method.content(),
+                   "train": config.train.content(), "isotropy": config.isotropy.content(), "seed": seed,
+                   "data": data["digest"], "pseudo_labels": batches_key,
+                   "remainder_policy": config.mcl.remainder_policy if batches_key else None}
+        if config.distributed.world_size() != 1:
+            content["processes"] = config.distributed.world_size()
+        return content
 
     def train_spec(self, config, *, stage: int, seed: int, out_dir: str, data: dict, batches_path: str | None,
                    init_model_path: str | None):

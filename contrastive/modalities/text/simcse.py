@@ -6,6 +6,10 @@
   augmentation; the other sentences of the batch are the negatives;
 - supervised: e_i+ is an entailment of the anchor and each anchor also has a contradiction e_i- as a hard
   negative; the denominator runs over every e_j+ and every e_j- of the batch.
+
+Under DDP the batch is the global one: every rank gathers the encodings of all ranks with their gradient
+(``contrastive.engine.distributed.gather_with_grad``) and computes the same loss over the B = sum_r B_r sentences,
+so the negatives are every rank's and DDP's averaged gradient is the single-process gradient of that batch.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from contrastive.engine.distributed import gather_with_grad
 from contrastive.engine.precision import fp32_logits
 from contrastive.modalities.text.encoders import SentenceEncoder
 
@@ -61,12 +66,13 @@ class SimCSE(nn.Module):
                       positive_ids: torch.Tensor | None = None, positive_mask: torch.Tensor | None = None,
                       negative_ids: torch.Tensor | None = None, negative_mask: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, dict[str, float]]:
-        """input_ids / attention_mask (B, L); the supervised method also takes the positives' and hard negatives'
-        (B, L') tokens. One forward over the stacked rows, so every row gets its own dropout mask."""
+        """input_ids / attention_mask (B_r, L) of this rank; the supervised method also takes the positives' and
+        hard negatives' (B_r, L') tokens. One forward over the stacked rows, so every row gets its own dropout mask;
+        the loss and the metrics cover the global batch of all ranks (B_r rows itself without a process group)."""
         batch = len(input_ids)
         if not self.supervised:
             z = self._project(torch.cat([input_ids, input_ids]), torch.cat([attention_mask, attention_mask]))
-            z1, z2 = z[:batch], z[batch:]
+            z1, z2 = gather_with_grad(z[:batch]), gather_with_grad(z[batch:])  # the global batch's rows
             loss = simcse_unsup_loss(z1=z1, z2=z2, temperature=self.temperature)
             return loss, _pair_metrics(z1, z2)
         if positive_ids is None or negative_ids is None:
@@ -75,7 +81,8 @@ class SimCSE(nn.Module):
         ids = torch.cat([_pad(t, width) for t in (input_ids, positive_ids, negative_ids)])
         mask = torch.cat([_pad(t, width) for t in (attention_mask, positive_mask, negative_mask)])
         z = self._project(ids, mask)
-        anchors, positives, negatives = z[:batch], z[batch:2 * batch], z[2 * batch:]
+        anchors, positives, negatives = (gather_with_grad(part) for part in (z[:batch], z[batch:2 * batch],
+                                                                            z[2 * batch:]))
         loss = simcse_sup_loss(anchors=anchors, positives=positives, negatives=negatives,
                                temperature=self.temperature)
         metrics = _pair_metrics(anchors, positives)

@@ -13,8 +13,9 @@ import numpy as np
 import torch
 
 from contrastive.embeddings import ExportBatch, compute_embeddings, export_ranked, rank_share
-from contrastive.engine.checkpoint import write_json
-from contrastive.engine.distributed import DistInfo, current_info, device_for, single_process_info
+from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
+from contrastive.engine.checkpoint import save_torch, write_json
+from contrastive.engine.distributed import DistInfo, current_info, device_for, per_rank_batch
 from contrastive.engine.loop import TrainCallback, release_device_memory, train
 from contrastive.engine.rng import seed_everything
 from contrastive.engine.task import StageSpec
@@ -47,6 +48,11 @@ class TextStageSpec(StageSpec):
 
 
 # ---------------------------------------------------------------------------------------------------- models
+def train_text_stage_from_json(*, spec: dict, info: DistInfo | None = None) -> dict:
+    """Entry point of a torchrun launch (``contrastive.engine.launch``): the spec arrives as JSON."""
+    return train_text_stage(TextStageSpec.from_json(spec), info=info)
+
+
 def tokenizer_for(encoder: TextEncoderSpec, *, vocab: list[str] | None):
     return WordTokenizer(vocab) if encoder.kind == "tiny" else HFTokenizer(resolve_hf_path(encoder.hf_path))
 
@@ -78,21 +84,33 @@ def tokenize(tokenizer, sentences, *, max_length: int) -> TokenArrays:
 
 
 # ---------------------------------------------------------------------------------------------------- training
-def train_text_stage(spec: TextStageSpec, *, callbacks: list[TrainCallback] = (),
+def train_text_stage(spec: TextStageSpec, *, info: DistInfo | None = None, callbacks: list[TrainCallback] = (),
                      stop_after_steps: int | None = None) -> dict:
     """Train a FRESH SimCSE encoder for one stage (cluster-pure batches when ``spec.pseudo_labels_path``); writes
     ``checkpoints/last.pt`` (resumable), ``model/model.pt``, ``isotropy.json`` (the trajectory) and
-    ``train_summary.json`` into ``spec.stage_dir``."""
-    info = single_process_info(threads=spec.threads, what="text")
+    ``train_summary.json`` into ``spec.stage_dir``.
+
+    Under torchrun (DDP) ``spec.batch_size`` is the GLOBAL batch: each of the W ranks holds batch_size / W
+    sentences of it (cluster-pure global batches split across the ranks, as for images) and SimCSE's negatives
+    are gathered from every rank with their gradient (``contrastive.modalities.text.simcse``), so W ranks compute
+    the loss of the one global batch. Without dropout that is the single-process training exactly; with it, rank
+    0 keeps the single process's dropout stream and every other rank draws its own. Rank 0 writes the files."""
+    info = info or current_info()
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
     stage_dir = Path(spec.stage_dir)
     dataset = load_text_dataset(spec.dataset_dir)
+    batch = per_rank_batch(global_batch_size=spec.batch_size, world_size=info.world_size)
     train_rows, sampler, groups = stage_sampler(dataset=dataset, pseudo_labels_path=spec.pseudo_labels_path,
-                                                batch_size=spec.batch_size, seed=spec.seed,
-                                                remainder_policy=spec.remainder_policy)
+                                                batch_size=batch, seed=spec.seed,
+                                                remainder_policy=spec.remainder_policy,
+                                                world_size=info.world_size, rank=info.rank)
     seed_everything(spec.seed)
     encoder = TextEncoderSpec(**spec.encoder)
     vocab = dataset.tokenizer().vocab if encoder.kind == "tiny" else None
     model, tokenizer = build_text_method(encoder=spec.encoder, method=spec.method, vocab=vocab)
+    if info.rank:  # the same initial weights on every rank, a dropout stream of its own (the same masks on every
+        torch.manual_seed(spec.seed + 7919 * info.rank)  # rank would correlate the noise of the global batch)
     length = encoder.max_length
     tokens = tokenize(tokenizer, dataset.sentences[train_rows], max_length=length)
     positives = negatives = None
@@ -113,24 +131,29 @@ def train_text_stage(spec: TextStageSpec, *, callbacks: list[TrainCallback] = ()
         probe = IsotropyProbe(tokens=probe_tokens, every_steps=iso["every_steps"], skip_tokens=special,
                               num_frequent=iso.get("num_frequent", 10), seed=spec.seed)
     task = TextContrastiveTask(method=model, probe=probe)
+    recorder = KeyRecorder()
+    # Under torchrun the flow reads the metrics from this file once the launch ends.
+    extra = [JsonlMetrics(stage_dir / "train_metrics.jsonl")] if info.is_distributed else []
     result = train(task=task, source=source, optim=spec.optim, loop=spec.loop,
                    device=device_for(name=spec.device, info=info), checkpoint_path=stage_dir / "checkpoints" / "last.pt",
-                   info=info, callbacks=list(callbacks), stop_after_steps=stop_after_steps)
+                   info=info, callbacks=[*callbacks, *extra, *([recorder] if spec.record_keys else [])],
+                   stop_after_steps=stop_after_steps)
     if probe is not None and (not task.isotropy_history or task.isotropy_history[-1][0] != task.step):
         task.measure_now()  # the end point, whatever the log cadence
+    if spec.record_keys:
+        write_json(stage_dir / f"keys_rank{info.rank}.json", {
+            "batches": recorder.batches, "losses": [h["train/loss"] for h in result.history]})
     model_path = stage_dir / "model" / "model.pt"
-    model_path.parent.mkdir(parents=True, exist_ok=True)
-    buffer = model_path.with_suffix(".tmp")
-    torch.save({"state_dict": model.state_dict(), "encoder": spec.encoder, "method": spec.method,
-                "vocab": vocab}, buffer)
-    buffer.replace(model_path)
     history = [{"step": step, **values} for step, values in task.isotropy_history]
-    write_json(stage_dir / "isotropy.json", {"history": history})
-    summary = {**result.summary(), "global_batch": spec.batch_size,
-               "batch_plan": sampler.stats, "cluster_pure_batches": groups is not None,
+    summary = {**result.summary(), "world_size": info.world_size, "per_rank_batch": batch,
+               "global_batch": spec.batch_size, "batch_plan": sampler.stats, "cluster_pure_batches": groups is not None,
                "model_path": str(model_path), "isotropy_path": str(stage_dir / "isotropy.json"),
                "isotropy_start": history[0] if history else None, "isotropy_end": history[-1] if history else None}
-    write_json(stage_dir / "train_summary.json", summary)
+    if info.is_main:
+        save_torch({"state_dict": model.state_dict(), "encoder": spec.encoder, "method": spec.method,
+                    "vocab": vocab}, model_path, what="the stage's final model")
+        write_json(stage_dir / "isotropy.json", {"history": history})
+        write_json(stage_dir / "train_summary.json", summary)
     torch_device = next(model.parameters()).device
     del task, model, source
     release_device_memory(torch_device)

@@ -17,7 +17,7 @@ def test_presets_load_as_text_configs():
 
 @pytest.mark.parametrize("raw, message", [
     ({"pipeline": "text", "model": {"dim": 10, "heads": 3}}, "multiple of model.heads"),
-    ({"pipeline": "text", "distributed": {"nproc_per_node": 2}}, "one process"),
+    ({"pipeline": "text", "distributed": {"nproc_per_node": 3}}, "multiple of the 3 processes"),
     ({"pipeline": "text", "data": {"kind": "files"}}, "data.files.sentences"),
     ({"pipeline": "text", "model": {"encoder": "hf"}}, "hf_path"),
     ({"pipeline": "text", "method": {"nam": "x"}}, "method.nam: unknown key"),
@@ -52,3 +52,16 @@ def test_preflight_checks_files_and_capacity(tmp_path):
     (tmp_path / "s.txt").write_text("a sentence\n")
     with pytest.raises(ConfigError, match="data.files.nli"):
         preflight_text(sup)
+
+
+def test_two_processes_split_the_global_batch():
+    """Text stages run under DDP like the others: two processes are a valid config, and a train key that names
+    them (a single process's key is what it was)."""
+    from contrastive.modalities.text.modality import MODALITY
+    one = config_from_dict({"pipeline": "text"})
+    two = config_from_dict({"pipeline": "text", "distributed": {"nproc_per_node": 2}})
+    data = {"digest": "d"}
+    keys = [MODALITY.train_content(c, stage=0, seed=0, data=data, batches_key=None, inherit_key=None)
+            for c in (one, two)]
+    assert "processes" not in keys[0] and keys[1]["processes"] == 2
+    assert MODALITY.launch.train_entry and MODALITY.launch.export_entry
