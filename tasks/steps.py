@@ -326,14 +326,16 @@ def train_stage(*, config: _PipelineBase, key: str, out_dir: str, stage: int, da
 @cached_task("export-embeddings")
 def export_embeddings(*, config: _PipelineBase, key: str, out_dir: str, trained: TrainRecord, data: dict,
                       mlflow_run_id: str) -> ExportRecord:
-    """Embeddings of the samples MCL clusters with one stage's model; as processes where training runs as
-    processes (each rank embeds its share), else here. A modality that serves its model logs the stage's encoder
-    as an MLflow model too."""
+    """Embeddings of the samples MCL clusters with one stage's model, under the stage's precision; as processes
+    where training runs as processes (``launch.export_entry``: each rank embeds a contiguous share, rank 0 writes
+    the manifest; on a cluster that is a job, not the login node), else here. A modality that serves its model
+    logs the stage's encoder as an MLflow model too."""
     if (done := finished_record(out_dir, ExportRecord)) is not None:
         return done
     tracker = tracker_for(config)
     modality = modality_of(config)
-    export = modality.export_kwargs(config, model_path=trained.model_path, data=data,
+    # The stage's own config: its export runs under the stage's precision (a stage override may change it).
+    export = modality.export_kwargs(config.for_stage(trained.stage), model_path=trained.model_path, data=data,
                                     out_dir=str(Path(out_dir) / "embeddings"))
     with gpu_slot(config):
         if modality.launch.export_entry and uses_processes(config):

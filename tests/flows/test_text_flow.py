@@ -54,3 +54,22 @@ def test_text_pipeline_end_to_end(tmp_path, monkeypatch):
     again = text_pipeline(config)
     assert calls == [] and again["results"] == results and again["final"] == hyper  # every step reused
 
+
+
+@pytest.mark.slow  # two torchrun launches of 2 processes each
+def test_text_stage_trains_and_exports_as_two_processes(tmp_path):
+    """distributed.nproc_per_node=2: the text stage trains under DDP and its export runs as the same 2 processes
+    (torchrun), each rank writing its share; the flow reads back what rank 0 wrote."""
+    config = load_config("text_tiny", [f"output_dir={tmp_path / 'runs'}", f"data.cache_dir={tmp_path / 'data'}",
+                                       f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", "mcl.num_stages=1",
+                                       "distributed.nproc_per_node=2", "distributed.backend=gloo"])
+    summary = text_pipeline(config)
+    assert {"probe/subject", "sts/spearman"} <= set(summary["results"]["stage 0"])
+    steps = Path(config.output_dir) / "steps"
+    [train] = [json.loads(p.read_text()) for p in steps.glob("text-train0-*/train_summary.json")]
+    assert train["world_size"] == 2 and train["per_rank_batch"] == 16
+    [export_dir] = [p.parent for p in steps.glob("text-export0-*/embeddings/export_summary.json")]
+    assert json.loads((export_dir / "export_summary.json").read_text())["world_size"] == 2
+    assert sorted(p.name for p in export_dir.glob("rank*-part-*.npy")) == ["rank000-part-00000.npy",
+                                                                          "rank001-part-00000.npy"]
+    assert (export_dir.parent / "torchrun.log").exists()  # the export's own torchrun launch
