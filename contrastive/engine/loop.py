@@ -111,16 +111,46 @@ class _Diverged(Exception):
 
 
 def _wrap(*, task: StageTask, spec: LoopSpec, device: torch.device, info: DistInfo) -> nn.Module:
-    """The forward module on the device: global batch norm and DDP across ranks, channels_last, compile."""
+    """The forward module on the device: global batch norm and DDP across ranks, channels_last, then compile.
+
+    DDP first, compile second, as PyTorch documents for DDP: compiling the DDP-wrapped module lets TorchDynamo's
+    DDPOptimizer split the graph at DDP's bucket boundaries, so each bucket's gradient all-reduce overlaps the rest
+    of the backward (a compiled module inside DDP gives DDP one opaque backward)."""
     module = task.forward_module()
     module = sync_batch_norms(module, device=device) if info.is_distributed else module
     module.to(device, memory_format=torch.channels_last if spec.channels_last else torch.preserve_format)
-    if spec.compile:
-        module = torch.compile(module)
     if info.is_distributed:
         module = nn.parallel.DistributedDataParallel(
             module, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
+    if spec.compile:
+        module = torch.compile(module)  # no_sync() and the rest reach the DDP module through the wrapper
     return module
+
+
+def _dynamic_batch(inputs: dict) -> dict:
+    """Mark the batch dimension of every tensor input dynamic before the compiled forward sees it, so one graph
+    serves every batch size. A stage's batches differ in size by design, not only at an epoch's end: MCL's
+    cluster-pure batches end each group with a partial batch (``remainder_policy: partial``), and lockstep trims a
+    batch to the smallest rank's. Dropping or padding them would change what trains (the content key's batches,
+    and padded rows would be negatives); recompiling per size would stall each new size, then fall back to eager
+    once torch._dynamo's cache limit is reached. ``maybe_mark_dynamic``: a model that needs a fixed batch size
+    specialises without error. Scalar tensors (the step) have no batch dimension."""
+    for value in inputs.values():
+        if isinstance(value, torch.Tensor) and value.ndim > 0:
+            torch._dynamo.maybe_mark_dynamic(value, 0)
+    return inputs
+
+
+def read_metrics(metrics: dict) -> dict[str, float]:
+    """A forward's metrics as floats, read at a logging step: its tensors (detached scalars, left on the device so
+    the step never waits for them) in one host read, its floats as they are."""
+    tensors = {name: value for name, value in metrics.items() if isinstance(value, torch.Tensor)}
+    floats = {name: float(value) for name, value in metrics.items() if name not in tensors}
+    if not tensors:
+        return floats
+    on = next(iter(tensors.values())).device
+    read = torch.stack([value.detach().float().reshape(()).to(on) for value in tensors.values()]).tolist()
+    return {**floats, **dict(zip(tensors, read))}
 
 
 def _plan_steps(*, source: BatchSource, spec: LoopSpec) -> int:
@@ -292,6 +322,8 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
                     for hook in batch_hooks:
                         hook.on_batch(step=step, batch=batch)
                     inputs = task.inputs(batch, device=device, step=step)
+                    if loop.compile:
+                        inputs = _dynamic_batch(inputs)
                     last_micro = micro == loop.grad_accumulation - 1
                     sync = contextlib.nullcontext() if last_micro or not info.is_distributed else module.no_sync()
                     with sync:
@@ -327,7 +359,7 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
                               "train/data_wait_share": window_wait / elapsed,
                               "train/samples_per_s": window_samples / elapsed,
                               "train/views_per_s": task.views_per_sample * window_samples / elapsed,
-                              "train/epoch": float(epoch), **metrics, **task.log_metrics()}
+                              "train/epoch": float(epoch), **read_metrics(metrics), **task.log_metrics()}
                     result.history.append({"step": float(step), **logged})
                     if info.is_main:
                         for callback in callbacks:

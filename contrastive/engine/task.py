@@ -115,12 +115,16 @@ class StageTask:
     views_per_sample: int = 1
 
     def forward_module(self) -> nn.Module:
-        """The module DDP wraps: ``forward(**inputs) -> (scalar loss, {name: float})``; it owns every trained
-        parameter (directly or through ``model``)."""
+        """The module DDP wraps (and torch.compile, train.compile): ``forward(**inputs) -> (scalar loss, {name:
+        metric})``; it owns every trained parameter (directly or through ``model``). A metric is a detached scalar
+        tensor (left on the device; the loop reads them once per logging window) or a float; ``.item()`` or
+        ``float()`` of a device tensor in the forward waits for the GPU every step and breaks a compiled graph."""
         raise NotImplementedError
 
     def inputs(self, batch: Batch, *, device: torch.device, step: int) -> dict:
-        """Host batch -> keyword arguments of the forward module, on ``device`` (augmentation happens here)."""
+        """Host batch -> keyword arguments of the forward module, on ``device`` (augmentation happens here). A
+        forward that needs the step takes it as a 0-dim tensor (``contrastive.methods.base.step_input``), not an int: a compiled forward
+        specialises on an int argument's value and would recompile every step."""
         raise NotImplementedError
 
     def param_groups(self, *, weight_decay: float) -> list[dict]:

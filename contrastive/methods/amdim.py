@@ -120,8 +120,8 @@ class FeatureMapNCE(ContrastiveMethod):
 
     def comparisons(self, step: int) -> tuple[tuple[int, int], ...]:
         if self.parts.extraction == "last_random":
-            draw = torch.randint(len(SCALES), (1,), generator=torch.Generator().manual_seed(step))
-            return ((1, SCALES[int(draw)]),)
+            draw = torch.randint(len(SCALES), (1,), generator=torch.Generator().manual_seed(int(step)))
+            return ((1, SCALES[int(draw)]),)  # step: an int or the engine's 0-dim tensor
         return COMPARISONS[self.parts.extraction]
 
     def training_loss(self, view1, view2, *, step: int, groups: torch.Tensor | None = None):
@@ -144,7 +144,7 @@ class FeatureMapNCE(ContrastiveMethod):
         nce_total = nce_total + sum(0.0 * m.sum() for m in unused)  # zero, but a gradient path for DDP
         count = 2 * len(comparisons)
         nce, penalty = nce_total / count, penalty_total / count
-        return nce + penalty, {"amdim/nce": float(nce.detach()), "amdim/score_penalty": float(penalty.detach())}
+        return nce + penalty, {"amdim/nce": nce.detach(), "amdim/score_penalty": penalty.detach()}
 
     @torch.no_grad()
     def embed(self, images: torch.Tensor) -> torch.Tensor:

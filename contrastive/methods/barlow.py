@@ -46,4 +46,4 @@ class BarlowTwins(DimensionContrastiveMethod):
         members, q, hex_stats = self.local_sets(z1=z1, z2=z2, step=step, groups=groups)
         term = local_offdiagonal_penalty(a=standardise(z1), b=standardise(z2), members=members,
                                          unbiased=False).mean()
-        return loss + self.settings.lambd * q * term, {**stats, **hex_stats, "hex/local_term": term.item()}
+        return loss + self.settings.lambd * q * term, {**stats, **hex_stats, "hex/local_term": term.detach()}

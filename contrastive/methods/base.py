@@ -7,6 +7,14 @@ from contrastive.methods.hex import HexRule, HexSelection
 from contrastive.methods.losses import cosine_matrix
 
 
+def step_input(step: int) -> torch.Tensor:
+    """The optimizer step as a forward input: a 0-dim int64 CPU tensor. torch.compile specialises a forward on
+    the value of an int argument (a recompile every step, then eager once its cache limit is reached); a tensor's
+    value is not guarded, and a forward that never reads it (SimCLR without HEX) never waits for it. What reads it
+    (HEX's schedules, AMDIM's draw) takes ``int(step)``."""
+    return torch.tensor(step, dtype=torch.int64)
+
+
 class ContrastiveMethod(nn.Module):
     """A two-view method, trained by the engine through ``contrastive.modalities.image.adapter.ImageContrastiveTask``.
 

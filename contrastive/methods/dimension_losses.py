@@ -42,8 +42,8 @@ def vicreg_loss(*, z1: torch.Tensor, z2: torch.Tensor, sim_coeff: float, std_coe
         cov = centred.T @ centred / (batch - 1)
         covariance = covariance + off_diagonal(cov).pow(2).sum() / dim
     loss = sim_coeff * invariance + std_coeff * variance + cov_coeff * covariance
-    return loss, {"vicreg/invariance": invariance.item(), "vicreg/variance": variance.item(),
-                  "vicreg/covariance": covariance.item()}
+    return loss, {"vicreg/invariance": invariance.detach(), "vicreg/variance": variance.detach(),
+                  "vicreg/covariance": covariance.detach()}
 
 
 def standardise(z: torch.Tensor, *, eps: float = 1e-5) -> torch.Tensor:
@@ -61,7 +61,7 @@ def barlow_twins_loss(*, z1: torch.Tensor, z2: torch.Tensor, lambd: float) -> tu
     c = a.T @ b / len(a)
     on = (1 - torch.diagonal(c)).pow(2).sum()
     off = off_diagonal(c).pow(2).sum()
-    return on + lambd * off, {"barlow/on_diagonal": on.item(), "barlow/off_diagonal": off.item()}
+    return on + lambd * off, {"barlow/on_diagonal": on.detach(), "barlow/off_diagonal": off.detach()}
 
 
 def local_offdiagonal_penalty(*, a: torch.Tensor, b: torch.Tensor, members: torch.Tensor, unbiased: bool,

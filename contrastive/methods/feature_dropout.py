@@ -106,4 +106,4 @@ class FdSimCLR(SimCLR):
         z1, z2 = self(perturbed).chunk(2)
         z1, z2 = gather_with_grad(z1), gather_with_grad(z2)
         loss = nt_xent(z1=z1, z2=z2, temperature=self.temperature)
-        return loss, {"fd/view_change": float((perturbed - torch.cat([view1, view2])).abs().mean().detach())}
+        return loss, {"fd/view_change": (perturbed - torch.cat([view1, view2])).abs().mean().detach()}

@@ -414,6 +414,7 @@ class HexRule:
         warm-up (step < :meth:`warmup_steps`) H is empty, which makes every HEX loss plain InfoNCE; the epsilon and
         Q schedules then run over the remaining steps, (step - warmup) / (total_steps - warmup).
         """
+        step = int(step)  # the engine passes a 0-dim tensor (a compiled forward would recompile on an int)
         warmup = self.warmup_steps(total_steps=total_steps, epochs=epochs)
         # Schedules run over the HEX phase: epsilon starts at its start value when the warm-up ends.
         progress = progress_of(step=max(0, step - warmup), total_steps=None if total_steps is None

@@ -66,4 +66,4 @@ class IfmSimCLR(SimCLR):
         plain = nt_xent(z1=z1, z2=z2, temperature=self.temperature)
         perturbed = ifm_nt_xent(z1=z1, z2=z2, temperature=self.temperature, epsilon=self.settings.epsilon)
         loss = (plain + self.settings.alpha * perturbed) / 2
-        return loss, {"ifm/plain_loss": float(plain.detach()), "ifm/perturbed_loss": float(perturbed.detach())}
+        return loss, {"ifm/plain_loss": plain.detach(), "ifm/perturbed_loss": perturbed.detach()}

@@ -23,10 +23,10 @@ def nt_xent(*, z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.
     batch = z1.shape[0]
     z = F.normalize(torch.cat([z1, z2], dim=0), dim=1)
     logits = z @ z.T / temperature
-    # An anchor is never its own negative: mask the diagonal out of the softmax denominator.
-    logits.fill_diagonal_(float("-inf"))
-    positives = torch.cat([torch.arange(batch, 2 * batch), torch.arange(0, batch)]).to(z.device)
-    return F.cross_entropy(logits, positives)
+    # An anchor is never its own negative: mask the diagonal out of the softmax denominator (a mask, not
+    # fill_diagonal_, which makes torch.compile specialise on the batch size). Indices made on the device: no copy.
+    logits = logits.masked_fill(torch.eye(2 * batch, dtype=torch.bool, device=z.device), float("-inf"))
+    return F.cross_entropy(logits, two_view_positives(batch, device=z.device))
 
 
 # ---------------------------------------------------------------------------------------------------- HEX
@@ -118,8 +118,10 @@ def hex_terms(*, positive_logits: torch.Tensor, negative_logits: torch.Tensor, h
         with torch.no_grad():
             rows = in_h.any(dim=1)
             plain = torch.where(in_h, (negative_logits - shift[:, None]).exp(), torch.zeros_like(rest)).sum(dim=1)
-            stats = {"hex/q_effective": (term[rows] / plain[rows]).mean().item() if bool(rows.any()) else float("nan"),
-                     "hex/clamped_share": clamped[rows].float().mean().item() if bool(rows.any()) else float("nan")}
+            # Means over the anchors with a non-empty H(i) as masked sums (0 / 0 = NaN when none): no host read.
+            anchors = rows.sum()
+            stats = {"hex/q_effective": torch.where(rows, term / plain, 0.0).sum() / anchors,
+                     "hex/clamped_share": (clamped & rows).sum() / anchors}
         return per_anchor, stats
     log_q = _log_weights(q, like=negative_logits)
     weighted = torch.where(hierarchy, negative_logits + log_q, negative_logits)
@@ -142,7 +144,7 @@ def _log_weights(q: float | torch.Tensor, *, like: torch.Tensor) -> torch.Tensor
 def hex_stats(*, epsilon: float | None, hierarchy: torch.Tensor, q: float | torch.Tensor) -> dict[str, float]:
     """Per-step HEX numbers to log: the threshold, mean |H(i)| over anchors, and the mean Q applied inside H
     (NaN with the hard-negative weighting, whose effective Q the loss logs as ``hex/q_effective``)."""
-    size = hierarchy.sum(dim=1).float().mean().item()
+    size = hierarchy.sum(dim=1).float().mean()  # a tensor: read by the loop at logging steps
     if isinstance(q, HardNegativeWeighting):
         q_mean = float("nan")  # per anchor, known to the loss: logged as hex/q_effective
     elif isinstance(q, torch.Tensor) and q.ndim == 2:

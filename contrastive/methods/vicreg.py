@@ -54,4 +54,4 @@ class VICReg(DimensionContrastiveMethod):
         dim = z1.shape[1]
         local = sum(local_offdiagonal_penalty(a=z, b=z, members=members, unbiased=True) for z in (z1, z2)) / dim
         term = local.mean()
-        return loss + s.cov_coeff * q * term, {**stats, **hex_stats, "hex/local_term": term.item()}
+        return loss + s.cov_coeff * q * term, {**stats, **hex_stats, "hex/local_term": term.detach()}

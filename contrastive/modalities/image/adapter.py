@@ -21,6 +21,7 @@ from torch import nn
 from contrastive.data.prefetch import prefetched
 from contrastive.engine.distributed import DistInfo
 from contrastive.engine.task import StageTask
+from contrastive.methods.base import step_input
 
 
 @dataclass
@@ -107,7 +108,8 @@ class TwoViewStep(nn.Module):
         super().__init__()
         self.method = method
 
-    def forward(self, view1: torch.Tensor, view2: torch.Tensor, step: int, groups: torch.Tensor | None = None):
+    def forward(self, view1: torch.Tensor, view2: torch.Tensor, step: torch.Tensor | int,
+                groups: torch.Tensor | None = None):
         return self.method.training_loss(view1, view2, step=step, groups=groups)
 
 
@@ -155,7 +157,7 @@ class ImageContrastiveTask(StageTask):
         groups = None
         if batch.groups is not None and self.model.wants_groups:
             groups = batch.groups.to(device)
-        return {"view1": view1, "view2": view2, "step": step, "groups": groups}
+        return {"view1": view1, "view2": view2, "step": step_input(step), "groups": groups}
 
     def param_groups(self, *, weight_decay: float) -> list[dict]:
         # Every parameter decays, as in the first version (its results are the README's): Adam's default decay is

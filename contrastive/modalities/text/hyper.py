@@ -82,8 +82,8 @@ def hyper_cl_loss(*, model: HyperProjection, s1: torch.Tensor, s2: torch.Tensor,
     contrastive = F.cross_entropy(logits, torch.zeros(len(high), dtype=torch.long, device=high.device))
     mse = 0.5 * (((high - y_high) ** 2).mean() + ((low - y_low) ** 2).mean())
     loss = contrastive + mse_weight * mse
-    return loss, {"hyper/cl": float(contrastive.detach()), "hyper/mse": float(mse.detach()),
-                  "hyper/margin": float((high - low).detach().mean())}
+    return loss, {"hyper/cl": contrastive.detach(), "hyper/mse": mse.detach(),
+                  "hyper/margin": (high - low).detach().mean()}
 
 
 # ---------------------------------------------------------------------------------------------------- data

@@ -87,8 +87,8 @@ class SimCSE(nn.Module):
                                temperature=self.temperature)
         metrics = _pair_metrics(anchors, positives)
         with torch.no_grad():
-            metrics["simcse/hard_negative_cos"] = float(
-                F.cosine_similarity(anchors.float(), negatives.float(), dim=1).mean())
+            metrics["simcse/hard_negative_cos"] = F.cosine_similarity(anchors.float(), negatives.float(),
+                                                                      dim=1).mean()
         return loss, metrics
 
     @torch.no_grad()
@@ -101,9 +101,10 @@ def _pad(tokens: torch.Tensor, width: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _pair_metrics(a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:
-    """Mean cosine of the positive pairs and of the in-batch negatives (alignment and spread while training)."""
+def _pair_metrics(a: torch.Tensor, b: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Mean cosine of the positive pairs and of the in-batch negatives (alignment and spread while training), as
+    scalar tensors the loop reads at logging steps."""
     cos = F.normalize(a.float(), dim=1) @ F.normalize(b.float(), dim=1).T
     n = len(cos)
     off = (cos.sum() - cos.diagonal().sum()) / max(1, n * n - n)
-    return {"simcse/positive_cos": float(cos.diagonal().mean()), "simcse/negative_cos": float(off)}
+    return {"simcse/positive_cos": cos.diagonal().mean(), "simcse/negative_cos": off}

@@ -1,0 +1,139 @@
+"""torch.compile in the loop (issue 24): DDP before compile, the step and the batch size never recompile the
+forward, metrics stay tensors until a logging step. Compiled with a counting eager backend (no inductor, no C++
+compiler): what is counted is TorchDynamo's graphs, the same on a GPU."""
+import numpy as np
+import pytest
+import torch
+
+from contrastive.engine import loop as loop_module
+from contrastive.engine.distributed import DistInfo
+from contrastive.engine.loop import read_metrics, train
+from contrastive.engine.rng import seed_everything
+from contrastive.engine.task import LoopSpec, OptimSpec
+from contrastive.mcl.sampler import ClusterBatchSampler
+from contrastive.methods import build_method
+from contrastive.modalities.image.adapter import ImageBatchSource, ImageContrastiveTask
+from contrastive.modalities.image.augment import TwoViewAugment
+from tests.unit.modalities.image.training import AUGMENT, MODEL
+
+
+@pytest.fixture
+def counted_compile(monkeypatch):
+    """torch.compile with an eager backend that records every graph TorchDynamo hands it."""
+    import torch._dynamo
+
+    graphs = []
+    real_compile = torch.compile
+
+    def backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch, "compile", lambda module, **kwargs: real_compile(module, backend=backend))
+    yield graphs
+    torch._dynamo.reset()
+
+
+def test_steps_and_a_trimmed_last_batch_compile_the_forward_once(tmp_path, counted_compile):
+    """SimCLR on 40 images in batches of 16: sizes 16, 16, 8 every epoch, 9 steps with a changing step number.
+    One graph for all of them (the batch dimension dynamic, the step a tensor): a recompile per size or per step
+    would add graphs. (Sizes of 8 and more: below 8 samples, 16 views, the CPU's convolution picks another
+    kernel, a guard of torch's own that a GPU's cuDNN path does not have.)"""
+    seed_everything(0)
+    images = torch.randint(0, 255, (40, 3, 16, 16), dtype=torch.uint8)
+    method = build_method(model_kwargs=MODEL, method_kwargs={"name": "simclr", "temperature": 0.5})
+    task = ImageContrastiveTask(method=method, augment=TwoViewAugment(**AUGMENT), seed=0, channels_last=False)
+    sampler = ClusterBatchSampler(groups=None, num_samples=40, batch_size=16, seed=0)
+    source = ImageBatchSource(sampler=sampler, ids=np.arange(40), groups=None, info=DistInfo(),
+                              read_batches=lambda planned: ((rows, images[torch.from_numpy(rows)]) for rows in planned))
+    sizes = []
+
+    class Sizes:
+        def on_batch(self, *, step, batch):
+            sizes.append(len(batch))
+
+        def on_step(self, **kwargs): ...
+
+        def on_epoch_end(self, **kwargs): ...
+
+        def on_checkpoint(self, **kwargs): ...
+    result = train(task=task, source=source, optim=OptimSpec(name="adam", lr=1e-3),
+                   loop=LoopSpec(epochs=3, log_every_steps=2, checkpoint_every_steps=100, compile=True),
+                   device=torch.device("cpu"), checkpoint_path=tmp_path / "last.pt", callbacks=[Sizes()])
+    assert sorted(set(sizes)) == [8, 16] and result.steps == 9
+    assert len(counted_compile) == 1
+
+
+def test_ddp_comes_before_compile(monkeypatch):
+    """The compiled module is the DDP-wrapped one (DDPOptimizer splits at bucket boundaries), not DDP around a
+    compiled module."""
+    order = []
+
+    class FakeDDP(torch.nn.Module):
+        def __init__(self, module, **kwargs):
+            super().__init__()
+            order.append("ddp")
+            self.module = module
+
+    monkeypatch.setattr(loop_module.nn.parallel, "DistributedDataParallel", FakeDDP)
+    monkeypatch.setattr(loop_module, "sync_batch_norms", lambda module, device: module)
+    monkeypatch.setattr(torch, "compile", lambda module, **kwargs: order.append(("compile", type(module))) or module)
+
+    class Task:
+        def forward_module(self):
+            return torch.nn.Linear(2, 2)
+    loop_module._wrap(task=Task(), spec=LoopSpec(epochs=1, compile=True), device=torch.device("cpu"),
+                      info=DistInfo(rank=0, world_size=2, local_rank=0))
+    assert order == ["ddp", ("compile", FakeDDP)]
+
+
+def test_metrics_are_read_once_at_a_logging_step(monkeypatch):
+    reads = []
+    original = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(self.shape) or original(self))
+    metrics = {"a": torch.tensor(0.5), "b": torch.tensor([2.0]), "c": 3}
+    assert read_metrics(metrics) == {"a": 0.5, "b": 2.0, "c": 3.0}
+    assert reads == [torch.Size([2])]
+
+
+class _StepReadingLoss(torch.nn.Module):
+    """A forward that reads the step in Python, as HEX's schedules do (a graph break, then the rest compiled)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 1)
+
+    def forward(self, x, y, step):
+        scale = 1.0 / (1.0 + int(step) / 1000)  # a schedule of the step, as HEX's epsilon
+        return scale * ((self.linear(x).squeeze(1) - y) ** 2).mean(), {"scale": torch.tensor(scale)}
+
+
+def test_a_forward_that_reads_the_step_compiles_no_more_as_steps_advance(tmp_path, counted_compile):
+    from bench.gpu_check import RegressionRows
+    from contrastive.engine.task import StageTask
+    from contrastive.methods.base import step_input
+
+    class Task(StageTask):
+        def __init__(self):
+            torch.manual_seed(0)
+            self.model = _StepReadingLoss()
+
+        def forward_module(self):
+            return self.model
+
+        def inputs(self, batch, *, device, step):
+            return {"x": batch.x, "y": batch.y, "step": step_input(step)}
+
+    graphs = []
+    for steps in (2, 12):
+        counted_compile.clear()
+        train(task=Task(), source=RegressionRows(steps=steps, device=torch.device("cpu")),
+              optim=OptimSpec(name="sgd", lr=0.01, schedule="constant"),
+              loop=LoopSpec(epochs=1, log_every_steps=5, checkpoint_every_steps=100, compile=True),
+              device=torch.device("cpu"), checkpoint_path=tmp_path / f"{steps}.pt")
+        graphs.append(len(counted_compile))
+        torch._dynamo.reset()
+    # 2 steps and 12 steps compile the same graphs: the graph before the step is read and the one after it,
+    # recompiled once when the value read changes (TorchDynamo then treats it as dynamic), never per step
+    assert graphs[0] == graphs[1] <= 3
