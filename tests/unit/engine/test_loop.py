@@ -175,15 +175,25 @@ class SlowBatches(FixedBatches):
     def batches(self, *, epoch: int, start: int):
         import time
         for batch in super().batches(epoch=epoch, start=start):
-            time.sleep(0.02)
+            time.sleep(0.1)
             yield batch
+
+
+class SlowStepTask(RegressionTask):
+    """A task whose step takes 50 ms on the training thread: the model, not the input, is the bottleneck (the
+    share then stays low even on a machine busy with other work, where a 1 ms step would not)."""
+
+    def inputs(self, batch: Rows, *, device, step):
+        import time
+        time.sleep(0.05)
+        return super().inputs(batch, device=device, step=step)
 
 
 def test_the_share_of_time_spent_waiting_for_data_is_measured_and_warned_once(tmp_path, caplog):
     loop = LoopSpec(epochs=2, log_every_steps=2, checkpoint_every_steps=1000)
     with caplog.at_level("WARNING", logger="contrastive.engine.loop"):
         _, slow = _run(tmp_path, name="slow", source=SlowBatches(), loop=loop)
-    _, fast = _run(tmp_path, name="fast", loop=loop)
+        _, fast = _run(tmp_path, name="fast", loop=loop, task=SlowStepTask())
     assert slow.summary()["data_wait_share"] > 0.5 > fast.summary()["data_wait_share"]
     assert slow.history[-1]["train/data_wait_share"] > 0.5 and 0 <= fast.history[-1]["train/data_wait_share"] < 0.5
     warnings = [r.message for r in caplog.records if "waited for its input" in r.message]
