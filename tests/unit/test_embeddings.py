@@ -1,0 +1,113 @@
+"""The one export loop (contrastive/embeddings.py): rows kept in place, the stage's precision, inference mode, one
+device -> host read per batch, pinned staging of the inputs, and the rank-ordered manifest of a split export."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from contrastive import embeddings
+from contrastive.embeddings import (EmbeddingWriter, ExportBatch, HostToDevice, compute_embeddings, export_ranked,
+                                    load_embeddings, rank_share)
+from contrastive.engine.distributed import DistInfo
+
+CPU = torch.device("cpu")
+
+
+class Rows:
+    """An in-memory writer: the float32 blocks and ids compute_embeddings hands over."""
+
+    def __init__(self):
+        self.blocks, self.ids, self.dim = [], [], 0
+
+    def add(self, block, ids):
+        self.blocks.append(block)
+        self.ids.append(ids)
+
+
+def test_missing_rows_keep_their_place_with_zeros():
+    weight = torch.randn(3, 4)
+    batches = [ExportBatch(ids=np.array([10, 11, 12]), inputs=(torch.ones(2, 3),),
+                           present=np.array([True, False, True])),
+               ExportBatch(ids=np.array([13]), inputs=(torch.full((1, 3), 2.0),))]
+    rows = Rows()
+    missing = compute_embeddings(encode=lambda x: x @ weight, batches=batches, device=CPU, writer=rows)
+    assert missing == 1 and [i.tolist() for i in rows.ids] == [[10, 11, 12], [13]]
+    expected = (torch.ones(3) @ weight).numpy()
+    np.testing.assert_allclose(rows.blocks[0], [expected, np.zeros(4), expected], rtol=1e-6)
+    np.testing.assert_allclose(rows.blocks[1][0], 2 * expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("precision, dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16)])
+def test_the_encoder_runs_under_the_precision_and_inference_mode(precision, dtype):
+    seen = []
+
+    def encode(x):
+        out = torch.nn.functional.linear(x, torch.ones(2, 3))  # autocast casts a linear layer's inputs
+        seen.append((out.dtype, torch.is_inference_mode_enabled()))
+        return out
+
+    rows = Rows()
+    compute_embeddings(encode=encode, batches=[ExportBatch(ids=np.arange(2), inputs=(torch.ones(2, 3),))],
+                       device=CPU, writer=rows, precision=precision)
+    assert seen == [(dtype, True)] and rows.blocks[0].dtype == np.float32
+
+
+def test_one_device_to_host_read_per_batch(monkeypatch):
+    reads = []
+    real = torch.Tensor.cpu
+    monkeypatch.setattr(torch.Tensor, "cpu", lambda self, *a, **k: reads.append(1) or real(self, *a, **k))
+    batches = [ExportBatch(ids=np.arange(4) + 4 * b, inputs=(torch.randn(4, 3),)) for b in range(5)]
+    compute_embeddings(encode=lambda x: x * 2, batches=batches, device=CPU, writer=Rows())
+    assert len(reads) == 5
+
+
+def test_inputs_are_staged_through_reused_pinned_buffers(monkeypatch):
+    """The CUDA path's staging, run on the CPU with an unpinned buffer in place of a pinned one: each input has
+    its own buffer, reused while batches fit it, grown when one does not; the values arrive unchanged."""
+    allocated = []
+
+    def allocate(numel, *, dtype):
+        allocated.append((numel, dtype))
+        return torch.empty(numel, dtype=dtype)
+
+    monkeypatch.setattr(HostToDevice, "_allocate", staticmethod(allocate))
+    stager = HostToDevice(CPU)
+    for shape in [(4, 3), (2, 3), (6, 3)]:
+        images, mask = torch.randn(shape), torch.ones(shape[0], dtype=torch.int64)
+        staged = (stager._stage(0, images), stager._stage(1, mask))
+        assert torch.equal(staged[0], images) and torch.equal(staged[1], mask)
+    assert allocated == [(12, torch.float32), (4, torch.int64), (18, torch.float32), (6, torch.int64)]
+    assert stager((torch.ones(2),))[0].device == CPU  # off CUDA: a plain copy, nothing pinned
+
+
+def test_ranks_write_their_shares_and_rank_0_the_manifest_in_rank_order(tmp_path):
+    """Without a process group the barrier is a no-op, so the ranks of a 3-rank export can run one after the
+    other here (rank 0 last: it reads the others' parts). 5 ids over 3 ranks: 2, 2, 1; one rank may hold none."""
+    ids = np.array(["a", "b", "c", "d", "e"])
+    vectors = np.arange(10, dtype=np.float32).reshape(5, 2)
+
+    def run(world: int, out):
+        summaries = {}
+        for rank in reversed(range(world)):
+            info = DistInfo(rank=rank, world_size=world)
+            mine = rank_share(len(ids), info=info)
+
+            def embed(writer: EmbeddingWriter):
+                writer.add(vectors[mine], ids[mine])
+                return {"unreadable": int(rank == 1)}
+            summaries[rank] = export_ranked(out_dir=out, info=info, embed=embed,
+                                            summarize=lambda counts: {"seen_by_summarize": counts["unreadable"]})
+        return summaries
+
+    one, three, six = run(1, tmp_path / "one"), run(3, tmp_path / "three"), run(6, tmp_path / "six")
+    assert [len(rank_share(5, info=DistInfo(rank=r, world_size=3))) for r in range(3)] == [2, 2, 1]
+    for out in ("one", "three", "six"):
+        got_ids, got = load_embeddings(directory=tmp_path / out)
+        assert got_ids.tolist() == ids.tolist()
+        np.testing.assert_array_equal(got, vectors)
+    assert one[0]["world_size"] == 1 and one[0]["unreadable"] == 0
+    assert three[1] == three[2] == {} and three[0]["unreadable"] == 1 == three[0]["seen_by_summarize"]
+    manifest = json.loads((tmp_path / "three" / embeddings.MANIFEST).read_text())
+    assert manifest["shards"] == ["rank000-part-00000.npy", "rank001-part-00000.npy", "rank002-part-00000.npy"]
+    assert json.loads((tmp_path / "six" / "export_summary.json").read_text())["num_samples"] == 5
