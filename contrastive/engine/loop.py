@@ -232,7 +232,8 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
                              "step": step, "nonfinite": guard.state_dict()}, checkpoint_path)
             for callback in callbacks:
                 callback.on_checkpoint(path=checkpoint_path, step=step)
-        barrier()
+        # No barrier here: the other ranks go on to the next step (its first collective meets rank 0 when it is
+        # done); only reading the checkpoint back (a rollback) waits for the write, there.
 
     trained = [p for group in opt.param_groups for p in group["params"]]
     batch_hooks = [c for c in callbacks if hasattr(c, "on_batch")]
@@ -253,6 +254,7 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
                 f"{loop.rollback_lr_factor}): {fix}, or raise train.max_rollbacks; the last good checkpoint is kept "
                 f"at {checkpoint_path}")
         newest = guard
+        barrier()  # every rank reads what rank 0 wrote: only once it is written
         epoch, position, step = restore(load_checkpoint(checkpoint_path, map_location="cpu"))
         guard.skipped = newest.skipped | {(bad.epoch, position) for position in bad.positions}
         guard.rollbacks = newest.rollbacks + 1

@@ -12,3 +12,53 @@ def test_corrupt_checkpoint_falls_back_to_previous(tmp_path):
     path.write_bytes(path.read_bytes()[:10])  # truncated, as by a crash mid-copy
     with pytest.warns(RuntimeWarning, match="corrupt"):
         assert load_checkpoint(path)["step"] == 1
+
+
+def test_a_save_hashes_only_its_own_bytes(tmp_path, monkeypatch):
+    """Rank 0 saves while the other ranks wait for it: a save hashes the payload in memory once and reads no
+    checkpoint back from disk (the newest file, as this process wrote it, is trusted for rotation)."""
+    import hashlib
+
+    from contrastive.engine import checkpoint as checkpoint_module
+
+    hashed = []
+    real = hashlib.sha256
+    monkeypatch.setattr(checkpoint_module.hashlib, "sha256", lambda data=b"": hashed.append(len(data)) or real(data))
+    path = tmp_path / "last.pt"
+    for step in range(4):
+        save_checkpoint({"step": step, "weights": bytes(1000)}, path)
+    sizes = {len(path.read_bytes()), len((tmp_path / "last.pt.prev").read_bytes())}
+    assert len(hashed) == 4 and set(hashed) == sizes
+    assert load_checkpoint(path)["step"] == 3
+
+
+def test_a_checkpoint_changed_behind_the_writers_back_is_verified_before_it_becomes_prev(tmp_path):
+    path = tmp_path / "last.pt"
+    save_checkpoint({"step": 1}, path)
+    save_checkpoint({"step": 2}, path)
+    path.write_bytes(path.read_bytes()[:10])  # truncated since this process wrote it
+    save_checkpoint({"step": 3}, path)  # the corrupt newest is dropped: the good step 1 stays .prev
+    path.write_bytes(b"")
+    with pytest.warns(RuntimeWarning, match="corrupt"):
+        assert load_checkpoint(path)["step"] == 1
+
+
+def test_no_rank_waits_at_a_barrier_for_rank_0s_write(tmp_path, monkeypatch):
+    """The loop's periodic saves put no barrier after rank 0's write (the next step's collective is where the
+    others meet it); a rollback, which reads the checkpoint on every rank, waits for it first."""
+    import torch
+
+    from bench.gpu_check import QuietTask, RegressionRows
+    from contrastive.engine import loop as loop_module
+    from contrastive.engine.task import LoopSpec, OptimSpec
+
+    events = []
+    real_save = loop_module.save_checkpoint
+    monkeypatch.setattr(loop_module, "barrier", lambda: events.append("barrier"))
+    monkeypatch.setattr(loop_module, "save_checkpoint", lambda state, path: events.append("save") or
+                        real_save(state, path))
+    loop_module.train(task=QuietTask(), source=RegressionRows(steps=6, device=torch.device("cpu")),
+                      optim=OptimSpec(name="sgd", lr=0.01, schedule="constant"),
+                      loop=LoopSpec(epochs=1, checkpoint_every_steps=2, log_every_steps=100),
+                      device=torch.device("cpu"), checkpoint_path=tmp_path / "last.pt")
+    assert events == ["save"] * 4  # steps 2, 4, 6 and the epoch's end; no barrier after any
