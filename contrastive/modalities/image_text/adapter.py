@@ -68,8 +68,8 @@ class ClipTask(StageTask):
         return ClipTrainModule(self.model, text_frozen=text_tower_frozen(self.model), local_loss=self.local_loss)
 
     def inputs(self, batch: ClipBatch, *, device: torch.device, step: int) -> dict:
-        return {"images": batch.images.to(device, non_blocking=True),
-                "tokens": self.tokenizer(batch.texts).to(device, non_blocking=True)}
+        tokens = self.tokenizer(batch.texts) if batch.tokens is None else batch.tokens  # the reader's, when it did
+        return {"images": batch.images.to(device, non_blocking=True), "tokens": tokens.to(device, non_blocking=True)}
 
     def param_groups(self, *, weight_decay: float) -> list[dict]:
         groups = param_groups(self.model, weight_decay=weight_decay)

@@ -217,7 +217,8 @@ def bounded_map(fn: Callable, items: Iterable, *, workers: int, prefetch: int | 
     """fn over items in order, on ``workers`` threads with at most ``prefetch`` results pending (0: inline).
 
     Threads suffice: PIL decoding/resizing and torch ops release the GIL. Bounded prefetch keeps memory
-    independent of the dataset size (``Pool.imap`` would read its whole input ahead).
+    independent of the dataset size (``Pool.imap`` would read its whole input ahead); the readers pass a batch's
+    worth (:func:`in_flight`), so the threads never wait for the batch being collated.
     """
     if workers <= 0:
         yield from map(fn, items)
@@ -233,21 +234,39 @@ def bounded_map(fn: Callable, items: Iterable, *, workers: int, prefetch: int | 
             yield pending.popleft().result()
 
 
+def in_flight(*, workers: int, batch_size: int) -> int:
+    """Samples decoded ahead by ``workers`` threads: a batch's worth, and at least 4 a thread."""
+    return max(4 * workers, batch_size)
+
+
 @dataclass
 class ClipBatch:
     """images: float (B, 3, S, S) transformed; texts: B captions; keys: B sample keys (``__key__``);
-    group: the pseudo-label group of a cluster-pure batch, -1 for a random batch."""
+    group: the pseudo-label group of a cluster-pure batch, -1 for a random batch; tokens: int64 (B, context) of
+    the captions when the reader tokenised them (off the training thread, :func:`ready_for_step`), else None."""
 
     images: torch.Tensor
     texts: list[str]
     keys: list[str]
     group: int = -1
+    tokens: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
 
     def take(self, n: int) -> "ClipBatch":
-        return ClipBatch(images=self.images[:n], texts=self.texts[:n], keys=self.keys[:n], group=self.group)
+        return ClipBatch(images=self.images[:n], texts=self.texts[:n], keys=self.keys[:n], group=self.group,
+                         tokens=None if self.tokens is None else self.tokens[:n])
+
+
+def ready_for_step(batch: ClipBatch, *, tokenizer: Callable[[list[str]], torch.Tensor],
+                   pin_memory: bool) -> ClipBatch:
+    """The batch as the step takes it, made by the reading thread: captions tokenised, images (and tokens) in
+    pinned memory when ``pin_memory`` (CUDA: the copy to the GPU is then asynchronous)."""
+    batch.tokens = tokenizer(batch.texts)
+    if pin_memory:
+        batch.images, batch.tokens = batch.images.pin_memory(), batch.tokens.pin_memory()
+    return batch
 
 
 @dataclass
@@ -334,14 +353,17 @@ def stream_batches(*, urls: Sequence[str], batch_size: int, transform: Callable,
     sample_rng = np.random.default_rng([seed, epoch, slot])
     raw = shuffled(iter_raw_samples(mine, counter=counter), buffer=shuffle_buffer, rng=sample_rng)
     decode = make_decoder(transform=transform, counter=counter, seed=seed, epoch=epoch)
-    yield from batched(bounded_map(decode, raw, workers=workers), batch_size=batch_size)
+    yield from batched(bounded_map(decode, raw, workers=workers,
+                                   prefetch=in_flight(workers=workers, batch_size=batch_size)), batch_size=batch_size)
 
 
 def iter_decoded(*, urls: Sequence[str], transform: Callable, counter: SkipCounter, batch_size: int,
                  workers: int = 0) -> Iterator[ClipBatch]:
     """Every good sample of the shards in order, in batches (the last may be shorter): for exports and eval."""
     raw = iter_raw_samples(urls, counter=counter)
-    yield from batched(bounded_map(make_decoder(transform=transform, counter=counter), raw, workers=workers),
+    decode = make_decoder(transform=transform, counter=counter)
+    yield from batched(bounded_map(decode, raw, workers=workers,
+                                   prefetch=in_flight(workers=workers, batch_size=batch_size)),
                        batch_size=batch_size, keep_last=True)
 
 

@@ -44,7 +44,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from contrastive.modalities.image_text.data import (TAR_END, ClipBatch, SkipCounter, bounded_map, collate, decode_image_text,
-                                   iter_raw_samples, make_decoder, sample_members, shuffled)
+                                   in_flight, iter_raw_samples, make_decoder, sample_members, shuffled)
 from contrastive.errors import ConfigError, DataError
 from contrastive.mcl.batch_plan import plan_batches
 
@@ -298,7 +298,9 @@ class GroupedBatchReader:
                     yield number, raw.group, sample
 
         current, group, items = -1, -1, []
-        for number, batch_group, item in bounded_map(lambda x: (x[0], x[1], decode(x[2])), flat(), workers=workers):
+        ahead = in_flight(workers=workers, batch_size=self.batch_size)
+        for number, batch_group, item in bounded_map(lambda x: (x[0], x[1], decode(x[2])), flat(), workers=workers,
+                                                     prefetch=ahead):
             if number != current and current >= 0:
                 if items:
                     yield collate(items, group=group)

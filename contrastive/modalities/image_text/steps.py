@@ -23,7 +23,9 @@ import numpy as np
 import torch
 
 from contrastive.engine.checkpoint import write_json
-from contrastive.modalities.image_text.data import (concat_batches, count_samples, iter_decoded, stream_batches, write_tiny_shards)
+from contrastive.data.loading import resolve_workers
+from contrastive.modalities.image_text.data import (ClipBatch, concat_batches, count_samples, iter_decoded, ready_for_step,
+                                                    stream_batches, write_tiny_shards)
 from contrastive.data.skips import SkipCounter
 from contrastive.engine.distributed import DistInfo, current_info, device_for, per_rank_batch
 from contrastive.modalities.image_text.evaluate import (average_state_dicts, concat_stage_features, encode_images, encode_texts,
@@ -99,7 +101,8 @@ class ClipStageSpec(StageSpec):
     active_streams: int = 16
     group_shuffle_buffer: int = 0
     shuffle_buffer: int = 1000
-    decode_workers: int = 0
+    #: threads decoding beside the training thread; None = ``contrastive.data.loading.default_workers``
+    decode_workers: int | None = 0
     max_skip_fraction: float = 0.01
     num_samples: int | None = None
     local_loss: bool = False
@@ -159,6 +162,10 @@ def _train_stage(spec: ClipStageSpec, *, info: DistInfo, callbacks: list[TrainCa
     if spec.grad_checkpointing:
         bundle.model.set_grad_checkpointing(True)
     counter = SkipCounter(max_skip_fraction=spec.max_skip_fraction, where=f"stage training ({stage.name})")
+    decode_workers = resolve_workers(spec.decode_workers)
+
+    def step_ready(batch: ClipBatch) -> ClipBatch:  # on the engine's reading thread, off the training thread
+        return ready_for_step(batch, tokenizer=bundle.tokenizer, pin_memory=torch_device.type == "cuda")
     if spec.grouped_dir is None:
         total = count_samples(spec.urls, num_samples=spec.num_samples).total
         steps_per_epoch = max(1, total // spec.global_batch_size)
@@ -167,8 +174,8 @@ def _train_stage(spec: ClipStageSpec, *, info: DistInfo, callbacks: list[TrainCa
             streams = [itertools.islice(stream_batches(
                 urls=spec.urls, batch_size=slot_batch, transform=bundle.train_transform, counter=counter,
                 seed=spec.seed, epoch=epoch, slot=slot, slots=slots, shuffle_buffer=spec.shuffle_buffer,
-                workers=spec.decode_workers), start, None) for slot in mine]
-            return map(concat_batches, zip(*streams))
+                workers=decode_workers), start, None) for slot in mine]
+            return map(step_ready, map(concat_batches, zip(*streams)))
         plan_stats: dict = {"cluster_pure": 0}
     else:
         readers = [GroupedBatchReader(directory=Path(spec.grouped_dir), batch_size=slot_batch, slot=slot,
@@ -178,9 +185,9 @@ def _train_stage(spec: ClipStageSpec, *, info: DistInfo, callbacks: list[TrainCa
         steps_per_epoch = len(readers[0])
 
         def batches(epoch: int, start: int):
-            return map(concat_batches, zip(*(reader.batches(epoch=epoch, start=start, transform=bundle.train_transform,
-                                                            counter=counter, workers=spec.decode_workers)
-                                             for reader in readers)))
+            return map(step_ready, map(concat_batches, zip(*(reader.batches(epoch=epoch, start=start, transform=bundle.train_transform,
+                                                            counter=counter, workers=decode_workers)
+                                             for reader in readers))))
         plan_stats = {"cluster_pure": 1, **readers[0].schedule(0)[1]}
     metrics_file = JsonlMetrics(stage / "train_metrics.jsonl")
     recorder = KeyRecorder()
@@ -208,7 +215,7 @@ def _train_stage(spec: ClipStageSpec, *, info: DistInfo, callbacks: list[TrainCa
 
 # ---------------------------------------------------------------------------------------------------- export
 def export_stage(*, model_path: str, urls: list[str], out_dir: str, batch_size: int, device: str,
-                 max_skip_fraction: float, workers: int = 0, precision: str = "fp32", info: DistInfo | None = None,
+                 max_skip_fraction: float, workers: int | None = 0, precision: str = "fp32", info: DistInfo | None = None,
                  progress: Callable[[int], None] | None = None) -> dict:
     """Image embeddings of every good training sample with the stage's model, keyed by ``__key__``.
 
@@ -228,7 +235,7 @@ def export_stage(*, model_path: str, urls: list[str], out_dir: str, batch_size: 
         counter = SkipCounter(max_skip_fraction=max_skip_fraction, where="embedding export")
         batches = (ExportBatch(ids=np.asarray(batch.keys), inputs=(batch.images,))
                    for batch in iter_decoded(urls=mine, transform=bundle.eval_transform, counter=counter,
-                                             batch_size=batch_size, workers=workers))
+                                             batch_size=batch_size, workers=resolve_workers(workers)))
         compute_embeddings(encode=lambda images: bundle.model.encode_image(images, normalize=True), batches=batches,
                            device=torch_device, writer=writer, precision=precision, progress=progress)
         return {k: v for k, v in counter.stats().items() if k != "skip_fraction"}  # summed over ranks

@@ -1,0 +1,42 @@
+"""A CLIP stage reads the same: 0 and 4 decode threads give the same batches, loss curve and weights (each sample's
+augmentation is drawn from (seed, epoch, key), the order is the reader's); the reader tokenises the captions off
+the training thread and the step takes its tokens."""
+import dataclasses
+import json
+
+import torch
+
+from contrastive.data.loading import default_workers
+from contrastive.modalities.image_text.adapter import ClipTask
+from contrastive.modalities.image_text.data import ClipBatch, ready_for_step, write_tiny_shards
+from contrastive.modalities.image_text.model import TINY_MODEL, ClipSpec, create_clip
+from contrastive.modalities.image_text.steps import train_stage
+from tests.unit.modalities.image_text.test_stage_ddp import _spec
+
+
+def test_zero_and_four_decode_threads_train_the_same(tmp_path):
+    shards = write_tiny_shards(directory=tmp_path / "shards", num_samples=48, samples_per_shard=8, seed=3)
+    runs = {}
+    for threads in (0, 4):
+        stage = tmp_path / f"threads{threads}"
+        train_stage(dataclasses.replace(_spec(stage, urls=shards["urls"]), decode_workers=threads))
+        runs[threads] = json.loads((stage / "keys_rank0.json").read_text())
+    assert runs[0]["batches"] == runs[4]["batches"] and len(runs[0]["batches"]) == 6
+    assert runs[0]["losses"] == runs[4]["losses"]
+
+
+def test_the_reader_tokenises_and_the_step_takes_its_tokens():
+    bundle = create_clip(spec=ClipSpec(model_name=TINY_MODEL, init_seed=0, trainable_image_blocks=1), device="cpu")
+    batch = ClipBatch(images=torch.zeros(2, 3, 32, 32), texts=["a red circle", "a blue square"], keys=["a", "b"])
+    ready = ready_for_step(batch, tokenizer=bundle.tokenizer, pin_memory=False)
+    assert torch.equal(ready.tokens, bundle.tokenizer(batch.texts))
+    task = ClipTask(bundle=bundle)
+    task.tokenizer = lambda texts: (_ for _ in ()).throw(AssertionError("tokenised again in the step"))
+    assert torch.equal(task.inputs(ready, device=torch.device("cpu"), step=0)["tokens"], ready.tokens)
+    assert torch.equal(ready.take(1).tokens, ready.tokens[:1])
+
+
+def test_the_config_leaves_decode_threads_to_the_rule():
+    from pipeline_config.loader import load_config
+    config = load_config("clip_tiny")
+    assert config.data.decode_workers is None and default_workers() >= 1
