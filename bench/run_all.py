@@ -19,8 +19,8 @@ from bench.common import Result, fmt_seconds, read_results, write_results
 from bench.history import CHANGES, FINDINGS
 
 ROOT = Path(__file__).resolve().parent.parent
-MODULES = ["batch_plan", "pseudo_labels", "kmeans", "pipeline_overhead", "export", "shards", "engine_throughput",
-           "method_zoo", "text_hyper"]
+MODULES = ["batch_plan", "pseudo_labels", "kmeans", "pipeline_overhead", "export", "shards", "image_input",
+           "engine_throughput", "method_zoo", "text_hyper"]
 MODULE_TIMEOUT_S = 600
 
 
