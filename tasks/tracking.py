@@ -105,9 +105,9 @@ class _Outages:
         with self._lock:
             self._answered.add(uri)
             since = self._away_since.pop(uri, None)
-        if since is not None:
-            log.warning("MLflow tracking at %s answers again after %.0f s; sending what was kept", uri,
-                        time.monotonic() - since)
+        if since is not None:  # info: the outage was its one warning line
+            log.info("MLflow tracking at %s answers again after %.0f s; sending what was kept", uri,
+                     time.monotonic() - since)
 
     def has_answered(self, uri: str) -> bool:
         with self._lock:
@@ -132,8 +132,30 @@ class _Outages:
 _OUTAGES = _Outages()
 
 
+class _OutageNoise(logging.Filter):
+    """Drops the lines MLflow's HTTP client (urllib3's retry of each call) and its system-metrics sampler (which
+    stops sampling the stage when a call fails) print for every call while a tracking server is away: the outage is
+    one warning of :class:`_Outages`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("Retrying") and "/mlflow/" in message
+                    or message.startswith(("Failed to get mlflow run", "Failed to log system metrics")))
+
+
+for _name in ("urllib3.connectionpool", "mlflow.system_metrics.system_metrics_monitor"):
+    logging.getLogger(_name).addFilter(_OutageNoise())
+
+
+#: What a failed HTTP call's long message (MLflow wraps urllib3's wraps the socket's) comes down to.
+_CAUSES = ("Connection refused", "Connection reset", "Connection aborted", "timed out", "Name or service not known",
+           "Temporary failure in name resolution", "No route to host", "RemoteDisconnected")
+
+
 def _short(exc: Exception) -> str:
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    text = str(exc)
+    cause = next((c for c in _CAUSES if c in text), None)
+    return f"{type(exc).__name__}: {cause or (text.splitlines()[0][:200] if text else '')}"
 
 
 def default_tracking_uri() -> str:
