@@ -453,47 +453,44 @@ class _CountingLoader:
             yield images, texts
 
 
-def clip_vs_open_clip(*, quick: bool, work: Path) -> Result:
-    """Our CLIP stage (``contrastive.modalities.image_text.steps.train_stage``, random batches = stage 0) against open_clip_train's
-    ``train_one_epoch`` on the same shards, model (``create_clip``: same init, same frozen parameters), transform,
-    tokenizer, AdamW settings, batch and number of steps; decoding on the training thread on both sides."""
-    try:
-        import open_clip
-        import open_clip_train.data as open_clip_data
-        import webdataset as wds
-        from open_clip_train.scheduler import cosine_lr
-        from open_clip_train.train import train_one_epoch
-    except ImportError as exc:
-        return _clip_not_available(f"open_clip_train could not be imported ({exc})")
+#: open_clip_train's --precision for ours: the same autocast on both sides.
+OPEN_CLIP_PRECISION = {"fp32": "fp32", "bf16": "amp_bf16"}
+
+
+def clip_runs(*, work: Path, clip_spec, urls: list[str], device: str, precision: str, batch: int, steps: int,
+              rounds: int, warmup_steps: int, threads: int, workers: int = 0) -> dict[str, list[dict]]:
+    """Our CLIP stage and open_clip_train's ``train_one_epoch`` on the same shards (``urls``), model and init
+    (``clip_spec``), transform, tokenizer, AdamW settings, ``batch``, ``steps``, ``device`` and autocast
+    (``precision`` fp32 or bf16, open_clip's fp32 / amp_bf16); each warmed up with a ``warmup_steps`` run of its
+    own, then ``rounds`` interleaved epochs of each (A B, B A, ...). Returns {"ours": [summaries], "open_clip":
+    [{seconds, samples, batches, samples_per_second, first_batch_s}]}. Used by the CPU row here and by
+    ``make gpu-check`` (bench/gpu_check.py) with ViT-B-32 on a GPU."""
     import types
 
+    import open_clip
+    import open_clip_train.data as open_clip_data
     import torch
+    import webdataset as wds
+    from open_clip_train.scheduler import cosine_lr
+    from open_clip_train.train import train_one_epoch
 
-    from contrastive.modalities.image_text.data import write_tiny_shards
-    from contrastive.modalities.image_text.model import TINY_MODEL, ClipSpec, create_clip, register_model_configs
-    from contrastive.modalities.image_text.steps import ClipStageSpec, train_stage
     from contrastive.engine.optim import excluded_from_decay
     from contrastive.engine.task import LoopSpec, OptimSpec
+    from contrastive.modalities.image_text.model import create_clip, register_model_configs
+    from contrastive.modalities.image_text.steps import ClipStageSpec, train_stage
 
     # As in bench.shards: open_clip's tarfile_to_samples_nothrow needs webdataset <= 0.2.86; its own source names
     # this replacement on that line.
     open_clip_data.tarfile_to_samples_nothrow = wds.tarfile_to_samples(handler=open_clip_data.log_and_continue)
     register_model_configs()
-    num_samples = 1_024 if quick else 2_048
-    per_shard = 128
     lr, weight_decay, betas, eps = 5e-5, 0.2, (0.9, 0.98), 1e-6
-    clip_spec = ClipSpec(model_name=TINY_MODEL, trainable_image_blocks=2)
-    shards = write_tiny_shards(directory=work / "shards", num_samples=num_samples, samples_per_shard=per_shard,
-                               image_size=64, corrupt=False)
-    urls = shards["urls"]
-    torch.set_num_threads(THREADS)
 
     def ours_spec(name: str, max_steps: int | None):
         return ClipStageSpec(
-            stage_dir=str(work / name), seed=0, device="cpu", threads=THREADS, clip=clip_spec.to_dict(), urls=urls,
-            grouped_dir=None, global_batch_size=BATCH, decode_workers=0,
+            stage_dir=str(work / name), seed=0, device=device, threads=threads, clip=clip_spec.to_dict(), urls=urls,
+            grouped_dir=None, global_batch_size=batch, decode_workers=workers,
             optim=OptimSpec(name="adamw", lr=lr, weight_decay=weight_decay, schedule="cosine", betas=betas, eps=eps),
-            loop=LoopSpec(epochs=1, checkpoint_every_steps=500, log_every_steps=10, precision="fp32",
+            loop=LoopSpec(epochs=1, checkpoint_every_steps=500, log_every_steps=10, precision=precision,
                           max_steps_per_epoch=max_steps))
 
     def ours_epoch(name: str) -> dict:
@@ -504,7 +501,7 @@ def clip_vs_open_clip(*, quick: bool, work: Path) -> Result:
         return {**summary, "first_batch_s": arrivals.times[0] - started if arrivals.times else None}
 
     def open_clip_epoch(limit: int) -> dict:
-        bundle = create_clip(spec=clip_spec, device="cpu")
+        bundle = create_clip(spec=clip_spec, device=device)
         model = bundle.model
         model.output_dict = True  # open_clip_train creates its model with output_dict=True
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -513,10 +510,10 @@ def clip_vs_open_clip(*, quick: bool, work: Path) -> Result:
              {"params": [p for n, p in named if not excluded_from_decay(n, p)], "weight_decay": weight_decay}],
             lr=lr, betas=betas, eps=eps)
         args = types.SimpleNamespace(
-            train_data="::".join(urls), train_num_samples=limit * BATCH, dataset_resampled=False,
-            train_data_upsampling_factors=None, seed=0, batch_size=BATCH, workers=0, world_size=1, rank=0,
-            local_rank=0, device="cpu", precision="fp32", distill=False, accum_freq=1, skip_scheduler=False,
-            grad_clip_norm=None, horovod=False, log_every_n_steps=100, wandb=False)
+            train_data="::".join(urls), train_num_samples=limit * batch, dataset_resampled=False,
+            train_data_upsampling_factors=None, seed=0, batch_size=batch, workers=workers, world_size=1, rank=0,
+            local_rank=0, device=device, precision=OPEN_CLIP_PRECISION[precision], distill=False, accum_freq=1,
+            skip_scheduler=False, grad_clip_norm=None, horovod=False, log_every_n_steps=100, wandb=False)
         data = open_clip_data.get_wds_dataset(args, bundle.train_transform, is_train=True, epoch=0,
                                               tokenizer=bundle.tokenizer)
         loader = _CountingLoader(data.dataloader)
@@ -525,21 +522,48 @@ def clip_vs_open_clip(*, quick: bool, work: Path) -> Result:
         loss = open_clip.ClipLoss()
         started = time.perf_counter()
         train_one_epoch(model, {"train": data}, loss, 0, optimizer, None, scheduler, None, args)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
         seconds = time.perf_counter() - started
         return {"seconds": seconds, "samples": loader.samples, "batches": len(loader.arrivals),
                 "samples_per_second": loader.samples / seconds,
                 "first_batch_s": loader.arrivals[0] - started if loader.arrivals else None}
 
-    steps = num_samples // BATCH
-    train_stage(ours_spec("ours-warmup", WARMUP_STEPS))
-    open_clip_epoch(WARMUP_STEPS)
+    train_stage(ours_spec("ours-warmup", warmup_steps))
+    open_clip_epoch(warmup_steps)
     candidates = {"ours": lambda n: ours_epoch(f"ours-{n}"), "open_clip": lambda n: open_clip_epoch(steps)}
     runs: dict[str, list[dict]] = {"ours": [], "open_clip": []}
-    for round_number in range(ROUNDS):
+    for round_number in range(rounds):
         for name in (list(candidates) if round_number % 2 == 0 else list(candidates)[::-1]):
             record = candidates[name](round_number)
             runs[name].append(record)
             log(f"engine: CLIP {name} {record['samples_per_second']:.0f} samples/s in {record['seconds']:.2f} s")
+    return runs
+
+
+def clip_vs_open_clip(*, quick: bool, work: Path) -> Result:
+    """Our CLIP stage (``contrastive.modalities.image_text.steps.train_stage``, random batches = stage 0) against open_clip_train's
+    ``train_one_epoch`` on the same shards, model (``create_clip``: same init, same frozen parameters), transform,
+    tokenizer, AdamW settings, batch and number of steps; decoding on the training thread on both sides."""
+    try:
+        import open_clip_train  # noqa: F401
+    except ImportError as exc:
+        return _clip_not_available(f"open_clip_train could not be imported ({exc})")
+    import torch
+
+    from contrastive.modalities.image_text.data import write_tiny_shards
+    from contrastive.modalities.image_text.model import TINY_MODEL, ClipSpec, create_clip
+
+    num_samples = 1_024 if quick else 2_048
+    per_shard = 128
+    clip_spec = ClipSpec(model_name=TINY_MODEL, trainable_image_blocks=2)
+    shards = write_tiny_shards(directory=work / "shards", num_samples=num_samples, samples_per_shard=per_shard,
+                               image_size=64, corrupt=False)
+    urls = shards["urls"]
+    torch.set_num_threads(THREADS)
+    steps = num_samples // BATCH
+    runs = clip_runs(work=work, clip_spec=clip_spec, urls=urls, device="cpu", precision="fp32", batch=BATCH,
+                     steps=steps, rounds=ROUNDS, warmup_steps=WARMUP_STEPS, threads=THREADS)
     assert all(r["steps"] == steps for r in runs["ours"]) and all(r["batches"] == steps for r in runs["open_clip"])
     ours = {key: median([r[key] for r in runs["ours"]]) for key in ("seconds", "samples_per_second", "first_batch_s")}
     theirs = {key: median([r[key] for r in runs["open_clip"]])

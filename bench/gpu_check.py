@@ -11,10 +11,20 @@ Rows (``--rows`` picks some):
 - ``kmeans``: faiss k-means of 1M x 256 points, K = 20,000 and K = 10, on the GPU against faiss-cpu on the same
   data: seconds and the AMI between the two assignments (faiss's wiki: 55 s for K = 20,000 on one P100).
 - ``host_syncs``: host reads per training step of the engine outside logging (goal <= 1).
+- ``ddp``: DDP equivalence under NCCL: a unimodal MCL stage (SimCLR, global batch norm, negatives gathered with
+  their gradient) and a CLIP stage (tiny ViT), 2 processes against 1 with the same global batch: max loss and
+  weight difference. Needs 2 GPUs ("not measured: needs 2 GPUs" with one).
+- ``clip``: CLIP ViT-B-32 fine-tuning under bf16 autocast, our CLIP stage against ``open_clip_train``'s
+  ``train_one_epoch`` on the same shards, batch, steps and GPU (bench/engine_throughput.py ``clip_runs``, the
+  runner of the CPU row): samples/s ratio (goal >= 1.0x).
+- ``export``: ResNet-50 embeddings of synthetic uint8 images, fp32 and bf16, through the export loop
+  (``contrastive.embeddings.compute_embeddings``: pinned non-blocking copies, inference mode, one read a batch)
+  against a model-only inference loop (the same model on inputs already on the GPU): images/s.
+- ``checkpoint``: the stall of a checkpoint per step of ResNet-50 SimCLR with SGD momentum: seconds a save
+  takes on rank 0 (serialise, hash the payload, write, fsync, rotate), the time every rank waits for it.
 
-Not yet here (issue 24 lists them): DDP equivalence under NCCL (needs 2 GPUs), CLIP against ``open_clip_train``,
-export against a model-only inference loop. On a machine without CUDA every row prints
-"not measured: no CUDA device" and the command exits 0, so CI runs it.
+On a machine without CUDA every row prints "not measured: no CUDA device" and the command exits 0, so CI runs
+it. The whole run stays under 10 minutes on one H100 (the sizes below are chosen for that).
 """
 from __future__ import annotations
 
@@ -33,7 +43,7 @@ import torch
 
 from contrastive.engine.task import StageTask
 
-ROWS = ("pipeline", "simclr", "kmeans", "host_syncs")
+ROWS = ("pipeline", "simclr", "kmeans", "host_syncs", "ddp", "clip", "export", "checkpoint")
 #: Dense bf16 tensor-core peak (FLOP/s) by device-name fragment, for MFU.
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12}
 #: ResNet-50 at 224 px: 4.1 GMACs a forward pass = 8.2 GFLOP; a training step ~3x (forward + backward).
@@ -207,7 +217,7 @@ def kmeans_row(*, num: int = 1_000_000, dim: int = 256) -> Row:
     row = Row(name="kmeans", baseline="faiss-cpu on the same points (faiss wiki: K=20,000 in 55 s on a P100)")
     if not hasattr(faiss, "get_num_gpus") or faiss.get_num_gpus() == 0:
         row.status = "not measured"
-        row.figures["why"] = "faiss sees no GPU: install faiss-gpu (docs/operating.md, GPU installs)"
+        row.figures["why"] = "faiss sees no GPU: install faiss-gpu (docs/gpu.md)"
         return row
     points = clustered_points(num=num, dim=dim, centers=1000)
     for k in (20_000, 10):
@@ -333,6 +343,236 @@ def host_syncs_row(*, device: torch.device) -> Row:
                figures={"reads per step": f"{host_reads_per_step(device=device):.2f}"})
 
 
+# ---------------------------------------------------------------------------------------------------- ddp
+DDP_WORLD = 2
+
+
+def image_stage_spec(*, dataset_dir: Path, stage_dir: Path, pseudo_labels: Path | None, device: str):
+    """A unimodal MCL stage in seconds: SimCLR on a small CNN over Trifeature 32 px, cluster-pure batches from
+    ``pseudo_labels``, global batch 32, 2 epochs, the loss of every step recorded (``record_keys``)."""
+    from contrastive.engine.task import LoopSpec, OptimSpec
+    from contrastive.modalities.image.steps import ImageStageSpec
+    return ImageStageSpec(
+        dataset_dir=str(dataset_dir), stage_dir=str(stage_dir),
+        pseudo_labels_path=None if pseudo_labels is None else str(pseudo_labels),
+        model=dict(encoder="small_cnn", widths=[8, 16], projection_hidden=16, projection_dim=8),
+        method={"name": "simclr", "temperature": 0.5},
+        augment=dict(crop_scale=(0.6, 1.0), crop_ratio=(0.75, 1.33), hflip=False, color_jitter=0.0),
+        batch_size=32, seed=3, device=device, remainder_policy="partial",
+        optim=OptimSpec(name="adam", lr=3e-3, weight_decay=0.0, schedule="constant", warmup_fraction=0.0),
+        loop=LoopSpec(epochs=2, checkpoint_every_steps=100, log_every_steps=1, channels_last=False), threads=1,
+        record_keys=True)
+
+
+def clip_stage_spec(*, urls: list[str], stage_dir: Path, device: str):
+    """A CLIP stage in seconds: the tiny ViT, global batch 32, 4 steps, every step's loss recorded."""
+    from contrastive.engine.task import LoopSpec, OptimSpec
+    from contrastive.modalities.image_text.model import TINY_MODEL, ClipSpec
+    from contrastive.modalities.image_text.steps import ClipStageSpec
+    return ClipStageSpec(
+        stage_dir=str(stage_dir), seed=0, device=device, threads=1,
+        clip=ClipSpec(model_name=TINY_MODEL, trainable_image_blocks=2).to_dict(), urls=urls, grouped_dir=None,
+        global_batch_size=32, decode_workers=0,
+        optim=OptimSpec(name="adamw", lr=5e-4, weight_decay=0.2, schedule="constant"),
+        loop=LoopSpec(epochs=1, checkpoint_every_steps=100, log_every_steps=1, max_steps_per_epoch=4),
+        record_keys=True)
+
+
+def _ddp_rank(rank: int, world: int, port: int, entry: str, spec: dict) -> None:
+    """One NCCL rank of a stage (spawned; module level so the child finds it): ``entry`` is the modality's
+    ``train_stage_from_json``, as torchrun would call it."""
+    import importlib
+    import os
+
+    import torch.distributed as dist
+
+    from contrastive.engine.distributed import DistInfo
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    try:
+        module, name = entry.rsplit(".", 1)
+        getattr(importlib.import_module(module), name)(spec=spec, info=DistInfo(rank=rank, world_size=world,
+                                                                                 local_rank=rank))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stage_difference(*, single: Path, double: Path) -> dict[str, float]:
+    """Max |loss difference| over the recorded steps and max |weight difference| of the saved models of one
+    process and of 2 ranks (rank 0's record)."""
+    import json as json_module
+    one = json_module.loads((single / "keys_rank0.json").read_text())["losses"]
+    two = json_module.loads((double / "keys_rank0.json").read_text())["losses"]
+    if len(one) != len(two) or not one:
+        raise RuntimeError(f"{len(one)} steps in one process, {len(two)} under DDP")
+    weights = [_tensors(torch.load(run / "model" / "model.pt", map_location="cpu", weights_only=False))
+               for run in (single, double)]
+    shared = [key for key in weights[0] if key in weights[1] and weights[0][key].is_floating_point()]
+    return {"steps": len(one), "loss": max(abs(a - b) for a, b in zip(one, two)),
+            "weight": max(float((weights[0][k] - weights[1][k]).abs().max()) for k in shared) if shared else float("nan")}
+
+
+def _tensors(saved, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor of a saved model file by its dotted path (state dicts nested in whatever the file holds)."""
+    if isinstance(saved, torch.Tensor):
+        return {prefix: saved}
+    if isinstance(saved, dict):
+        return {k: v for key, value in saved.items() for k, v in _tensors(value, f"{prefix}{key}.").items()}
+    return {}
+
+
+def ddp_row(*, work: Path) -> Row:
+    import importlib
+
+    import numpy as np
+    import torch.multiprocessing as mp
+
+    from contrastive.data.trifeature import prepare_trifeature
+    from contrastive.modalities.image.steps import load_dataset
+    from contrastive.modalities.image_text.data import write_tiny_shards
+    row = Row(name="ddp", baseline="1 process with the same global batch (NCCL, global batch norm, gather_with_grad)")
+    if torch.cuda.device_count() < DDP_WORLD:
+        row.status = "not measured"
+        row.figures["why"] = f"needs {DDP_WORLD} GPUs, {torch.cuda.device_count()} visible"
+        return row
+    dataset_dir = prepare_trifeature(root=work / "trifeature", num_train=256, num_test=16, image_size=32,
+                                     num_colors=2, num_shapes=2, num_textures=2, seed=0)
+    dataset = load_dataset(dataset_dir)
+    train_ids = dataset.ids[dataset.indices("train")]
+    np.savez(work / "pseudo.npz", ids=train_ids, groups=np.arange(train_ids.size) % 2)
+    urls = write_tiny_shards(directory=work / "shards", num_samples=256, samples_per_shard=64, image_size=64,
+                             corrupt=False)["urls"]
+    stages = {"MCL stage": ("contrastive.modalities.image.steps.train_stage_from_json",
+                            lambda d: image_stage_spec(dataset_dir=dataset_dir, stage_dir=d,
+                                                       pseudo_labels=work / "pseudo.npz", device="cuda")),
+              "CLIP stage": ("contrastive.modalities.image_text.steps.train_stage_from_json",
+                             lambda d: clip_stage_spec(urls=urls, stage_dir=d, device="cuda"))}
+    for name, (entry, spec_for) in stages.items():
+        single, double = work / f"{name}-1", work / f"{name}-2"
+        module, function = entry.rsplit(".", 1)
+        getattr(importlib.import_module(module), function)(spec=spec_for(single).to_json())
+        mp.spawn(_ddp_rank, args=(DDP_WORLD, _free_port(), entry, spec_for(double).to_json()), nprocs=DDP_WORLD,
+                 join=True)
+        diff = stage_difference(single=single, double=double)
+        row.figures[name] = (f"max loss difference {diff['loss']:.2e} over {diff['steps']} steps, max weight "
+                             f"difference {diff['weight']:.2e}")
+    return row
+
+
+# ---------------------------------------------------------------------------------------------------- clip
+def clip_row(*, work: Path, steps: int = 40, batch: int = 128, rounds: int = 2) -> Row:
+    """ViT-B-32 (seeded random init: no download on a GPU node), the last 6 image blocks trained as the CLIP
+    pipeline does, 224 px shards, bf16 autocast on both sides, decoding in 4 workers on both sides."""
+    from bench.engine_throughput import clip_runs
+    from contrastive.modalities.image_text.data import write_tiny_shards
+    from contrastive.modalities.image_text.model import ClipSpec
+    row = Row(name="clip", baseline="open_clip_train train_one_epoch, same shards / model / batch / steps / GPU")
+    urls = write_tiny_shards(directory=work / "clip-shards", num_samples=steps * batch, samples_per_shard=512,
+                             image_size=224, corrupt=False)["urls"]
+    runs = clip_runs(work=work / "clip", clip_spec=ClipSpec(model_name="ViT-B-32", trainable_image_blocks=6),
+                     urls=urls, device="cuda", precision="bf16", batch=batch, steps=steps, rounds=rounds,
+                     warmup_steps=3, threads=4, workers=4)
+    ours = sorted(r["samples_per_second"] for r in runs["ours"])[len(runs["ours"]) // 2]
+    theirs = sorted(r["samples_per_second"] for r in runs["open_clip"])[len(runs["open_clip"]) // 2]
+    row.figures[f"ViT-B-32, batch {batch}, {steps} steps, bf16"] = (
+        f"{ours:,.0f} vs {theirs:,.0f} samples/s = {ours / theirs:.2f}x (median of {rounds})")
+    return row
+
+
+# ---------------------------------------------------------------------------------------------------- export
+def export_through_engine(*, model: torch.nn.Module, images: torch.Tensor, batch: int, device: torch.device,
+                          precision: str, out_dir: Path) -> int:
+    """The one adapter to the export loop (``contrastive.embeddings.compute_embeddings``): host uint8 images
+    (N, 3, H, W) in batches of ``batch``, scaled to float on the device, embedded into float16 shards under
+    ``out_dir``; returns the rows written."""
+    import numpy as np
+
+    from contrastive.embeddings import EmbeddingWriter, ExportBatch, compute_embeddings
+    writer = EmbeddingWriter(out_dir)
+    batches = (ExportBatch(ids=np.arange(start, min(start + batch, len(images))),
+                           inputs=(images[start:start + batch],)) for start in range(0, len(images), batch))
+    compute_embeddings(encode=lambda x: model(x.float().div_(255).contiguous(memory_format=torch.channels_last)),
+                       batches=batches, device=device, writer=writer, precision=precision)
+    return int(writer.finish()["ids"].size)
+
+
+def model_only_images_per_second(*, model: torch.nn.Module, images: torch.Tensor, batch: int,
+                                 device: torch.device, precision: str) -> float:
+    """The baseline: the model alone on batches already on the device, same autocast and memory format."""
+    from contrastive.engine.precision import autocast_context
+    on_device = [images[s:s + batch].to(device) for s in range(0, len(images), batch)]
+    with torch.inference_mode(), autocast_context(precision=precision, device=device):
+        model(on_device[0].float().div_(255).contiguous(memory_format=torch.channels_last))  # warm-up
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        for x in on_device:
+            model(x.float().div_(255).contiguous(memory_format=torch.channels_last))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return len(images) / (time.perf_counter() - started)
+
+
+def resnet50_encoder(*, arch: str, device: torch.device) -> torch.nn.Module:
+    """A torchvision ResNet without its classifier (2048-d embeddings for ResNet-50), eval, channels_last."""
+    import torchvision
+    model = getattr(torchvision.models, arch)(weights=None)
+    model.fc = torch.nn.Identity()
+    return model.eval().to(device, memory_format=torch.channels_last)
+
+
+def export_row(*, device: torch.device, work: Path, num: int = 8192, batch: int = 256, arch: str = "resnet50",
+               size: int = 224) -> Row:
+    row = Row(name="export", baseline="model-only inference loop on batches already on the GPU")
+    images = torch.randint(0, 256, (num, 3, size, size), dtype=torch.uint8)
+    model = resnet50_encoder(arch=arch, device=device)
+    for precision in ("fp32", "bf16"):
+        export_through_engine(model=model, images=images[:batch], batch=batch, device=device, precision=precision,
+                              out_dir=work / f"export-warmup-{precision}")
+        started = time.perf_counter()
+        rows = export_through_engine(model=model, images=images, batch=batch, device=device, precision=precision,
+                                     out_dir=work / f"export-{precision}")
+        ours = rows / (time.perf_counter() - started)
+        theirs = model_only_images_per_second(model=model, images=images, batch=batch, device=device,
+                                              precision=precision)
+        row.figures[precision] = f"{ours:,.0f} vs {theirs:,.0f} img/s = {ours / theirs:.2f}x"
+    return row
+
+
+# ---------------------------------------------------------------------------------------------------- checkpoint
+def checkpoint_stall_seconds(*, arch: str, device: torch.device, path: Path, saves: int = 3) -> dict[str, float]:
+    """What a checkpoint of a SimCLR ResNet with SGD momentum costs rank 0 (the other ranks wait that long at the
+    next step's collective): median seconds of ``save_checkpoint`` over ``saves`` saves, and the file's MB."""
+    from contrastive.engine.checkpoint import save_checkpoint
+    model, opt = simclr_parts(arch=arch, device=device)
+    model(torch.randn(2, 3, 64, 64, device=device).contiguous(memory_format=torch.channels_last)).sum().backward()
+    opt.step()  # the momentum buffers exist, as in training
+    seconds = []
+    for step in range(saves):
+        started = time.perf_counter()
+        save_checkpoint({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, path)
+        seconds.append(time.perf_counter() - started)
+    return {"seconds": sorted(seconds)[len(seconds) // 2], "mb": path.stat().st_size / 2 ** 20}
+
+
+def checkpoint_row(*, device: torch.device, work: Path, every_steps: int = 500) -> Row:
+    row = Row(name="checkpoint", baseline="-")
+    stall = checkpoint_stall_seconds(arch="resnet50", device=device, path=work / "checkpoint" / "last.pt")
+    row.figures["ResNet-50 + SGD momentum"] = (
+        f"{stall['seconds']:.2f} s a save ({stall['mb']:.0f} MB), {1000 * stall['seconds'] / every_steps:.1f} ms a "
+        f"step at train.checkpoint_every_steps {every_steps}")
+    return row
+
+
 # ---------------------------------------------------------------------------------------------------- report
 def report_markdown(rows: list[Row], *, device: str, date: str, seconds: float) -> str:
     lines = [MARK_BEGIN, f"### `make gpu-check` on {device}, {date} ({seconds / 60:.1f} min)", "",
@@ -379,9 +619,13 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         builders = {"pipeline": lambda: pipeline_row(work=work / "pipeline"),
                     "simclr": lambda: simclr_row(device=device, work=work),
-                    "kmeans": kmeans_row, "host_syncs": lambda: host_syncs_row(device=device)}
+                    "kmeans": kmeans_row, "host_syncs": lambda: host_syncs_row(device=device),
+                    "ddp": lambda: ddp_row(work=work / "ddp"), "clip": lambda: clip_row(work=work),
+                    "export": lambda: export_row(device=device, work=work),
+                    "checkpoint": lambda: checkpoint_row(device=device, work=work)}
         for name in args.rows:
             (work / "pipeline").mkdir(exist_ok=True)
+            (work / "ddp").mkdir(exist_ok=True)
             try:
                 row = builders[name]()
             except Exception as exc:  # noqa: BLE001 - one failed row is reported, the others still run

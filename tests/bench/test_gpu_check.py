@@ -70,3 +70,72 @@ def test_make_bench_keeps_the_gpu_rows(tmp_path):
     keep_gpu_check_section(previous, path)
     text = path.read_text()
     assert "new CPU rows" in text and "old CPU rows" not in text and "| simclr | plain loop | ok | compile off: 1.05x |" in text
+
+
+def test_ddp_with_one_gpu_is_not_measured(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    row = gpu_check.ddp_row(work=tmp_path)
+    assert row.status == "not measured" and row.figures["why"] == "needs 2 GPUs, 1 visible"
+
+
+def test_the_ddp_stages_are_specs_a_torchrun_launch_takes(tmp_path):
+    """Both stages of the DDP row round-trip through JSON (as spawned ranks receive them) and record losses."""
+    from contrastive.modalities.image.steps import ImageStageSpec
+    from contrastive.modalities.image_text.steps import ClipStageSpec
+    image = gpu_check.image_stage_spec(dataset_dir=tmp_path, stage_dir=tmp_path / "s", pseudo_labels=tmp_path / "p",
+                                       device="cuda")
+    clip = gpu_check.clip_stage_spec(urls=["a.tar"], stage_dir=tmp_path / "c", device="cuda")
+    assert ImageStageSpec.from_json(image.to_json()) == image and image.record_keys
+    assert ClipStageSpec.from_json(clip.to_json()) == clip and clip.record_keys
+
+
+def test_stage_difference_compares_losses_and_every_weight(tmp_path):
+    import json
+    for run, (losses, weight) in {"one": ([1.0, 0.5], 1.0), "two": ([1.0, 0.25], 1.5)}.items():
+        (tmp_path / run / "model").mkdir(parents=True)
+        (tmp_path / run / "keys_rank0.json").write_text(json.dumps({"losses": losses}))
+        torch.save({"state_dict": {"w": torch.full((2,), weight), "steps": torch.tensor(3)}},
+                   tmp_path / run / "model" / "model.pt")
+    diff = gpu_check.stage_difference(single=tmp_path / "one", double=tmp_path / "two")
+    assert diff == {"steps": 2, "loss": 0.25, "weight": 0.5}
+
+
+def test_the_export_through_the_engine_and_the_model_only_loop_on_cpu(tmp_path):
+    """The export row's two sides, tiny (ResNet-18, 32 px, 10 images in batches of 4 - a short last batch):
+    every row written once, and the baseline times the same model."""
+    import numpy as np
+    cpu = torch.device("cpu")
+    model = gpu_check.resnet50_encoder(arch="resnet18", device=cpu)
+    images = torch.randint(0, 256, (10, 3, 32, 32), dtype=torch.uint8)
+    for precision in ("fp32", "bf16"):
+        out = tmp_path / precision
+        assert gpu_check.export_through_engine(model=model, images=images, batch=4, device=cpu, precision=precision,
+                                               out_dir=out) == 10
+        assert gpu_check.model_only_images_per_second(model=model, images=images, batch=4, device=cpu,
+                                                      precision=precision) > 0
+    with torch.inference_mode():
+        expected = model(images.float() / 255).numpy()
+    shards = sorted((tmp_path / "fp32").glob("part-*.npy"))
+    written = np.concatenate([np.load(s) for s in shards])
+    assert written.shape == (10, 512) and np.allclose(written, expected, atol=1e-2)
+
+
+def test_the_checkpoint_stall_is_measured_on_a_real_save(tmp_path):
+    stall = gpu_check.checkpoint_stall_seconds(arch="resnet18", device=torch.device("cpu"),
+                                               path=tmp_path / "last.pt", saves=2)
+    # ResNet-18 weights and momentum: 2 x 11.7M float32 = ~89 MB
+    assert stall["seconds"] > 0 and 80 < stall["mb"] < 100
+
+
+def test_clip_runs_ours_and_open_clip_train_on_the_same_shards_on_cpu(tmp_path):
+    """The CLIP row's runner (bench/engine_throughput.py clip_runs, the CPU row's too), tiny: the tiny ViT, 2 steps
+    of 8, one round, bf16 autocast on both sides: both sides train the same steps."""
+    pytest.importorskip("open_clip_train")
+    from bench.engine_throughput import clip_runs
+    from contrastive.modalities.image_text.data import write_tiny_shards
+    from contrastive.modalities.image_text.model import TINY_MODEL, ClipSpec
+    urls = write_tiny_shards(directory=tmp_path / "shards", num_samples=16, samples_per_shard=8, image_size=32,
+                             corrupt=False)["urls"]
+    runs = clip_runs(work=tmp_path, clip_spec=ClipSpec(model_name=TINY_MODEL, trainable_image_blocks=1), urls=urls,
+                     device="cpu", precision="bf16", batch=8, steps=2, rounds=1, warmup_steps=1, threads=1)
+    assert [r["steps"] for r in runs["ours"]] == [2] and [r["batches"] for r in runs["open_clip"]] == [2]
