@@ -19,9 +19,20 @@ less one), medians compared. Batch 64, shuffled, every image once per epoch.
   to it) in ``DataLoader(batch_size=64, shuffle=True, num_workers=W, pin_memory=<CUDA>, persistent_workers=True,
   prefetch_factor=4)``.
 
+CLIP shards (second comparison): ``CLIP_SAMPLES`` img2dataset-style samples (256 px JPEG + caption + json,
+``write_tiny_shards``) in shards of 128, read to batches of 64 ready for a ViT-B-32 step: open_clip's own train
+transform (``image_transform(224, is_train=True)``: random resized crop, float, normalised) and tokenizer
+(``get_tokenizer("ViT-B-32")``) on both sides, the same number of decode workers W.
+
+- ours: ``stream_batches(workers=W)`` (W decode threads, a batch's worth in flight, keyed augmentation) +
+  ``ready_for_step`` (captions tokenised, pinned on CUDA), as a stage's reading thread runs them.
+- baseline: ``open_clip_train.data.get_wds_dataset(args, transform, is_train=True, tokenizer=...)`` with
+  ``workers=W`` (DataLoader worker processes, persistent), its tar reader swapped as in ``bench/shards.py``
+  (webdataset 1.x), iterated to the end of its epoch.
+
 Per core: images per CPU-second, the CPU time of the reading process and of its worker processes together (the
 workers persist, so ``/proc/<pid>/stat`` of each is read before and after every epoch), so the figure carries to a
-host with more cores. Goal: ours >= 2x the baseline per core.
+host with more cores. Goals: ours >= 2x the baseline per core (image folder), >= 1.5x (CLIP shards).
 """
 from __future__ import annotations
 
@@ -40,6 +51,9 @@ BATCH = 64
 CLASSES = 4
 SOURCE = (500, 375)
 NAME = "Image input per core: JPEG folder -> batches of 224 px"
+CLIP_NAME = "CLIP input per core: shards -> tokenised batches"
+CLIP_SAMPLES = 768
+CLIP_PER_SHARD = 128
 
 
 def write_jpegs(root: Path, *, num_images: int, seed: int = 0) -> Path:
@@ -147,12 +161,82 @@ class Baseline(Side):
             iterator._shutdown_workers()
 
 
+class ClipOurs(Side):
+    def __init__(self, *, urls: list[str], transform, tokenizer, workers: int):
+        import torch
+
+        self.urls, self.transform, self.tokenizer, self.workers = urls, transform, tokenizer, workers
+        self.pin = torch.cuda.is_available()
+        self.epoch_index = 0
+
+    def epoch(self) -> int:
+        from contrastive.modalities.image_text.data import SkipCounter, ready_for_step, stream_batches
+
+        self.epoch_index += 1
+        counter = SkipCounter(max_skip_fraction=0.01, where="bench")
+        seen = 0
+        for batch in stream_batches(urls=self.urls, batch_size=BATCH, transform=self.transform, counter=counter,
+                                    seed=0, epoch=self.epoch_index, workers=self.workers):
+            seen += len(ready_for_step(batch, tokenizer=self.tokenizer, pin_memory=self.pin))
+        return seen
+
+    def loader(self):
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class ClipBaseline(Side):
+    def __init__(self, *, urls: list[str], transform, tokenizer, workers: int):
+        import types
+
+        import open_clip_train.data as open_clip_data
+        import webdataset as wds
+
+        # As bench/shards.py: open_clip's tar reader needs webdataset <= 0.2.86; its source names this alternative.
+        open_clip_data.tarfile_to_samples_nothrow = wds.tarfile_to_samples(handler=open_clip_data.log_and_continue)
+        args = types.SimpleNamespace(
+            train_data="::".join(urls), train_num_samples=len(urls) * CLIP_PER_SHARD, dataset_resampled=False,
+            train_data_upsampling_factors=None, seed=0, batch_size=BATCH, workers=workers, world_size=1)
+        self.info = open_clip_data.get_wds_dataset(args, transform, is_train=True, epoch=0, tokenizer=tokenizer)
+        self.epoch_index = 0
+
+    def epoch(self) -> int:
+        self.epoch_index += 1
+        self.info.set_epoch(self.epoch_index)
+        return sum(len(images) for images, _ in self.info.dataloader)
+
+    def loader(self):
+        return self.info.dataloader.pipeline[0]  # wds.WebLoader is a pipeline around one DataLoader
+
+    def close(self) -> None:
+        iterator = getattr(self.loader(), "_iterator", None)
+        if iterator is not None:
+            iterator._shutdown_workers()
+
+
+def clip_sides(*, work: Path, workers: int) -> dict[str, Side]:
+    """The two CLIP readers on ``CLIP_SAMPLES`` samples of 256 px written under ``work``."""
+    from open_clip import get_tokenizer, image_transform
+
+    from contrastive.modalities.image_text.data import write_tiny_shards
+
+    shards = write_tiny_shards(directory=work / "shards", num_samples=CLIP_SAMPLES, samples_per_shard=CLIP_PER_SHARD,
+                               image_size=256, corrupt=False)
+    transform, tokenizer = image_transform(224, is_train=True), get_tokenizer("ViT-B-32")
+    return {"clip ours": ClipOurs(urls=shards["urls"], transform=transform, tokenizer=tokenizer, workers=workers),
+            "clip baseline": ClipBaseline(urls=shards["urls"], transform=transform, tokenizer=tokenizer,
+                                          workers=workers)}
+
+
 def _timed_epoch(side: Side) -> dict:
-    pids = _worker_pids(side.loader()) if side.loader() is not None else []
+    loader = side.loader()
+    pids = _worker_pids(loader) if loader is not None else []
     cpu0, workers0, start = time.process_time(), _cpu_seconds(pids), time.perf_counter()
     images = side.epoch()
     seconds = time.perf_counter() - start
-    pids = pids or _worker_pids(side.loader())
+    pids = pids or (_worker_pids(side.loader()) if side.loader() is not None else [])
     cpu = time.process_time() - cpu0 + _cpu_seconds(pids) - workers0
     return {"images": images, "seconds": seconds, "cpu_seconds": cpu}
 
@@ -180,6 +264,7 @@ def run(*, quick: bool) -> list[Result]:
                  "ours + crop on host": Ours(dataset_dir=dirs["auto"], workers=workers, crop_on_host=True),
                  "ours, decode_scale=full": Ours(dataset_dir=dirs["full"], workers=workers, crop_on_host=False),
                  "baseline": Baseline(folder=folder, workers=workers)}
+        sides.update(clip_sides(work=work, workers=workers))
         startup = {}
         for name, side in sides.items():  # warm-up: workers start (persistent), files enter the page cache
             startup[name] = _timed_epoch(side)["seconds"]
@@ -230,7 +315,30 @@ def results(*, runs: dict[str, list[dict]], startup: dict[str, float], workers: 
                           ratio=ratio, ratio_note="images per CPU-second", goal=goal,
                           passed=(ratio >= 2.0) if goal != "-" else None, notes=notes,
                           details={"runs": runs[key], "baseline_runs": runs["baseline"], "workers": workers}))
+    out.append(clip_result(runs=runs, startup=startup, workers=workers, note=note))
     return out
+
+
+def clip_result(*, runs: dict[str, list[dict]], startup: dict[str, float], workers: int, note: str) -> Result:
+    base_s, base_rate, base_per_core = _rates(runs["clip baseline"])
+    seconds, rate, per_core = _rates(runs["clip ours"])
+    ratio = per_core / base_per_core
+    return Result(
+        name=CLIP_NAME,
+        workload=(f"{fmt_count(CLIP_SAMPLES)} samples (256 px JPEG + caption) in {CLIP_SAMPLES // CLIP_PER_SHARD} "
+                  f"shards -> batches of {BATCH}: open_clip's ViT-B-32 train transform (224 px) and tokenizer on "
+                  f"both sides, {workers} decode worker(s) a side; medians of {len(runs['clip ours'])} interleaved "
+                  "epochs after a warm-up epoch"),
+        baseline=(f"open_clip_train.data.get_wds_dataset(workers={workers}, batch {BATCH}, tokenizer), its DataLoader "
+                  "worker processes persistent; tar reader swapped for webdataset 1.x as in bench/shards.py"),
+        baseline_s=base_s, ours_s=seconds, ratio=ratio, ratio_note="samples per CPU-second",
+        goal=">= 1.5x samples per CPU-second", passed=ratio >= 1.5,
+        notes=[f"ours {rate:.0f} samples/s, {per_core:.0f} per CPU-second (decode threads in the reading process, "
+               f"tokenised there); open_clip {base_rate:.0f} samples/s, {base_per_core:.0f} per CPU-second (process "
+               "+ its workers)", f"wall-clock ratio {rate / base_rate:.2f}x",
+               f"first epoch: ours {startup['clip ours']:.1f} s, open_clip {startup['clip baseline']:.1f} s "
+               "(its worker start-up)", note],
+        details={"runs": runs["clip ours"], "baseline_runs": runs["clip baseline"], "workers": workers})
 
 
 if __name__ == "__main__":
