@@ -277,7 +277,8 @@ def run(*, quick: bool) -> list[Result]:
             side.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return results(runs=runs, startup=startup, workers=workers, num_images=num_images, note=note)
+    return [*results(runs=runs, startup=startup, workers=workers, num_images=num_images, note=note),
+            clip_result(runs=runs, startup=startup, workers=workers, note=note)]
 
 
 def _rates(runs: list[dict]) -> tuple[float, float, float]:
@@ -315,7 +316,6 @@ def results(*, runs: dict[str, list[dict]], startup: dict[str, float], workers: 
                           ratio=ratio, ratio_note="images per CPU-second", goal=goal,
                           passed=(ratio >= 2.0) if goal != "-" else None, notes=notes,
                           details={"runs": runs[key], "baseline_runs": runs["baseline"], "workers": workers}))
-    out.append(clip_result(runs=runs, startup=startup, workers=workers, note=note))
     return out
 
 
