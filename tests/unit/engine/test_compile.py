@@ -137,3 +137,38 @@ def test_a_forward_that_reads_the_step_compiles_no_more_as_steps_advance(tmp_pat
     # 2 steps and 12 steps compile the same graphs: the graph before the step is read and the one after it,
     # recompiled once when the value read changes (TorchDynamo then treats it as dynamic), never per step
     assert graphs[0] == graphs[1] <= 3
+
+
+def _compiled_ddp_rank(rank: int, out: str) -> None:
+    """A rank of the 2-rank run below: the regression through DDP + torch.compile (eager backend), 2 micro-batches
+    a step (the first under the compiled module's no_sync), its final weights saved."""
+    from bench.gpu_check import QuietTask, RegressionRows
+    from contrastive.engine.distributed import DistInfo as Info
+
+    real_compile = torch.compile
+    torch.compile = lambda module, **kwargs: real_compile(module, backend="eager")
+    task = QuietTask()
+    train(task=task, source=RegressionRows(steps=8, device=torch.device("cpu")),
+          optim=OptimSpec(name="sgd", lr=0.05, schedule="constant"),
+          loop=LoopSpec(epochs=1, log_every_steps=2, checkpoint_every_steps=100, compile=True, grad_accumulation=2),
+          device=torch.device("cpu"), checkpoint_path=f"{out}/rank{rank}/last.pt",
+          info=Info(rank=rank, world_size=2, local_rank=rank))
+    torch.save(task.model.state_dict(), f"{out}/weights{rank}.pt")
+
+
+def test_ddp_then_compile_trains_as_one_process(tmp_path):
+    """Each rank sees the same batches, so DDP's averaged gradients are one process's: the compiled DDP module,
+    with gradient accumulation through its no_sync, ends on the weights of a plain single-process run."""
+    from bench.gpu_check import QuietTask, RegressionRows
+    from tests.distributed import run_gloo_ranks
+
+    run_gloo_ranks(_compiled_ddp_rank, str(tmp_path))
+    single = QuietTask()
+    train(task=single, source=RegressionRows(steps=8, device=torch.device("cpu")),
+          optim=OptimSpec(name="sgd", lr=0.05, schedule="constant"),
+          loop=LoopSpec(epochs=1, log_every_steps=2, checkpoint_every_steps=100, grad_accumulation=2),
+          device=torch.device("cpu"), checkpoint_path=tmp_path / "single" / "last.pt")
+    for rank in (0, 1):
+        ranked = torch.load(tmp_path / f"weights{rank}.pt")
+        for name, value in single.model.state_dict().items():
+            assert torch.allclose(ranked[name], value, atol=1e-6), name
