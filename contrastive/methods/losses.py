@@ -1,6 +1,7 @@
 """Contrastive losses. Shapes: B = views per side of the batch, D = projection dimension."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -134,7 +135,10 @@ def _log_weights(q: float | torch.Tensor, *, like: torch.Tensor) -> torch.Tensor
     q_tensor = torch.as_tensor(q, dtype=like.dtype, device=like.device).detach()
     if q_tensor.ndim not in (0, 2) or (q_tensor.ndim == 2 and q_tensor.shape != like.shape):
         raise ValueError(f"q must be a float or a tensor of shape {tuple(like.shape)}, got {tuple(q_tensor.shape)}")
-    if bool((q_tensor < 0).any()) or not bool(torch.isfinite(q_tensor).all()):
+    # A configured Q (a number) is checked here, on the host; a per-pair Q tensor is the Q rule's clipped output,
+    # non-negative by construction, and checking it would wait for the GPU every step (a NaN in it makes the loss
+    # NaN, which the loop's non-finite check catches).
+    if not isinstance(q, torch.Tensor) and (not math.isfinite(float(q)) or float(q) < 0):
         from contrastive.errors import ConfigError
         raise ConfigError("HEX weight Q must be finite and >= 0 (0 removes the hierarchy negatives, 1 is plain "
                           "InfoNCE): fix method.hex.q")
@@ -147,8 +151,8 @@ def hex_stats(*, epsilon: float | None, hierarchy: torch.Tensor, q: float | torc
     size = hierarchy.sum(dim=1).float().mean()  # a tensor: read by the loop at logging steps
     if isinstance(q, HardNegativeWeighting):
         q_mean = float("nan")  # per anchor, known to the loss: logged as hex/q_effective
-    elif isinstance(q, torch.Tensor) and q.ndim == 2:
-        q_mean = q[hierarchy].float().mean().item() if bool(hierarchy.any()) else float("nan")
+    elif isinstance(q, torch.Tensor) and q.ndim == 2:  # mean over H as a masked mean: NaN when H is empty
+        q_mean = torch.where(hierarchy, q.float(), 0.0).sum() / hierarchy.sum()
     else:
         q_mean = float(q)
     return {"hex/epsilon": float("nan") if epsilon is None else float(epsilon), "hex/mean_hierarchy_size": size,
