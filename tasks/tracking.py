@@ -273,15 +273,16 @@ class Tracker:
 
     def _failure(self, what: str, exc: Exception, *, away: float | None) -> str:
         """The one line of a tracking failure: a server that never answered, or an outage past its grace."""
-        fix = ("Start the server or fix tracking.uri / MLFLOW_TRACKING_URI, then rerun: finished stages are kept on "
-               "local disk and are not recomputed")
         if away is None:
             return (f"MLflow tracking at {self.uri} failed to {what} after {self.retries + 1} tries "
-                    f"({_short(exc)}). {fix}")
+                    f"({_short(exc)}). Start the server or fix tracking.uri / MLFLOW_TRACKING_URI, then rerun: "
+                    f"finished stages are kept on local disk and are not recomputed")
         return (f"MLflow tracking at {self.uri} has not answered for {away:.0f} s, longer than "
                 f"tracking.outage_grace_seconds ({self.outage_grace_seconds:g} s), when trying to {what} "
-                f"({_short(exc)}). {fix}; a stage in training keeps its checkpoint and its unsent metrics "
-                f"({PENDING_FILE} in its step directory), sent when it continues")
+                f"({_short(exc)}); finished steps are kept on local disk, and a stage in training keeps its "
+                f"checkpoint and its unsent metrics ({PENDING_FILE} in its step directory), sent when it continues. "
+                f"Start the server or fix tracking.uri / MLFLOW_TRACKING_URI (or raise "
+                f"tracking.outage_grace_seconds), then rerun")
 
     def _experiment_id(self, name: str, artifact_root: Path | None) -> str:
         experiment = self.client.get_experiment_by_name(name)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -20,7 +21,7 @@ from mlflow.tracking import MlflowClient
 from tasks.tracking import PENDING_FILE
 from tests.distributed import free_port
 from tests.e2e.stack import BIN, PG_PORT, REPO, psql, wait_for
-from tests.faults.cli_process import checkpoint_of, start
+from tests.faults.cli_process import MCLPIPE, checkpoint_of, cli_env, one_line, start
 
 pytestmark = pytest.mark.slow
 EPOCHS = 16  # 8 steps an epoch: a stage of about a minute here, long enough to train on through the outage
@@ -112,3 +113,40 @@ def test_mlflow_server_killed_and_restarted_mid_stage_loses_and_repeats_no_metri
             epochs = [m.step for m in client.get_metric_history(run.info.run_id, "train/epoch_loss")]
             assert sorted(epochs) == list(range(EPOCHS)), (stage, epochs)
             assert run.info.status == "FINISHED"
+
+
+@pytest.mark.timeout(1800)
+def test_an_outage_past_its_grace_ends_in_one_line_and_the_printed_command_sends_the_kept_metrics_once(tmp_path):
+    """The server killed at stage 0's first checkpoint and not started again within tracking.outage_grace_seconds:
+    the run stops (exit 2) with one line naming the grace and the command that continues, the journal keeps the
+    metrics of the steps its checkpoint holds; with the server back, that command replays them and finishes, so the
+    stage's runs (the stopped one and the resumed one) hold every expected step exactly once."""
+    workdir = tmp_path / "run"
+    with mlflow_on_postgres(tmp_path) as server:
+        cli = start(workdir, [*run_args(workdir, server.url), "--set", "tracking.outage_grace_seconds=5"])
+        cli.wait_for(lambda: checkpoint_of(workdir, "train0") is not None, timeout=900,
+                     what="the first checkpoint of stage 0")
+        server.kill()
+        code, _ = cli.wait(timeout=900)
+        assert code == 2, cli.output[-4000:]
+        assert "Traceback" not in cli.output, cli.output[cli.output.find("Traceback") - 500:][:4000]
+        line = one_line(cli.output, "error:")
+        assert "has not answered for" in line and "tracking.outage_grace_seconds (5 s)" in line, line
+        assert "Continue with: mclpipe resume" in line and line in (workdir / "runs" / "last-stop.txt").read_text()
+        journal = checkpoint_of(workdir, "train0").parent.parent / PENDING_FILE
+        assert journal.exists()  # what the checkpoint holds, not yet in MLflow
+
+        server.start()
+        resume = shlex.split(line.split("Continue with: ", 1)[1])
+        resumed = subprocess.run([MCLPIPE, *resume[1:]], cwd=workdir, env=cli_env(workdir), capture_output=True,
+                                 text=True, timeout=1200)
+        assert resumed.returncode == 0, resumed.stderr[-4000:]
+        assert not journal.exists()
+
+        client = MlflowClient(tracking_uri=server.url)
+        experiment = client.get_experiment_by_name("mclpipe")
+        stage0 = [r.info.run_id for r in client.search_runs([experiment.experiment_id], "tags.stage = '0'")]
+        trained = json.loads(next((workdir / "runs" / "steps").glob("train0-*/train_summary.json")).read_text())
+        steps = sorted(m.step for run_id in stage0 for m in client.get_metric_history(run_id, "train/loss"))
+        assert steps == list(range(LOG_EVERY, trained["steps"] + 1, LOG_EVERY)), steps
+        assert trained["resumed_from_step"] is not None  # the resumed stage trained only the steps after it
