@@ -124,7 +124,7 @@ class StageTask:
     def inputs(self, batch: Batch, *, device: torch.device, step: int) -> dict:
         """Host batch -> keyword arguments of the forward module, on ``device`` (augmentation happens here). A
         forward that needs the step takes it as a 0-dim tensor (``contrastive.methods.base.step_input``), not an int: a compiled forward
-        specialises on an int argument's value and would recompile every step."""
+        guards on the value of an int it reads and would recompile as it changes."""
         raise NotImplementedError
 
     def param_groups(self, *, weight_decay: float) -> list[dict]:

@@ -8,10 +8,11 @@ from contrastive.methods.losses import cosine_matrix
 
 
 def step_input(step: int) -> torch.Tensor:
-    """The optimizer step as a forward input: a 0-dim int64 CPU tensor. torch.compile specialises a forward on
-    the value of an int argument (a recompile every step, then eager once its cache limit is reached); a tensor's
-    value is not guarded, and a forward that never reads it (SimCLR without HEX) never waits for it. What reads it
-    (HEX's schedules, AMDIM's draw) takes ``int(step)``."""
+    """The optimizer step as a forward input: a 0-dim int64 CPU tensor. torch.compile guards on the value of an
+    int argument a graph reads (a new value recompiles it until TorchDynamo makes it dynamic); a tensor's value is
+    in no graph's guards, and a forward that never reads it (SimCLR without HEX) never waits for it. What reads it
+    (HEX's schedules, AMDIM's draw, BYOL's and TS's schedules) takes ``int(step)``, on the host, outside the
+    graph."""
     return torch.tensor(step, dtype=torch.int64)
 
 

@@ -36,7 +36,7 @@ def ema_tau(*, tau_base: float, step: int, total_steps: int | None) -> float:
     to 1 at k = K (K = total_steps; tau_base throughout while K is unknown)."""
     if not total_steps:
         return tau_base
-    progress = min(step, total_steps) / total_steps
+    progress = min(int(step), total_steps) / total_steps  # int(): the engine passes a 0-dim tensor
     return 1.0 - (1.0 - tau_base) * (math.cos(math.pi * progress) + 1.0) / 2.0
 
 

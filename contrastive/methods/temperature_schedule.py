@@ -40,7 +40,8 @@ class TsSettings:
 
 def scheduled_temperature(*, step: int, total_steps: int, settings: TsSettings) -> float:
     """tau at optimizer step ``step`` of ``total_steps`` (module docstring)."""
-    phase = 2 * math.pi * settings.cycles * step / max(1, total_steps)
+    # int(step): the engine passes a 0-dim tensor; the schedule stays in Python floats, as before
+    phase = 2 * math.pi * settings.cycles * int(step) / max(1, total_steps)
     return settings.tau_min + (settings.tau_max - settings.tau_min) * (1 + math.cos(phase)) / 2
 
 
