@@ -534,10 +534,17 @@ class PendingJournal:
             return
         data = (json.dumps(entry) + "\n").encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        size = os.fstat(fd).st_size
         try:
             while data:  # one write for a line in practice; a short write is finished, not repeated
                 data = data[os.write(fd, data):]
             os.fsync(fd)
+        except OSError as exc:
+            os.ftruncate(fd, size)  # no torn line for the next append to run into
+            if is_disk_full(exc):
+                raise disk_full_error(directory=self.path.parent, what="the stage's unsent MLflow metrics",
+                                      kept="the stage's checkpoints and every step before are kept") from exc
+            raise
         finally:
             os.close(fd)
 

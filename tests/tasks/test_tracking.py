@@ -298,3 +298,24 @@ def test_the_end_of_a_stage_waits_for_the_server_within_the_grace(switchable, tm
     monkeypatch.setattr("tasks.tracking.time.sleep", sleep)
     buffer.flush(final=True)
     assert len(sleeps) == 3 and history(tracker, run) == [(1, 1.0), (2, 2.0), (3, 3.0)]
+
+
+def test_a_full_disk_under_the_journal_is_the_one_line_and_leaves_no_torn_line(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from contrastive.errors import MclpipeError
+    from tasks.tracking import PendingJournal
+    journal = PendingJournal(tmp_path / PENDING_FILE)
+    journal.add(run_id="r", metrics=[["train/loss", 1.0, 1, 1]])
+    real_write = os.write
+
+    def half_then_full(fd, data):  # half the line fits, then the disk is full
+        monkeypatch.setattr("tasks.tracking.os.write", lambda fd, data: (_ for _ in ()).throw(
+            OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))))
+        return real_write(fd, data[:len(data) // 2])
+    monkeypatch.setattr("tasks.tracking.os.write", half_then_full)
+    with pytest.raises(MclpipeError, match="disk full: no space left in .* while writing the stage's unsent MLflow"):
+        journal.add(run_id="r", metrics=[["train/loss", 2.0, 2, 2]])
+    lines = (tmp_path / PENDING_FILE).read_text().split("\n")
+    assert len(lines) == 2 and lines[1] == "" and json.loads(lines[0])["seq"] == 1  # the half line was cut off
