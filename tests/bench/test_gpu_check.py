@@ -1,6 +1,7 @@
 """`make gpu-check` (bench/gpu_check.py) on a machine without CUDA: one "not measured" line per row and exit 0;
 the parts that run on a CPU (argument parsing, the baseline and the engine's SimCLR loops, MFU, the report
-writer, the k-means row's refusal without a faiss GPU) do what the GPU rows rely on."""
+writer, the k-means row's refusal without a faiss GPU, the DDP row's stages and comparison, both export loops, the
+CLIP runner shared with make bench, the checkpoint measurement) do what the GPU rows rely on."""
 import pytest
 import torch
 
