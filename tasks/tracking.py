@@ -123,9 +123,9 @@ class _Outages:
             first = since == now
         if first:
             log.warning("MLflow tracking at %s stopped answering (%s); waiting up to %.0f s for it "
-                        "(tracking.outage_grace_seconds): training goes on and keeps its metrics in its step "
-                        "directory (mlflow-pending.jsonl) to send them when the server is back", uri,
-                        _short(exc), grace_seconds)
+                        "(tracking.outage_grace_seconds): a stage in training goes on and keeps its metrics in its "
+                        "step directory (%s) until the server is back", uri, _short(exc), grace_seconds,
+                        PENDING_FILE)
         return now - since
 
 
@@ -570,7 +570,7 @@ class MetricBuffer:
         self.unsaved: list[tuple[int, dict[str, float], int]] = []  # (step, metrics, timestamp ms) after the checkpoint
         self.journal = PendingJournal(journal)
         self._next_try = 0.0  # while the server is away: no send before this time.monotonic()
-        self._steps_unsent = len(self.journal.records)  # logged steps in the journal (about: a record is >= 1)
+        self._steps_unsent = len(self.journal.records)  # logged steps not yet sent (an earlier run's record: 1)
         if self.journal.records:
             log.info("sending %d metric points an earlier run of this stage kept in %s", self.journal.points,
                      self.journal.path)
