@@ -1,7 +1,8 @@
 # mclpipe on a CUDA runtime: GPU training inside; runs as a non-root user.
 # The base's CUDA (13.0) is the pinned torch==2.14.1's build from PyPI (torch.version.cuda 13.0; driver R580+).
-# k-means runs on faiss-cpu here: PyPI has no CUDA 13 faiss-gpu wheel (checked 2026-11-25), and a CUDA 12
-# faiss-gpu beside CUDA 13 torch is unsupported; the CUDA 12 pair for GPU k-means: docs/gpu.md.
+# k-means runs on faiss-cpu here: PyPI's one CUDA 13 faiss-gpu wheel (faiss-gpu-cu13-cuvs 1.15.0) pins CUDA
+# libraries that conflict with torch 2.14.1's (checked 2026-11-25), and a CUDA 12 faiss-gpu beside CUDA 13 torch
+# is unsupported; the CUDA 12 pair for GPU k-means: docs/gpu.md.
 # Build:  docker build -t mclpipe .
 # Run:    docker run --gpus all --ipc=host -v $PWD/runs:/home/mcl/app/runs mclpipe run trifeature_mcl
 #         (--ipc=host, or --shm-size=16g: DataLoader workers hand batches over in /dev/shm and NCCL's intra-node
