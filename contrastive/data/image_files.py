@@ -192,9 +192,9 @@ class IndexedImageDataset(SampleIndex):
         keep = [i for i, result in enumerate(results) if not isinstance(result, str)]
         failures = [(int(rows[i]), result) for i, result in enumerate(results) if isinstance(result, str)]
         images = _batch_tensor((len(keep), 3, self.image_size, self.image_size))
-        channels_last = images.permute(0, 2, 3, 1)  # a view: each (S, S, 3) image is written transposed, once
+        channels_last = images.permute(0, 2, 3, 1).numpy()  # a view: each (S, S, 3) image is written transposed, once
         for out, i in enumerate(keep):
-            channels_last[out] = torch.from_numpy(results[i])
+            channels_last[out] = results[i]
         return rows[keep], images, failures
 
     def get_batch(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> torch.Tensor:

@@ -24,8 +24,8 @@ import torch
 
 from contrastive.engine.checkpoint import write_json
 from contrastive.data.loading import resolve_workers
-from contrastive.modalities.image_text.data import (ClipBatch, concat_batches, count_samples, iter_decoded, ready_for_step,
-                                                    stream_batches, write_tiny_shards)
+from contrastive.modalities.image_text.data import (ClipBatch, concat_batches, count_samples, iter_decoded,
+                                                    ready_for_step, stream_batches, write_tiny_shards)
 from contrastive.data.skips import SkipCounter
 from contrastive.engine.distributed import DistInfo, current_info, device_for, per_rank_batch
 from contrastive.modalities.image_text.evaluate import (average_state_dicts, concat_stage_features, encode_images, encode_texts,
@@ -185,9 +185,9 @@ def _train_stage(spec: ClipStageSpec, *, info: DistInfo, callbacks: list[TrainCa
         steps_per_epoch = len(readers[0])
 
         def batches(epoch: int, start: int):
-            return map(step_ready, map(concat_batches, zip(*(reader.batches(epoch=epoch, start=start, transform=bundle.train_transform,
-                                                            counter=counter, workers=decode_workers)
-                                             for reader in readers))))
+            side_by_side = zip(*(reader.batches(epoch=epoch, start=start, transform=bundle.train_transform,
+                                                counter=counter, workers=decode_workers) for reader in readers))
+            return map(step_ready, map(concat_batches, side_by_side))
         plan_stats = {"cluster_pure": 1, **readers[0].schedule(0)[1]}
     metrics_file = JsonlMetrics(stage / "train_metrics.jsonl")
     recorder = KeyRecorder()
