@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from contrastive.modalities.image_text.data import ClipBatch
+from contrastive.modalities.image_text.keyed_transform import normalize_batch
 from contrastive.modalities.image_text.loss import clip_loss
 from contrastive.modalities.image_text.model import MAX_LOGIT_SCALE, ClipBundle, load_trainable_state, trainable_state_dict
 from contrastive.engine.optim import param_groups
@@ -69,7 +70,10 @@ class ClipTask(StageTask):
 
     def inputs(self, batch: ClipBatch, *, device: torch.device, step: int) -> dict:
         tokens = self.tokenizer(batch.texts) if batch.tokens is None else batch.tokens  # the reader's, when it did
-        return {"images": batch.images.to(device, non_blocking=True), "tokens": tokens.to(device, non_blocking=True)}
+        images = batch.images.to(device, non_blocking=True)
+        if batch.normalization is not None:  # uint8 on the way in (4x less to copy), normalised on the device
+            images = normalize_batch(images, batch.normalization)
+        return {"images": images, "tokens": tokens.to(device, non_blocking=True)}
 
     def param_groups(self, *, weight_decay: float) -> list[dict]:
         groups = param_groups(self.model, weight_decay=weight_decay)

@@ -33,7 +33,7 @@ import torch
 import webdataset as wds
 from PIL import Image
 
-from contrastive.modalities.image_text.keyed_transform import KeyedTransform
+from contrastive.modalities.image_text.keyed_transform import KeyedTransform, normalize_batch
 from contrastive.data.skips import SkipCounter
 from contrastive.errors import ConfigError, DataError
 
@@ -243,26 +243,36 @@ def in_flight(*, workers: int, batch_size: int) -> int:
 class ClipBatch:
     """images: float (B, 3, S, S) transformed; texts: B captions; keys: B sample keys (``__key__``);
     group: the pseudo-label group of a cluster-pure batch, -1 for a random batch; tokens: int64 (B, context) of
-    the captions when the reader tokenised them (off the training thread, :func:`ready_for_step`), else None."""
+    the captions when the reader tokenised them (off the training thread, :func:`ready_for_step`), else None;
+    normalization: (mean, std) when ``images`` are uint8 still to be normalised (:func:`normalize_batch`, on the
+    device in the step), None when they are the transform's floats."""
 
     images: torch.Tensor
     texts: list[str]
     keys: list[str]
     group: int = -1
     tokens: torch.Tensor | None = None
+    normalization: tuple | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
 
     def take(self, n: int) -> "ClipBatch":
         return ClipBatch(images=self.images[:n], texts=self.texts[:n], keys=self.keys[:n], group=self.group,
-                         tokens=None if self.tokens is None else self.tokens[:n])
+                         tokens=None if self.tokens is None else self.tokens[:n], normalization=self.normalization)
+
+    def float_images(self) -> torch.Tensor:
+        """The transform's float images (B, 3, S, S): ``images`` normalised here when they are uint8."""
+        return self.images if self.normalization is None else normalize_batch(self.images, self.normalization)
 
 
-def ready_for_step(batch: ClipBatch, *, tokenizer: Callable[[list[str]], torch.Tensor],
-                   pin_memory: bool) -> ClipBatch:
-    """The batch as the step takes it, made by the reading thread: captions tokenised, images (and tokens) in
-    pinned memory when ``pin_memory`` (CUDA: the copy to the GPU is then asynchronous)."""
+def ready_for_step(batch: ClipBatch, *, tokenizer: Callable[[list[str]], torch.Tensor], pin_memory: bool,
+                   normalize: bool = True) -> ClipBatch:
+    """The batch as the step takes it, made by the reading thread: captions tokenised, uint8 images normalised when
+    ``normalize`` (a CPU stage; a GPU stage leaves that to the step, on the device), images (and tokens) in pinned
+    memory when ``pin_memory`` (CUDA: the copy to the GPU is then asynchronous)."""
+    if normalize and batch.normalization is not None:
+        batch.images, batch.normalization = batch.float_images(), None
     batch.tokens = tokenizer(batch.texts)
     if pin_memory:
         batch.images, batch.tokens = batch.images.pin_memory(), batch.tokens.pin_memory()
@@ -277,13 +287,15 @@ class Decoded:
 
 
 def make_decoder(*, transform: Callable, counter: SkipCounter, seed: int | None = None,
-                 epoch: int = 0) -> Callable[[dict], Decoded | None]:
+                 epoch: int = 0, uint8: bool = False) -> Callable[[dict], Decoded | None]:
     """raw sample -> Decoded (image transformed), or None after counting why it was skipped.
 
     seed: training decoders pass the stage seed, so each sample's augmentation is drawn from (seed, epoch, key)
-    (:class:`contrastive.modalities.image_text.keyed_transform.KeyedTransform`), whatever the process or thread that decodes it.
-    None (export, evaluation): the transform is deterministic and runs as it is."""
-    keyed = KeyedTransform(transform, seed=seed, epoch=epoch) if seed is not None else None
+    (:class:`contrastive.modalities.image_text.keyed_transform.KeyedTransform`), whatever the process or thread that
+    decodes it. None (export, evaluation): the transform is deterministic and runs as it is. uint8 (with a seed):
+    images stop before ToTensor + Normalize, uint8; the returned function's ``normalization`` says how to finish
+    them (None: they are floats)."""
+    keyed = KeyedTransform(transform, seed=seed, epoch=epoch, uint8=uint8) if seed is not None else None
 
     def decode(sample: dict) -> Decoded | None:
         try:
@@ -299,6 +311,7 @@ def make_decoder(*, transform: Callable, counter: SkipCounter, seed: int | None 
             return None
         counter.ok()
         return Decoded(key=sample["__key__"], image=tensor, text=text)
+    decode.normalization = None if keyed is None else keyed.normalization
     return decode
 
 
@@ -309,12 +322,13 @@ def concat_batches(parts: Sequence[ClipBatch]) -> ClipBatch:
     if len({p.group for p in parts}) != 1:
         raise ValueError(f"slot batches of one step come from different groups {[p.group for p in parts]}")
     return ClipBatch(images=torch.cat([p.images for p in parts]), texts=[t for p in parts for t in p.texts],
-                     keys=[k for p in parts for k in p.keys], group=parts[0].group)
+                     keys=[k for p in parts for k in p.keys], group=parts[0].group,
+                     normalization=parts[0].normalization)
 
 
-def collate(items: list[Decoded], *, group: int = -1) -> ClipBatch:
+def collate(items: list[Decoded], *, group: int = -1, normalization: tuple | None = None) -> ClipBatch:
     return ClipBatch(images=torch.stack([d.image for d in items]), texts=[d.text for d in items],
-                     keys=[d.key for d in items], group=group)
+                     keys=[d.key for d in items], group=group, normalization=normalization)
 
 
 def batched(decoded: Iterable[Decoded | None], *, batch_size: int, keep_last: bool = False) -> Iterator[ClipBatch]:
@@ -334,7 +348,7 @@ def batched(decoded: Iterable[Decoded | None], *, batch_size: int, keep_last: bo
 
 def stream_batches(*, urls: Sequence[str], batch_size: int, transform: Callable, counter: SkipCounter, seed: int,
                    epoch: int, slot: int = 0, slots: int = 1, shuffle_buffer: int = 1000,
-                   workers: int = 0) -> Iterator[ClipBatch]:
+                   workers: int = 0, uint8: bool = False) -> Iterator[ClipBatch]:
     """Random batches of one data slot for stage 0 (no pseudo-labels): the slot's shards in a per-epoch order, a
     seeded shuffle buffer, decoding on ``workers`` threads, augmentation drawn per sample key.
 
@@ -342,7 +356,7 @@ def stream_batches(*, urls: Sequence[str], batch_size: int, transform: Callable,
     see ``contrastive.modalities.image_text.steps``): shard i goes to slot i % slots after a shuffle seeded by (seed, epoch) that
     every process computes identically, so slots hold disjoint samples and a global batch is the same whatever the
     number of processes. Slots may hold a few samples more or less; the training loop ends the epoch for all ranks
-    when the first one runs dry.
+    when the first one runs dry. uint8: batches of uint8 images with their ``normalization`` (see ``make_decoder``).
     """
     if len(urls) < slots:
         raise DataError(f"{len(urls)} shards cannot be split over {slots} data slots (processes): use at least one "
@@ -352,9 +366,11 @@ def stream_batches(*, urls: Sequence[str], batch_size: int, transform: Callable,
     mine = [urls[i] for i in order[slot::slots]]
     sample_rng = np.random.default_rng([seed, epoch, slot])
     raw = shuffled(iter_raw_samples(mine, counter=counter), buffer=shuffle_buffer, rng=sample_rng)
-    decode = make_decoder(transform=transform, counter=counter, seed=seed, epoch=epoch)
-    yield from batched(bounded_map(decode, raw, workers=workers,
-                                   prefetch=in_flight(workers=workers, batch_size=batch_size)), batch_size=batch_size)
+    decode = make_decoder(transform=transform, counter=counter, seed=seed, epoch=epoch, uint8=uint8)
+    for batch in batched(bounded_map(decode, raw, workers=workers,
+                                     prefetch=in_flight(workers=workers, batch_size=batch_size)), batch_size=batch_size):
+        batch.normalization = decode.normalization
+        yield batch
 
 
 def iter_decoded(*, urls: Sequence[str], transform: Callable, counter: SkipCounter, batch_size: int,

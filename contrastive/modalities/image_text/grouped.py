@@ -288,9 +288,10 @@ class GroupedBatchReader:
                 yield RawBatch(group=group, samples=samples)
 
     def batches(self, *, epoch: int, transform: Callable, counter: SkipCounter, start: int = 0,
-                workers: int = 0) -> Iterator[ClipBatch]:
-        """Decoded cluster-pure batches (``ClipBatch.group`` set); decoding runs on ``workers`` threads."""
-        decode = make_decoder(transform=transform, counter=counter, seed=self.seed, epoch=epoch)
+                workers: int = 0, uint8: bool = False) -> Iterator[ClipBatch]:
+        """Decoded cluster-pure batches (``ClipBatch.group`` set); decoding runs on ``workers`` threads; uint8: the
+        images uint8 with their ``normalization`` (``make_decoder``)."""
+        decode = make_decoder(transform=transform, counter=counter, seed=self.seed, epoch=epoch, uint8=uint8)
 
         def flat() -> Iterator[tuple[int, int, dict]]:
             for number, raw in enumerate(self.raw_batches(epoch=epoch, start=start)):
@@ -303,13 +304,13 @@ class GroupedBatchReader:
                                                      prefetch=ahead):
             if number != current and current >= 0:
                 if items:
-                    yield collate(items, group=group)
+                    yield collate(items, group=group, normalization=decode.normalization)
                 items = []
             current, group = number, batch_group
             if item is not None:
                 items.append(item)
         if items:
-            yield collate(items, group=group)
+            yield collate(items, group=group, normalization=decode.normalization)
 
 
 # ---------------------------------------------------------------------------------------------------- benchmark

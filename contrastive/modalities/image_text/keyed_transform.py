@@ -19,6 +19,7 @@ import zlib
 from typing import Callable
 
 import numpy as np
+import torch
 from PIL import Image
 from torchvision import transforms as T
 from torchvision.transforms import functional as F
@@ -91,19 +92,52 @@ class KeyedTransform:
     """``transform(image, key)``: the composition ``transform`` with per-sample randomness (see the module doc).
 
     transform: a ``torchvision.transforms.Compose`` (open_clip's train transform) or one op.
+    uint8: when the composition ends with ToTensor + Normalize (open_clip's does), stop before them and return the
+        uint8 (C, H, W) image; :attr:`normalization` then holds (mean, std) for :func:`normalize_batch`, which gives
+        the same floats bit for bit for a whole batch (on the GPU, in the step). Otherwise the float image, and
+        :attr:`normalization` is None.
 
     Raises:
         ConfigError: the composition holds a random op whose draws this module does not know.
     """
 
-    def __init__(self, transform: Callable, *, seed: int, epoch: int):
+    def __init__(self, transform: Callable, *, seed: int, epoch: int, uint8: bool = False):
         self.ops = list(transform.transforms) if isinstance(transform, T.Compose) else [transform]
         check_ops(self.ops)
         self.seed, self.epoch = seed, epoch
+        self.normalization: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+        if uint8 and _ends_with_normalized_tensor(self.ops):
+            normalize = self.ops[-1]
+            self.normalization = (tuple(float(m) for m in normalize.mean), tuple(float(s) for s in normalize.std))
+            self.ops = self.ops[:-2]
 
     def __call__(self, image: Image.Image, key: str):
         generator = sample_generator(seed=self.seed, epoch=self.epoch, key=key)
-        return apply_keyed(self.ops, image, generator=generator)
+        out = apply_keyed(self.ops, image, generator=generator)
+        return out if self.normalization is None else _uint8_chw(out)
+
+
+def _ends_with_normalized_tensor(ops) -> bool:
+    """The last two ops are ToTensor (torchvision's or open_clip's MaybeToTensor) and an out-of-place Normalize."""
+    return (len(ops) >= 2 and (isinstance(ops[-2], T.ToTensor) or _name(ops[-2]) == "MaybeToTensor")
+            and isinstance(ops[-1], T.Normalize) and not ops[-1].inplace)
+
+
+def _uint8_chw(image) -> torch.Tensor:
+    """A PIL image (what the ops before ToTensor leave) as uint8 (C, H, W), the values ToTensor would scale."""
+    if not isinstance(image, Image.Image):
+        raise ConfigError(f"the CLIP training transform gives {type(image).__name__} before ToTensor, not a PIL "
+                          "image: its uint8 batches need PIL ops first")
+    array = np.array(image, dtype=np.uint8)
+    return torch.from_numpy(array[:, :, None] if array.ndim == 2 else array).permute(2, 0, 1)
+
+
+def normalize_batch(images: torch.Tensor, normalization: tuple[tuple[float, ...], tuple[float, ...]]) -> torch.Tensor:
+    """uint8 (B, C, H, W) -> float32 ``(x / 255 - mean) / std`` per channel: torchvision's ToTensor then Normalize,
+    the same operations in the same order, so the same floats as the per-sample transform, on any device."""
+    mean, std = (torch.as_tensor(v, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
+                 for v in normalization)
+    return images.to(torch.float32).div_(255).sub_(mean).div_(std)
 
 
 def apply_keyed(ops, image, *, generator: np.random.Generator):

@@ -165,7 +165,8 @@ def _train_stage(spec: ClipStageSpec, *, info: DistInfo, callbacks: list[TrainCa
     decode_workers = resolve_workers(spec.decode_workers)
 
     def step_ready(batch: ClipBatch) -> ClipBatch:  # on the engine's reading thread, off the training thread
-        return ready_for_step(batch, tokenizer=bundle.tokenizer, pin_memory=torch_device.type == "cuda")
+        on_gpu = torch_device.type == "cuda"  # a GPU normalises the uint8 images in the step
+        return ready_for_step(batch, tokenizer=bundle.tokenizer, pin_memory=on_gpu, normalize=not on_gpu)
     if spec.grouped_dir is None:
         total = count_samples(spec.urls, num_samples=spec.num_samples).total
         steps_per_epoch = max(1, total // spec.global_batch_size)
@@ -174,7 +175,7 @@ def _train_stage(spec: ClipStageSpec, *, info: DistInfo, callbacks: list[TrainCa
             streams = [itertools.islice(stream_batches(
                 urls=spec.urls, batch_size=slot_batch, transform=bundle.train_transform, counter=counter,
                 seed=spec.seed, epoch=epoch, slot=slot, slots=slots, shuffle_buffer=spec.shuffle_buffer,
-                workers=decode_workers), start, None) for slot in mine]
+                workers=decode_workers, uint8=True), start, None) for slot in mine]
             return map(step_ready, map(concat_batches, zip(*streams)))
         plan_stats: dict = {"cluster_pure": 0}
     else:
@@ -186,7 +187,8 @@ def _train_stage(spec: ClipStageSpec, *, info: DistInfo, callbacks: list[TrainCa
 
         def batches(epoch: int, start: int):
             side_by_side = zip(*(reader.batches(epoch=epoch, start=start, transform=bundle.train_transform,
-                                                counter=counter, workers=decode_workers) for reader in readers))
+                                                counter=counter, workers=decode_workers, uint8=True)
+                                 for reader in readers))
             return map(step_ready, map(concat_batches, side_by_side))
         plan_stats = {"cluster_pure": 1, **readers[0].schedule(0)[1]}
     metrics_file = JsonlMetrics(stage / "train_metrics.jsonl")

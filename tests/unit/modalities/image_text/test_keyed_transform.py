@@ -147,3 +147,25 @@ def test_an_unknown_random_op_is_refused_with_the_fix():
     from contrastive.errors import ConfigError
     with pytest.raises(ConfigError, match="RandomRotation.*aug_cfg"):
         KeyedTransform(T.Compose([T.RandomApply([T.RandomRotation(10)], p=0.5), T.ToTensor()]), seed=0, epoch=0)
+
+
+def test_uint8_images_normalised_per_batch_equal_the_float_transform_bit_for_bit():
+    """open_clip's train transform ends with ToTensor + Normalize: the keyed transform can stop before them (uint8
+    batches, 4x less to stack and copy to a GPU) and normalize_batch gives the same floats for the whole batch."""
+    import numpy as np
+    import torch
+    from open_clip import image_transform
+    from PIL import Image
+
+    from contrastive.modalities.image_text.keyed_transform import KeyedTransform, normalize_batch
+
+    transform = image_transform(32, is_train=True)
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)) for _ in range(3)]
+    floats = KeyedTransform(transform, seed=1, epoch=2)
+    uint8 = KeyedTransform(transform, seed=1, epoch=2, uint8=True)
+    assert floats.normalization is None and uint8.normalization is not None
+    want = torch.stack([floats(image, f"k{i}") for i, image in enumerate(images)])
+    got = torch.stack([uint8(image, f"k{i}") for i, image in enumerate(images)])
+    assert got.dtype == torch.uint8 and got.shape == want.shape
+    assert torch.equal(normalize_batch(got, uint8.normalization), want)

@@ -40,3 +40,26 @@ def test_the_config_leaves_decode_threads_to_the_rule():
     from pipeline_config.loader import load_config
     config = load_config("clip_tiny")
     assert config.data.decode_workers is None and default_workers() >= 1
+
+
+def test_uint8_batches_reach_the_step_as_the_same_floats_normalised_here_or_in_the_step(tmp_path):
+    """A GPU stage leaves the uint8 images to the step (normalised on the device), a CPU stage has the reading thread
+    normalise them: the model gets the same floats, equal to the float transform's."""
+    from contrastive.data.skips import SkipCounter
+    from contrastive.modalities.image_text.data import stream_batches
+
+    bundle = create_clip(spec=ClipSpec(model_name=TINY_MODEL, init_seed=0, trainable_image_blocks=1), device="cpu")
+    shards = write_tiny_shards(directory=tmp_path / "shards", num_samples=16, samples_per_shard=8, seed=3,
+                               corrupt=False)
+
+    def first(uint8: bool) -> ClipBatch:
+        return next(stream_batches(urls=shards["urls"], batch_size=8, transform=bundle.train_transform, seed=0,
+                                   counter=SkipCounter(max_skip_fraction=0.5), epoch=1, uint8=uint8))
+
+    floats, task = first(False), ClipTask(bundle=bundle)
+    on_device = ready_for_step(first(True), tokenizer=bundle.tokenizer, pin_memory=False, normalize=False)
+    here = ready_for_step(first(True), tokenizer=bundle.tokenizer, pin_memory=False, normalize=True)
+    assert on_device.images.dtype == torch.uint8 and here.images.dtype == torch.float32
+    cpu = torch.device("cpu")
+    assert torch.equal(task.inputs(on_device, device=cpu, step=0)["images"], floats.images)
+    assert torch.equal(task.inputs(here, device=cpu, step=0)["images"], floats.images)
