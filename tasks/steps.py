@@ -9,7 +9,6 @@ same pipeline, a retried flow run, or a run whose Prefect result store was wiped
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from pipeline_config.schema import _PipelineBase
 from tasks.records import (ClusterRecord, DiagnosisRecord, EvalRecord, ExportRecord, FeaturesRecord, ModelRecord,
                            PseudoLabelRecord, RegroupRecord, StepRecord, TrainRecord, finished_record)
 from tasks.launching import gpu_slot, run_stage_processes, uses_processes
-from tasks.tracking import PENDING_FILE, MetricBuffer, Tracker, log_encoder
+from tasks.tracking import PENDING_FILE, MetricBuffer, Tracker, log_encoder, rank_metric_points
 
 # ---------------------------------------------------------------------------------------------------- helpers
 def cache_key_from_parameters(context: TaskRunContext, parameters: dict[str, Any]) -> str:
@@ -220,16 +219,14 @@ def _train(*, config, tracker: Tracker, mlflow_run_id: str, out_dir: str, spec, 
            total_steps: int, description: str) -> dict:
     """train_and_record's training: as processes where config.launcher says (torchrun here, a Slurm or Kubernetes
     job: tasks/launching.py), or here with metrics streamed to MLflow."""
+    # Metrics a checkpoint holds wait on disk until MLflow has them (an outage, a crash): tracking.md.
+    buffer = MetricBuffer(tracker=tracker, run_id=mlflow_run_id, journal=Path(out_dir) / PENDING_FILE)
     if uses_processes(config):
         summary = run_stage_processes(config=config, what="train", entry=entry, kwargs={"spec": spec.to_json()},
                                       stage_dir=out_dir)
-        metrics_file = Path(out_dir) / "train_metrics.jsonl"
-        history = [json.loads(line) for line in metrics_file.read_text().splitlines()] if metrics_file.exists() \
-            else []
-        tracker.log_metric_history(mlflow_run_id, [(int(h.pop("step")), h) for h in history])
+        buffer.add_trained(rank_metric_points(Path(out_dir) / "train_metrics.jsonl"))
+        buffer.flush(final=True)
     else:
-        # Metrics a checkpoint holds wait on disk until MLflow has them (an outage, a crash): tracking.md.
-        buffer = MetricBuffer(tracker=tracker, run_id=mlflow_run_id, journal=Path(out_dir) / PENDING_FILE)
         terminal = TerminalProgress(total_steps=total_steps, description=description)
         progress = PrefectProgress(total_steps=total_steps, description=f"{description} training ({out_dir})")
         try:

@@ -465,6 +465,20 @@ def metric_points(history: list[tuple[int, dict[str, float]]], *, timestamp_ms: 
             for k, v in metrics.items() if v == v]
 
 
+def rank_metric_points(path: Path) -> list[list]:
+    """The points ``[key, value, timestamp_ms, step]`` of the metrics file a stage's ranks wrote
+    (``contrastive.engine.callbacks.JsonlMetrics``): a step logged again (the stage resumed or rolled back and
+    trained it again) keeps its last values only."""
+    latest: dict[tuple[str, int], list] = {}
+    lines = Path(path).read_text().splitlines() if Path(path).exists() else []
+    for line in lines:
+        record = json.loads(line)
+        step, timestamp = int(record.pop("step")), int(record.pop("time_ms", now_ms()))
+        for point in metric_points([(step, record)], timestamp_ms=timestamp):
+            latest[(point[0], step)] = point
+    return list(latest.values())
+
+
 PENDING_FILE = "mlflow-pending.jsonl"  # in a training stage's step directory
 
 
@@ -575,6 +589,12 @@ class MetricBuffer:
             log.info("sending %d metric points an earlier run of this stage kept in %s", self.journal.points,
                      self.journal.path)
             self.flush()
+
+    def add_trained(self, points: list[list]) -> None:
+        """Points of steps the stage trained to its end elsewhere (its ranks' metrics file), to send with the rest:
+        committed as they are (their timestamps make a second send a no-op)."""
+        self._steps_unsent += 1
+        self.journal.add(run_id=self.run_id, metrics=points)
 
     def on_step(self, *, step: int, epoch: int, metrics: dict[str, float]) -> None:
         self.unsaved.append((step, metrics, now_ms()))

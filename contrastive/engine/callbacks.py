@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 
 class JsonlMetrics:
-    """Training callback appending metrics to a JSON-lines file (readable after a torchrun subprocess ends)."""
+    """Training callback appending metrics to a JSON-lines file (readable after a torchrun subprocess ends):
+    ``{"step": s, "time_ms": t, **metrics}`` a line. A resumed or rolled-back stage appends the steps it trains
+    again, so a later line of a step supersedes an earlier one; ``time_ms`` (when the step was logged) lets the
+    file be sent to a tracker twice without doubling a point."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -14,7 +18,7 @@ class JsonlMetrics:
 
     def _write(self, record: dict) -> None:
         with open(self.path, "a") as handle:
-            handle.write(json.dumps(record) + "\n")
+            handle.write(json.dumps({**record, "time_ms": int(time.time() * 1000)}) + "\n")
 
     def on_step(self, *, step: int, epoch: int, metrics: dict[str, float]) -> None:
         self._write({"step": step, **metrics})

@@ -319,3 +319,26 @@ def test_a_full_disk_under_the_journal_is_the_one_line_and_leaves_no_torn_line(t
         journal.add(run_id="r", metrics=[["train/loss", 2.0, 2, 2]])
     lines = (tmp_path / PENDING_FILE).read_text().split("\n")
     assert len(lines) == 2 and lines[1] == "" and json.loads(lines[0])["seq"] == 1  # the half line was cut off
+
+
+def test_the_ranks_metrics_file_keeps_a_steps_last_values_and_sends_twice_without_doubling(tracker, tmp_path):
+    """Under torchrun the ranks append to train_metrics.jsonl (JsonlMetrics); a resumed stage appends the steps
+    after its checkpoint again: the later lines win, and sending the file again (a rerun after the send failed) adds
+    nothing."""
+    from contrastive.engine.callbacks import JsonlMetrics
+    from tasks.tracking import rank_metric_points
+    path = tmp_path / "train_metrics.jsonl"
+    first, resumed = JsonlMetrics(path), JsonlMetrics(path)
+    for step in (1, 2, 3):
+        first.on_step(step=step, epoch=0, metrics={"train/loss": float(step)})
+    for step in (3, 4):  # resumed from the checkpoint at step 2
+        resumed.on_step(step=step, epoch=0, metrics={"train/loss": 10.0 * step})
+    resumed.on_epoch_end(epoch=0, metrics={"train/epoch_loss": 5.0})
+    run = tracker.start_run(name="stage", tags={"stage": "0"})
+    for _ in range(2):
+        buffer = MetricBuffer(tracker=tracker, run_id=run, journal=tmp_path / PENDING_FILE)
+        buffer.add_trained(rank_metric_points(path))
+        buffer.flush(final=True)
+    assert [(m.step, m.value) for m in tracker.client.get_metric_history(run, "train/loss")] == [
+        (1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0)]
+    assert [(m.step, m.value) for m in tracker.client.get_metric_history(run, "train/epoch_loss")] == [(0, 5.0)]
