@@ -4,6 +4,7 @@ import dataclasses
 import json
 
 import numpy as np
+import torch
 from PIL import Image
 
 from contrastive.data.image_folder import prepare_image_folder
@@ -11,14 +12,23 @@ from contrastive.modalities.image import steps as stages
 from tests.faults.train_tiny_stage import tiny_spec
 
 
-def test_a_stage_from_files_trains_the_same_with_0_1_and_3_workers(tmp_path):
+def _jpeg_folder(tmp_path):
+    """40 small JPEGs in 2 class folders, indexed as storage "files" (decode_scale auto, the config's default)."""
     rng = np.random.default_rng(0)
     for i in range(40):
         folder = tmp_path / "src" / f"c{i % 2}"
         folder.mkdir(parents=True, exist_ok=True)
         Image.fromarray(rng.integers(0, 256, (24, 20 + i % 5, 3), dtype=np.uint8)).save(folder / f"{i}.jpg")
-    dataset_dir = prepare_image_folder(source=tmp_path / "src", root=tmp_path / "c", image_size=16, storage="files",
-                                       decode_scale="auto")
+    return prepare_image_folder(source=tmp_path / "src", root=tmp_path / "c", image_size=16, storage="files",
+                                decode_scale="auto")
+
+
+def _weights(stage_dir) -> dict:
+    return torch.load(stage_dir / "model" / "model.pt", weights_only=False)["state_dict"]
+
+
+def test_a_stage_from_files_trains_the_same_with_0_1_and_3_workers(tmp_path):
+    dataset_dir = _jpeg_folder(tmp_path)
     runs = {}
     for workers in (0, 1, 3):
         spec = dataclasses.replace(tiny_spec(dataset_dir, tmp_path / f"w{workers}", epochs=2, record_keys=True),
@@ -28,3 +38,16 @@ def test_a_stage_from_files_trains_the_same_with_0_1_and_3_workers(tmp_path):
         assert summary["steps"] == 4  # 2 epochs of 30 training images in batches of 16 (one partial)
     assert runs[0]["batches"] == runs[1]["batches"] == runs[3]["batches"]
     assert runs[0]["losses"] == runs[1]["losses"] == runs[3]["losses"]  # the same views, bit for bit
+
+
+def test_a_stage_stopped_mid_epoch_resumes_with_workers_as_if_uninterrupted(tmp_path):
+    """Uninterrupted without workers; stopped after the first step (mid-epoch 0) and resumed with 2 persistent
+    workers: the same final weights."""
+    dataset_dir = _jpeg_folder(tmp_path)
+    spec = dataclasses.replace(tiny_spec(dataset_dir, tmp_path / "full", epochs=2), workers=0)
+    stages.train_stage(spec)
+    resumed = dataclasses.replace(tiny_spec(dataset_dir, tmp_path / "resumed", epochs=2), workers=2)
+    assert stages.train_stage(resumed, stop_after_steps=1)["steps"] == 1
+    assert stages.train_stage(resumed)["steps"] == 4
+    full, again = _weights(tmp_path / "full"), _weights(tmp_path / "resumed")
+    assert full.keys() == again.keys() and all(torch.equal(full[k], again[k]) for k in full)
