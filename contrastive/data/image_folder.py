@@ -314,7 +314,7 @@ def _try_load(path: Path, size: int, decode_scale: str) -> np.ndarray | str:
 
 
 def _decode_all(source: Path, rel_paths: Sequence[str], *, out: np.ndarray, size: int,
-                decode_scale: str) -> dict[str, str]:
+                decode_scale: str = "full") -> dict[str, str]:
     """Decode into ``out`` (N, size, size, 3) row by row; returns rel path -> error for unreadable files."""
     failures = {}
     workers = min(8, os.cpu_count() or 1)  # PIL decodes outside the GIL, so threads give real parallelism
