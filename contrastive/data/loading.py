@@ -1,13 +1,15 @@
 """Open a prepared dataset, and read it batch by batch: a slice for ``images.npy``, DataLoader workers decoding
 the images of an index (image files, webdataset shards).
 
-:func:`load_dataset` picks the class from the directory's manifest. :func:`iter_batches` is the one reader for
-every storage. For an :class:`~contrastive.data.dataset.ImageArrayDataset` a batch is a memmap slice, read in this
-process (there is nothing to decode). For an :class:`~contrastive.data.image_files.IndexedImageDataset` (image
-files, :class:`~contrastive.data.shards.ShardDataset`) every batch is one item of a map-style dataset that
-``torch.utils.data.DataLoader`` workers decode whole (``batch_size=None``): the plan of batches (the sampler's
-order, MCL's group-pure batches) stays the caller's, the workers only decode, and the batches come back in the
-order given. Unreadable images are dropped from their batch, counted in a
+:func:`load_dataset` picks the class from the directory's manifest. :class:`BatchReader` is the one reader for
+every storage (a stage keeps one for all its epochs; :func:`iter_batches` is one read of a fresh one). For an
+:class:`~contrastive.data.dataset.ImageArrayDataset` a batch is a memmap slice, read in this process (there is
+nothing to decode). For an :class:`~contrastive.data.image_files.IndexedImageDataset` (image files,
+:class:`~contrastive.data.shards.ShardDataset`) every batch is one item of a map-style dataset that
+``torch.utils.data.DataLoader`` workers decode whole (``batch_size=None``), the plan of batches being the
+DataLoader's sampler: the plan (the sampler's order, MCL's group-pure batches) stays the caller's, the workers
+(persistent across reads) only decode, and the batches come back in the order given. :func:`default_workers` is
+the rule for how many workers when the config leaves it unset. Unreadable images are dropped from their batch, counted in a
 :class:`~contrastive.data.skips.SkipCounter` and logged; more than ``max_skip_fraction`` of them ends the run
 with a :class:`~contrastive.errors.DataError` naming the first bad images and the fix.
 """
