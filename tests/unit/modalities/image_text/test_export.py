@@ -12,6 +12,7 @@ from contrastive.modalities.image_text.data import write_tiny_shards
 from contrastive.modalities.image_text.model import TINY_MODEL, ClipSpec, create_clip, save_stage_model
 from contrastive.modalities.image_text.steps import export_stage
 from tests.distributed import run_gloo_ranks
+from tests.unit.export_checks import assert_bf16_export_close_to_fp32
 
 #: Stored embeddings are float16 (a step of 2^-11 relative, under 5e-4 for these unit vectors), and the two runs
 #: batch different rows together (float noise): 1e-3 absolute covers both and nothing more.
@@ -64,10 +65,4 @@ def test_bf16_export_on_cpu_is_close_to_fp32(stage):
     tmp, shards, model_path = stage
     _export(shards["urls"][:2], model_path, tmp / "fp32")
     _export(shards["urls"][:2], model_path, tmp / "bf16", precision="bf16")
-    ids32, z32 = load_embeddings(directory=tmp / "fp32")
-    ids16, z16 = load_embeddings(directory=tmp / "bf16")
-    assert ids16.tolist() == ids32.tolist()
-    assert not np.array_equal(z16, z32)  # autocast did run in bf16
-    cosine = (z16 * z32).sum(1) / np.linalg.norm(z16, axis=1) / np.linalg.norm(z32, axis=1)
-    assert cosine.min() > 0.999
-    assert np.abs(z16 - z32).max() < 0.02
+    assert_bf16_export_close_to_fp32(tmp / "fp32", tmp / "bf16")

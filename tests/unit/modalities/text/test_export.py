@@ -12,6 +12,7 @@ from contrastive.modalities.text.encoders import TextEncoderSpec
 from contrastive.modalities.text.steps import build_text_method, embed_sentences, export_text_embeddings, \
     load_text_model
 from tests.distributed import run_gloo_ranks
+from tests.unit.export_checks import assert_bf16_export_close_to_fp32
 
 #: Stored embeddings are float16 (a step of 2^-11 relative: under 5e-4 for these entries, all below 1 in size) and
 #: the runs batch and pad different sentences together (float noise): 1e-3 absolute covers both.
@@ -67,10 +68,4 @@ def test_bf16_export_on_cpu_is_close_to_fp32(stage):
     tmp, data_dir, model_path = stage
     _export(data_dir, model_path, tmp / "fp32")
     _export(data_dir, model_path, tmp / "bf16", precision="bf16")
-    ids32, z32 = load_embeddings(directory=tmp / "fp32")
-    ids16, z16 = load_embeddings(directory=tmp / "bf16")
-    assert ids16.tolist() == ids32.tolist()
-    assert not np.array_equal(z16, z32)  # autocast did run in bf16
-    cosine = (z16 * z32).sum(1) / np.linalg.norm(z16, axis=1) / np.linalg.norm(z32, axis=1)
-    assert cosine.min() > 0.999
-    assert np.abs(z16 - z32).max() < 0.02
+    assert_bf16_export_close_to_fp32(tmp / "fp32", tmp / "bf16")
