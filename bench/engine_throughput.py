@@ -13,9 +13,11 @@
    - baseline: what the public SimCLR loops do: ``torchvision.datasets.ImageFolder`` with per-sample
      ``transforms.v2`` (Resize 32, then RandomResizedCrop(32, scale=(0.25, 1)) + ToImage + ToDtype twice for two
      views), ``DataLoader(batch_size=64, num_workers=1, shuffle=True)``, the SAME model from
-     ``contrastive.methods.build_method`` and its ``training_loss`` (NT-Xent), Adam, the same number of steps.
+     ``contrastive.methods.build_method`` and its ``training_loss`` (NT-Xent) in channels_last as ours (the engine's
+     model-side setting, so the ratio is the input path's), Adam, the same number of steps.
 
-   Goal: ours >= 1.5x the baseline's images/s. Only the epoch is timed (ours: the engine's own clock around its
+   Goal (issue 25; both sides in channels_last, so the ratio is the input path's): ours >= 1.0x the baseline's
+   images/s at 1 torch thread and > 1.0x at every core. Only the epoch is timed (ours: the engine's own clock around its
    epoch loop, as ``train_summary.json`` reports it; baseline: from creating the DataLoader to the last optimizer
    step); preparing the folder and building the model are not. Each side first runs a 2-step warm-up of its own
    (so neither pays one-off costs: our workers' forkserver, the allocator), then 3 epochs interleaved (A B, B A, A B),
@@ -185,9 +187,13 @@ class Baseline:
         self.method = build_method(model_kwargs=fixtures.model_kwargs(),
                                    method_kwargs={"name": "simclr", "temperature": 0.2})
         self.method.train()
+        # The engine's model-side setting, given to the baseline too (one line in any peer loop), so the ratio
+        # compares the input paths alone: channels_last weights here, channels_last views in the step.
+        self.method.to(memory_format=torch.channels_last)
         self.optimizer = torch.optim.Adam(self.method.parameters(), lr=1e-3, weight_decay=1e-6)
 
     def epoch(self, limit: int) -> dict:
+        import torch
         from torch.utils.data import DataLoader
 
         self.method.on_train_start(total_steps=limit)
@@ -197,6 +203,7 @@ class Baseline:
             if step >= limit:
                 break
             arrivals.append(time.perf_counter())
+            view1, view2 = (v.contiguous(memory_format=torch.channels_last) for v in (view1, view2))
             loss_t, _ = self.method.training_loss(view1, view2, step=step)
             self.optimizer.zero_grad(set_to_none=True)
             loss_t.backward()
@@ -212,7 +219,7 @@ class Baseline:
 
 # ---------------------------------------------------------------------------------------------------- 1. unimodal
 BASELINE_TEXT = ("torchvision ImageFolder + per-sample transforms.v2 (Resize, RandomResizedCrop x2, ToImage, "
-                 "ToDtype) + DataLoader(64, 1 worker, shuffle) + the same model/loss, Adam")
+                 "ToDtype) + DataLoader(64, 1 worker, shuffle) + the same model/loss, channels_last, Adam")
 
 
 def thread_settings() -> list[int]:
@@ -255,7 +262,11 @@ def files_result(*, runs: dict, threads: int, num_images: int, steps: int) -> Re
         name=f"Engine: unimodal training from an image folder (files), {threads} torch thread(s){default}",
         workload=_workload(num_images=num_images, steps=steps, threads=threads, reader="1 DataLoader worker"),
         baseline=BASELINE_TEXT, baseline_s=steps * BATCH / base_rate, ours_s=steps * BATCH / ours_rate, ratio=ratio,
-        ratio_note=f"images/s ratio, median of {ROUNDS} runs each", goal=">= 1.5x (images/s)", passed=ratio >= 1.5,
+        ratio_note=f"images/s ratio, median of {ROUNDS} runs each",
+        # Issue 25: both sides in channels_last, so this is the input path's ratio: >= 1.0x with one torch thread
+        # (nothing of the input on the training thread's core), ahead (> 1.0x) at every core.
+        goal=">= 1.0x (images/s)" if threads == 1 else "> 1.0x (images/s)",
+        passed=ratio >= 1.0 if threads == 1 else ratio > 1.0,
         notes=[f"images/s over the epoch (median of {ROUNDS} interleaved runs): ours {ours_rate:.0f} "
                f"(runs {per_run('ours')}), baseline {base_rate:.0f} (runs {per_run('baseline')})",
                f"first batch after: ours {med('ours', 'first_batch_s'):.2f} s (its decode worker comes from a "
