@@ -11,7 +11,12 @@ outside a flow) leaves it running for ever. The server started here instead
   (``prctl(PR_SET_PDEATHSIG)``) and a watchdog thread polls the parent pid as a second guard (and on systems
   without prctl); a server that has not stopped 5 s after that exits hard;
 * starts under a file lock in PREFECT_HOME, so two pipelines started together do not create or migrate the same
-  Prefect database at the same time.
+  Prefect database at the same time;
+* is started again when it dies under the run (the OOM killer, a stray ``kill -9``): on the same port and the same
+  database in PREFECT_HOME, so the flow run's own client, which retries each call for about a minute
+  (``PREFECT_CLIENT_MAX_RETRIES``), carries on where it was and the training never notices. One warning says so;
+  after ``MAX_RESTARTS`` deaths the run is left to end in the one line of ``flows.faults`` (the command that
+  continues).
 
 It takes the place of Prefect's default instance (``SubprocessASGIServer._instances[None]``, as Prefect's own test
 harness does), so every Prefect client in the process talks to it. Run as ``python -m flows.local_server PARENT_PID
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import signal
 import subprocess
@@ -34,6 +40,14 @@ from contrastive.engine.signals import set_parent_death_signal
 WATCHDOG_SECONDS = 0.25
 HARD_EXIT_SECONDS = 5.0
 LOCK_NAME = ".mclpipe-server-start.lock"
+#: Deaths of the temporary server a run outlives; one more ends it (a server that keeps dying is not transient).
+#: MCLPIPE_PREFECT_SERVER_RESTARTS overrides it (0: a death ends the run at once, with the command that continues).
+MAX_RESTARTS = 3
+RESTARTS_ENV = "MCLPIPE_PREFECT_SERVER_RESTARTS"
+SUPERVISE_SECONDS = 0.5
+RESTART_HEALTH_SECONDS = 120.0
+
+log = logging.getLogger("mclpipe")
 
 
 # ------------------------------------------------------------------------------------------------ in the CLI
@@ -60,7 +74,66 @@ def _server_class():
                  "--log-level", "error", "--lifespan", "on"],
                 env=env, start_new_session=True)
 
+        def start(self, timeout: int | None = None) -> None:
+            super().start(timeout)
+            if self.running and getattr(self, "_supervisor", None) is None:
+                self._stopping, self.restarts = False, 0
+                self._supervisor = threading.Thread(target=supervise, args=(self,), name="prefect-server-supervisor",
+                                                    daemon=True)
+                self._supervisor.start()
+
+        def stop(self) -> None:
+            self._stopping = True  # an exit from here on is ours, not a death to recover from
+            super().stop()
+
     return OwnedServer
+
+
+def _died(code: int) -> str:
+    return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+
+
+def supervise(server) -> None:
+    """Start ``server`` (an OwnedServer) again, on its port and database, whenever its process dies while the run
+    still needs it; give up after MAX_RESTARTS deaths (module docstring)."""
+    max_restarts = int(os.environ.get(RESTARTS_ENV, MAX_RESTARTS))
+    while not server._stopping:
+        process = server.server_process
+        code = process.poll() if process is not None else None
+        if code is None:
+            time.sleep(SUPERVISE_SECONDS)
+            continue
+        if server._stopping:
+            return
+        if server.restarts >= max_restarts:
+            log.error("the temporary Prefect server died (%s) after %d restart(s): not starting it again (%s=%d)",
+                      _died(code), server.restarts, RESTARTS_ENV, max_restarts)
+            return
+        server.restarts += 1
+        log.warning("the temporary Prefect server died (%s: out of memory?); starting it again on %s with the same "
+                    "database, the run goes on (restart %d of at most %d)", _died(code), server.address,
+                    server.restarts, max_restarts)
+        restart(server)
+
+
+def restart(server) -> bool:
+    """A new server process on ``server``'s port, under the start-up lock; True once it answers /health."""
+    import httpx
+    from prefect.settings import get_current_settings
+
+    with _startup_lock(Path(get_current_settings().home)):
+        server.server_process = server._run_uvicorn_command()
+    deadline = time.monotonic() + RESTART_HEALTH_SECONDS
+    with httpx.Client() as client:
+        while time.monotonic() < deadline and not server._stopping:
+            if server.server_process.poll() is not None:
+                return False  # died at start-up: the supervisor sees it and counts it
+            with contextlib.suppress(httpx.HTTPError):
+                if client.get(f"{server.api_url}/health", timeout=2).status_code == 200:
+                    log.info("the temporary Prefect server answers again on %s", server.address)
+                    return True
+            time.sleep(0.2)
+    return False
 
 
 def needs_local_server() -> bool:

@@ -1,0 +1,116 @@
+"""The temporary Prefect server's supervisor (flows.local_server.supervise): a server process that dies under the run
+is started again on the same port, once per death, up to MAX_RESTARTS, and never after the run stopped it. A tiny
+HTTP server that answers /api/health stands in for Prefect's (fast, no Prefect server started)."""
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import httpx
+import pytest
+
+from flows import local_server
+
+HEALTHY = textwrap.dedent("""
+    import http.server, sys
+    class Ok(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/api/health" else 404)
+            self.end_headers()
+        def log_message(self, *args):
+            pass
+    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Ok).serve_forever()
+""")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class FakeServer:
+    """What supervise reads of an OwnedServer: its process, port, address and the command that starts it."""
+
+    def __init__(self):
+        self.port = _free_port()
+        self.address = f"http://127.0.0.1:{self.port}"
+        self.api_url = f"{self.address}/api"
+        self._stopping, self.restarts, self.started = False, 0, 0
+        self.server_process = self._run_uvicorn_command()
+
+    def _run_uvicorn_command(self) -> subprocess.Popen:
+        self.started += 1
+        return subprocess.Popen([sys.executable, "-c", HEALTHY, str(self.port)])
+
+    def healthy(self) -> bool:
+        try:
+            return httpx.get(f"{self.api_url}/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self) -> None:
+        self._stopping = True
+        self.server_process.kill()
+        self.server_process.wait()
+
+
+def _wait(predicate, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def supervised(monkeypatch, tmp_path):
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect-home"))
+    monkeypatch.setattr(local_server, "SUPERVISE_SECONDS", 0.05)
+    server = FakeServer()
+    _wait(server.healthy, "the first server")
+    thread = threading.Thread(target=local_server.supervise, args=(server,), daemon=True)
+    thread.start()
+    yield server, thread
+    server.stop()
+    thread.join(timeout=5)
+
+
+def _kill(server) -> int:
+    pid = server.server_process.pid
+    server.server_process.send_signal(signal.SIGKILL)
+    return pid
+
+
+def test_a_killed_server_is_started_again_on_its_port_with_one_warning(supervised, caplog):
+    server, _ = supervised
+    with caplog.at_level(logging.INFO, logger="mclpipe"):
+        killed = _kill(server)
+        _wait(lambda: server.server_process.pid != killed and server.healthy(), "the restarted server")
+    assert server.restarts == 1 and server.started == 2
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "killed by signal 9" in warnings[0] and server.address in warnings[0] and "the run goes on" in warnings[0]
+
+
+def test_it_gives_up_after_max_restarts(supervised, caplog):
+    server, thread = supervised
+    with caplog.at_level(logging.INFO, logger="mclpipe"):
+        for restart in range(1, local_server.MAX_RESTARTS + 1):
+            killed = _kill(server)
+            _wait(lambda: server.server_process.pid != killed and server.healthy(), f"restart {restart}")
+        _kill(server)
+        thread.join(timeout=10)
+    assert not thread.is_alive() and server.restarts == local_server.MAX_RESTARTS
+    assert server.started == local_server.MAX_RESTARTS + 1  # no start after the last death
+    assert "not starting it again" in [r for r in caplog.records if r.levelno == logging.ERROR][-1].getMessage()
+
+
+def test_a_server_the_run_stopped_is_not_started_again(supervised):
+    server, thread = supervised
+    server.stop()
+    thread.join(timeout=5)
+    assert not thread.is_alive() and server.started == 1 and server.restarts == 0
