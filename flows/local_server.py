@@ -40,6 +40,7 @@ from contrastive.engine.signals import set_parent_death_signal
 WATCHDOG_SECONDS = 0.25
 HARD_EXIT_SECONDS = 5.0
 LOCK_NAME = ".mclpipe-server-start.lock"
+RESTART_LOG = "temporary-server-restarts.log"
 #: Deaths of the temporary server a run outlives; one more ends it (a server that keeps dying is not transient).
 #: MCLPIPE_PREFECT_SERVER_RESTARTS overrides it (0: a death ends the run at once, with the command that continues).
 MAX_RESTARTS = 3
@@ -72,7 +73,7 @@ def _server_class():
                  "--app-dir", str(prefect.__module_path__.parent), "--factory",
                  "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
                  "--log-level", "error", "--lifespan", "on"],
-                env=env, start_new_session=True)
+                env=env, start_new_session=True, stdout=getattr(self, "output", None), stderr=subprocess.STDOUT)
 
         def start(self, timeout: int | None = None) -> None:
             super().start(timeout)
@@ -110,18 +111,29 @@ def supervise(server) -> None:
                       _died(code), server.restarts, RESTARTS_ENV, max_restarts)
             return
         server.restarts += 1
+        log_path = Path(get_prefect_home()) / RESTART_LOG
         log.warning("the temporary Prefect server died (%s: out of memory?); starting it again on %s with the same "
-                    "database, the run goes on (restart %d of at most %d)", _died(code), server.address,
-                    server.restarts, max_restarts)
-        restart(server)
+                    "database, the run goes on (restart %d of at most %d; its log: %s)", _died(code), server.address,
+                    server.restarts, max_restarts, log_path)
+        restart(server, log_path=log_path)
 
 
-def restart(server) -> bool:
-    """A new server process on ``server``'s port, under the start-up lock; True once it answers /health."""
-    import httpx
+def get_prefect_home() -> Path:
     from prefect.settings import get_current_settings
+    return Path(get_current_settings().home)
 
-    with _startup_lock(Path(get_current_settings().home)):
+
+def restart(server, *, log_path: Path) -> bool:
+    """A new server process on ``server``'s port, under the start-up lock; True once it answers /health. Its output
+    goes to ``log_path``, not the terminal: a server restarted under a live flow run logs what it makes of the
+    events and states the client retried through the gap (e.g. its event persister dropping a batch, with a
+    traceback), which is its business, not the run's."""
+    import httpx
+
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    if getattr(server, "output", None) is None:
+        server.output = open(log_path, "ab")  # noqa: SIM115 - the server process writes to it for the rest of the run
+    with _startup_lock(log_path.parent):
         server.server_process = server._run_uvicorn_command()
     deadline = time.monotonic() + RESTART_HEALTH_SECONDS
     with httpx.Client() as client:
@@ -165,11 +177,10 @@ def start_local_server():
     if not needs_local_server():
         return None
     from prefect.server.api.server import SubprocessASGIServer
-    from prefect.settings import get_current_settings
 
     SubprocessASGIServer._instances.pop(None, None)
     server = _server_class()()  # registers itself as the default instance (key None)
-    with _startup_lock(Path(get_current_settings().home)):
+    with _startup_lock(get_prefect_home()):
         server.start()
     return server
 

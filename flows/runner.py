@@ -35,7 +35,7 @@ from typing import Any
 from prefect import get_run_logger
 from prefect.runtime import flow_run
 
-from contrastive.engine.checkpoint import disk_full_error, is_disk_full
+from contrastive.engine.checkpoint import is_disk_full, step_disk_full_error
 from contrastive.errors import StageInterrupted
 from flows.locks import step_lock
 from pipeline_config.schema import digest_of
@@ -61,13 +61,10 @@ def run_step(step, *, storage: Path, force: bool = False, **kwargs) -> StepRecor
     with step_lock(out_dir, on_wait=lambda message: get_run_logger().warning(message)):
         try:
             return _run_locked_step(step, storage=storage, force=force, **kwargs)
-        except OSError as exc:
+        except OSError as exc:  # outside the task's body (Prefect's result record); the body converts its own
             if not is_disk_full(exc):
                 raise
-            where = Path(exc.filename).parent if exc.filename else out_dir
-            raise disk_full_error(directory=where, what=f"the outputs of step {out_dir.name}",
-                                  kept="finished steps and the last checkpoint of a stage in progress are kept"
-                                  ) from exc
+            raise step_disk_full_error(exc, out_dir=out_dir) from exc
 
 
 def _run_locked_step(step, *, storage: Path, force: bool, title: str | None = None, **kwargs) -> StepRecord:

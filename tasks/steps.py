@@ -9,6 +9,7 @@ same pipeline, a retried flow run, or a run whose Prefect result store was wiped
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from tqdm.auto import tqdm
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.context import TaskRunContext
 
-from contrastive.engine.checkpoint import write_json
+from contrastive.engine.checkpoint import is_disk_full, step_disk_full_error, write_json
 from contrastive.engine.device import check_faiss, check_gpus_usable
 from contrastive.engine.launch import EXPORT_SUMMARY
 from contrastive.evaluate import plot_cluster_sizes
@@ -61,7 +62,20 @@ def stage_seed(config: _PipelineBase, stage: int) -> int:
 
 
 def cached_task(name: str, **kwargs):
-    return task(name=name, cache_key_fn=cache_key_from_parameters, persist_result=True, **kwargs)
+    """A pipeline step as a Prefect task cached on its content key. A full disk in the step's body fails the task
+    with the one-line DiskFullError naming the directory (Prefect logs the task's exception as it is, so a raw
+    ``OSError: [Errno 28]`` would reach the terminal before the flow could explain it)."""
+    def decorate(fn):
+        @functools.wraps(fn)
+        def step(**params):
+            try:
+                return fn(**params)
+            except OSError as exc:
+                if not is_disk_full(exc) or "out_dir" not in params:
+                    raise
+                raise step_disk_full_error(exc, out_dir=Path(params["out_dir"])) from exc
+        return task(name=name, cache_key_fn=cache_key_from_parameters, persist_result=True, **kwargs)(step)
+    return decorate
 
 
 def numeric_metrics(prefix: str, values: dict) -> dict[str, float]:

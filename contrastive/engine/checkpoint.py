@@ -67,6 +67,16 @@ def disk_full_error(*, directory: Path, what: str, kept: str | None = None) -> D
                          f"are reused and a stage in progress resumes from its last checkpoint")
 
 
+STEP_KEPT = "finished steps and the last checkpoint of a stage in progress are kept"
+
+
+def step_disk_full_error(exc: OSError, *, out_dir: Path) -> DiskFullError:
+    """The one line for a pipeline step whose write (``exc``) found the disk full: the directory of the file, else the
+    step's own ``out_dir``."""
+    where = Path(exc.filename).parent if getattr(exc, "filename", None) else Path(out_dir)
+    return disk_full_error(directory=where, what=f"the outputs of step {Path(out_dir).name}", kept=STEP_KEPT)
+
+
 def _write_temporary(path: Path, payload: bytes, *, what: str) -> Path:
     """``payload`` fsynced into a temporary file beside ``path``; on a full disk the partial file is removed."""
     path.parent.mkdir(parents=True, exist_ok=True)

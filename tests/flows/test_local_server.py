@@ -17,6 +17,7 @@ from flows import local_server
 
 HEALTHY = textwrap.dedent("""
     import http.server, sys
+    print("stand-in server listening", flush=True)
     class Ok(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             self.send_response(200 if self.path == "/api/health" else 404)
@@ -45,7 +46,8 @@ class FakeServer:
 
     def _run_uvicorn_command(self) -> subprocess.Popen:
         self.started += 1
-        return subprocess.Popen([sys.executable, "-c", HEALTHY, str(self.port)])
+        return subprocess.Popen([sys.executable, "-c", HEALTHY, str(self.port)],
+                                stdout=getattr(self, "output", None), stderr=subprocess.STDOUT)
 
     def healthy(self) -> bool:
         try:
@@ -68,7 +70,7 @@ def _wait(predicate, what: str, timeout: float = 30.0) -> None:
 
 @pytest.fixture
 def supervised(monkeypatch, tmp_path):
-    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect-home"))
+    monkeypatch.setattr(local_server, "get_prefect_home", lambda: tmp_path / "prefect-home")
     monkeypatch.setattr(local_server, "SUPERVISE_SECONDS", 0.05)
     server = FakeServer()
     _wait(server.healthy, "the first server")
@@ -85,7 +87,7 @@ def _kill(server) -> int:
     return pid
 
 
-def test_a_killed_server_is_started_again_on_its_port_with_one_warning(supervised, caplog):
+def test_a_killed_server_is_started_again_on_its_port_with_one_warning(supervised, caplog, tmp_path):
     server, _ = supervised
     with caplog.at_level(logging.INFO, logger="mclpipe"):
         killed = _kill(server)
@@ -94,6 +96,10 @@ def test_a_killed_server_is_started_again_on_its_port_with_one_warning(supervise
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert "killed by signal 9" in warnings[0] and server.address in warnings[0] and "the run goes on" in warnings[0]
+    # The restarted server writes to a log in PREFECT_HOME that the warning names, not to the run's terminal.
+    log_path = tmp_path / "prefect-home" / local_server.RESTART_LOG
+    assert str(log_path) in warnings[0]
+    _wait(lambda: log_path.exists() and "stand-in server listening" in log_path.read_text(), "the restart's log")
 
 
 def test_it_gives_up_after_max_restarts(supervised, caplog):
