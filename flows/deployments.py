@@ -33,16 +33,35 @@ def deployment_name(config: _PipelineBase) -> str:
     return config.name
 
 
+def with_config_form(deployment, config: _PipelineBase):
+    """``deployment`` with its parameter schema narrowed to ``config``'s own modality: the flow's ``config`` parameter
+    is the union of every modality's config (a oneOf with a discriminator), which Prefect's deployment form shows only
+    as raw JSON; typed as the one config class the deployment runs, it is the form of that config's sections and
+    fields (the Custom run form of docs/ui.md). Prefect has no public argument for it, so the private schema that
+    ``to_deployment`` derived from the flow's signature is replaced."""
+    import inspect
+
+    from prefect.utilities.callables import generate_parameter_schema, parameter_docstrings
+
+    signature = inspect.signature(mcl_pipeline.fn, eval_str=True)
+    parameters = [p.replace(annotation=type(config)) if p.name == "config" else p
+                  for p in signature.parameters.values()]
+    deployment._parameter_openapi_schema = generate_parameter_schema(
+        signature.replace(parameters=parameters), parameter_docstrings(inspect.getdoc(mcl_pipeline.fn)))
+    return deployment
+
+
 def build_deployments(config_names: list[str] | None = None, overrides: list[str] | None = None) -> list:
     """One RunnerDeployment per config (default: every bundled preset), each with its config as the default
     parameters and its schedule from the config's ``schedule`` section (none = run on demand from the UI)."""
     deployments = []
     for name in config_names or preset_names():
         config = load_config(name, overrides or [])
-        deployments.append(mcl_pipeline.to_deployment(
+        deployments.append(with_config_form(mcl_pipeline.to_deployment(
             name=deployment_name(config), parameters={"config": config.model_dump(mode="json")},
             schedules=schedules_of(config), tags=["mclpipe", config.pipeline],
-            description=f"{config.pipeline} pipeline from config {name!r} (config hash {config.config_hash()})"))
+            description=f"{config.pipeline} pipeline from config {name!r} (config hash {config.config_hash()})"),
+            config))
     return deployments
 
 
@@ -72,7 +91,7 @@ def deploy_to_work_pool(*, config_name: str, work_pool: str, image: str | None =
         name=deployment_name(config), work_pool_name=work_pool, parameters={"config": config.model_dump(mode="json")},
         schedules=schedules_of(config), tags=["mclpipe", config.pipeline],
         description=f"{config.pipeline} pipeline from config {config_name!r} (config hash {config.config_hash()})")
-    return str(deployment.apply(work_pool_name=work_pool, image=image))
+    return str(with_config_form(deployment, config).apply(work_pool_name=work_pool, image=image))
 
 
 def require_work_pool(name: str) -> None:

@@ -39,7 +39,11 @@ def test_custom_run_from_the_deployment_form(worker_deployment, browser, shots):
     # Run -> Custom run: the typed config as a form; change one training value
     page.get_by_role("button", name="Run", exact=True).first.click()
     page.get_by_text("Custom run", exact=True).first.click()
-    page.get_by_text("Num Stages (Optional)").first.wait_for(timeout=WAIT_MS)
+    try:
+        page.get_by_text("Num Stages (Optional)").first.wait_for(timeout=WAIT_MS)
+    except Exception:
+        page.screenshot(path=str(shots / "failed-custom-run-form.png"), full_page=True)  # what the form showed
+        raise
     epochs = form_field(page, "Epochs (Optional)")
     assert epochs.input_value() == "1"  # train.epochs of the deployed config
     epochs.fill("2")

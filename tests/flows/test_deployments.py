@@ -26,8 +26,20 @@ def test_deployments_carry_schedule_and_typed_parameters():
     stored = asyncio.run(read())
     assert stored.enforce_parameter_schema
     assert "ImagePipelineConfig" in stored.parameter_openapi_schema["definitions"]
+    # The config is typed as the deployment's own modality (a form in the UI), not the union of all (raw JSON).
+    assert stored.parameter_openapi_schema["properties"]["config"]["$ref"] == "#/definitions/ImagePipelineConfig"
+    assert "ClipPipelineConfig" not in stored.parameter_openapi_schema["definitions"]
     assert stored.parameter_openapi_schema["definitions"]["TrainConfig"]["additionalProperties"] is False
     assert stored.schedules and stored.schedules[0].schedule.cron == "0 3 * * *"
+
+
+def test_each_deployment_types_its_config_as_its_own_modality():
+    for deployment, config_class in zip(build_deployments(["trifeature_tiny", "clip_tiny", "text_tiny"]),
+                                        ["ImagePipelineConfig", "ClipPipelineConfig", "TextPipelineConfig"]):
+        schema = deployment._parameter_openapi_schema.model_dump_for_openapi()
+        assert schema["properties"]["config"]["$ref"] == f"#/definitions/{config_class}"
+        assert "oneOf" not in schema["properties"]["config"]
+        assert schema["properties"]["rerun_from"]  # the flow's other parameter stays
 
 
 def test_deploy_to_a_process_work_pool_registers_the_checkout(tmp_path):
