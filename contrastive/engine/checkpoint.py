@@ -132,17 +132,32 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> str:
         raise disk_full_error(directory=path.parent, what=f"a training checkpoint ({path.name})", kept=note) \
             from exc.__cause__
     if kept == path:
-        os.replace(path, _previous_path(path))
-        if _digest_path(path).exists():
-            os.replace(_digest_path(path), _digest_path(_previous_path(path)))
+        _keep_as_previous(path)
         if (record := _WRITTEN.pop(str(path), None)) is not None:
-            _WRITTEN[str(_previous_path(path))] = record  # a rename keeps size and mtime
+            _WRITTEN[str(_previous_path(path))] = record  # a hard link (or copy2) keeps size and mtime
     os.replace(tmp, path)
     # Without its digest (the disk filled up just now) the new file reads as corrupt and .prev is used instead.
     atomic_write_bytes(_digest_path(path), digest.encode(), what="a checkpoint digest")
     written = path.stat()
     _WRITTEN[str(path)] = (written.st_size, written.st_mtime_ns, digest)
     return digest
+
+
+def _keep_as_previous(path: Path) -> None:
+    """``path`` and its digest also become ``.prev`` while ``path`` stays where it is (a hard link, or a copy where
+    the filesystem has none, renamed over ``.prev``). Renaming ``path`` away instead left an instant with no
+    ``path`` at all before the new file was renamed in: a process killed there (the OOM killer mid-save) left only
+    ``.prev``. Now at every instant ``path`` exists and either verifies or falls back to a ``.prev`` that does."""
+    for source, target in ((path, _previous_path(path)), (_digest_path(path), _digest_path(_previous_path(path)))):
+        if not source.exists():
+            continue
+        staged = target.with_name(f"{target.name}.tmp{os.getpid()}")
+        staged.unlink(missing_ok=True)
+        try:
+            os.link(source, staged)
+        except OSError:  # no hard links on this filesystem
+            shutil.copy2(source, staged)
+        os.replace(staged, target)
 
 
 #: What this process wrote at each checkpoint path: (size, mtime_ns, SHA-256 of the payload). The next save must

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from contrastive.engine.checkpoint import load_checkpoint
 from tests.faults.tiny_data import assert_same_weights, stage_weights, tiny_trifeature
 
 SCRIPT = Path(__file__).with_name("train_tiny_stage.py")
@@ -43,7 +44,7 @@ def test_sigkill_mid_stage_then_resume_equals_uninterrupted(dataset_dir, tmp_pat
         time.sleep(0.05)
     os.killpg(victim.pid, signal.SIGKILL)  # every rank and the torchrun agent at once, as a lost node
     victim.wait(timeout=30)
-    killed_at = torch.load(checkpoint, weights_only=False)["step"]
+    killed_at = load_checkpoint(checkpoint)["step"]  # what a resume reads (last.pt, or .prev if it was mid-save)
     assert 5 <= killed_at < 24  # 3 epochs x 8 batches: it really died mid-stage
     assert not (victim_dir / "model" / "model.pt").exists()
 

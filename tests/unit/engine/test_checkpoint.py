@@ -1,5 +1,8 @@
 """Atomic, digest-checked checkpoints."""
+import os
+
 import pytest
+import torch
 
 from contrastive.engine.checkpoint import load_checkpoint, save_checkpoint
 
@@ -62,3 +65,25 @@ def test_no_rank_waits_at_a_barrier_for_rank_0s_write(tmp_path, monkeypatch):
                       loop=LoopSpec(epochs=1, checkpoint_every_steps=2, log_every_steps=100),
                       device=torch.device("cpu"), checkpoint_path=tmp_path / "last.pt")
     assert events == ["save"] * 4  # steps 2, 4, 6 and the epoch's end; no barrier after any
+
+
+def test_the_checkpoint_exists_at_every_instant_of_a_save(tmp_path, monkeypatch):
+    """A process killed anywhere in a save (between any two renames) leaves last.pt in place: the old one or the new
+    one (which falls back to a good .prev until its digest is written), never only .prev."""
+    from contrastive.engine import checkpoint as ckpt
+    path = tmp_path / "last.pt"
+    save_checkpoint({"step": 1}, path)
+    seen = []
+    real_replace = os.replace
+
+    def watched_replace(src, dst):
+        seen.append(path.exists())
+        real_replace(src, dst)
+        seen.append(path.exists())
+
+    monkeypatch.setattr(ckpt.os, "replace", watched_replace)
+    save_checkpoint({"step": 2}, path)
+    assert len(seen) >= 6 and all(seen)  # .prev, its digest, the new file, its digest: before and after each
+    assert load_checkpoint(path)["step"] == 2
+    assert torch.load(ckpt._previous_path(path), weights_only=False)["step"] == 1 and ckpt._verified(
+        ckpt._previous_path(path))
