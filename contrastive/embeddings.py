@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
-from contrastive.engine.checkpoint import atomic_write_bytes
+from contrastive.engine.checkpoint import atomic_write_bytes, write_json
 from contrastive.engine.distributed import DistInfo
 from contrastive.errors import DataError
 
@@ -78,7 +78,7 @@ def write_manifest(*, directory: Path, parts: list[dict]) -> dict:
     _save_npy(directory / "ids.npy", ids)
     manifest = {"num_samples": int(len(ids)), "dim": max(part["dim"] for part in parts), "dtype": "float16",
                 "shards": [name for part in parts for name in part["shards"]], "ids": "ids.npy"}
-    atomic_write_bytes(directory / MANIFEST, json.dumps(manifest, indent=2).encode())
+    write_json(directory / MANIFEST, manifest)
     return manifest
 
 
@@ -183,13 +183,13 @@ def export_ranked(*, out_dir: Path, info: DistInfo, embed: Callable[[EmbeddingWr
     from contrastive.engine.launch import EXPORT_SUMMARY
     out_dir = Path(out_dir)
     prefix = f"rank{info.rank:03d}-part" if info.is_distributed else "part"
-    writer = EmbeddingWriter(out_dir, prefix=prefix, shard_size=shard_size or SHARD_ROWS)
+    writer = EmbeddingWriter(out_dir, prefix=prefix, shard_size=shard_size)
     counts = dict(embed(writer))
     part = writer.finish()
     if info.is_distributed:
         _save_npy(out_dir / f"rank{info.rank:03d}-ids.npy", part["ids"])
-        atomic_write_bytes(out_dir / f"rank{info.rank:03d}.json", json.dumps(
-            {"shards": part["shards"], "dim": part["dim"], "counts": counts}).encode())
+        write_json(out_dir / f"rank{info.rank:03d}.json", {"shards": part["shards"], "dim": part["dim"],
+                                                           "counts": counts})
         barrier()
         if not info.is_main:
             return {}
@@ -203,7 +203,7 @@ def export_ranked(*, out_dir: Path, info: DistInfo, embed: Callable[[EmbeddingWr
     manifest = write_manifest(directory=out_dir, parts=parts)
     summary = {"dir": str(out_dir), "num_samples": manifest["num_samples"], "dim": manifest["dim"],
                "world_size": info.world_size, **counts, **extra}
-    atomic_write_bytes(out_dir / EXPORT_SUMMARY, json.dumps(summary, indent=2).encode())
+    write_json(out_dir / EXPORT_SUMMARY, summary)
     return summary
 
 

@@ -111,11 +111,11 @@ def supervise(server) -> None:
                       _died(code), server.restarts, RESTARTS_ENV, max_restarts)
             return
         server.restarts += 1
-        log_path = Path(get_prefect_home()) / RESTART_LOG
+        home = get_prefect_home()
         log.warning("the temporary Prefect server died (%s: out of memory?); starting it again on %s with the same "
                     "database, the run goes on (restart %d of at most %d; its log: %s)", _died(code), server.address,
-                    server.restarts, max_restarts, log_path)
-        restart(server, log_path=log_path)
+                    server.restarts, max_restarts, home / RESTART_LOG)
+        restart(server, home=home)
 
 
 def get_prefect_home() -> Path:
@@ -123,29 +123,29 @@ def get_prefect_home() -> Path:
     return Path(get_current_settings().home)
 
 
-def restart(server, *, log_path: Path) -> bool:
-    """A new server process on ``server``'s port, under the start-up lock; True once it answers /health. Its output
-    goes to ``log_path``, not the terminal: a server restarted under a live flow run logs what it makes of the
+def restart(server, *, home: Path) -> None:
+    """A new server process on ``server``'s port, under the start-up lock of ``home`` (PREFECT_HOME); returns once it
+    answers /health, dies at start-up (the supervisor sees that and counts it) or RESTART_HEALTH_SECONDS pass. Its
+    output goes to ``home / RESTART_LOG``, not the terminal: a server restarted under a live flow run logs what it makes of the
     events and states the client retried through the gap (e.g. its event persister dropping a batch, with a
     traceback), which is its business, not the run's."""
     import httpx
 
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    home.mkdir(parents=True, exist_ok=True)
     if getattr(server, "output", None) is None:
-        server.output = open(log_path, "ab")  # noqa: SIM115 - the server process writes to it for the rest of the run
-    with _startup_lock(log_path.parent):
+        server.output = open(home / RESTART_LOG, "ab")  # noqa: SIM115 - the server writes to it for the rest of the run
+    with _startup_lock(home):
         server.server_process = server._run_uvicorn_command()
     deadline = time.monotonic() + RESTART_HEALTH_SECONDS
     with httpx.Client() as client:
         while time.monotonic() < deadline and not server._stopping:
             if server.server_process.poll() is not None:
-                return False  # died at start-up: the supervisor sees it and counts it
+                return
             with contextlib.suppress(httpx.HTTPError):
                 if client.get(f"{server.api_url}/health", timeout=2).status_code == 200:
                     log.info("the temporary Prefect server answers again on %s", server.address)
-                    return True
+                    return
             time.sleep(0.2)
-    return False
 
 
 def needs_local_server() -> bool:
