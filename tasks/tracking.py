@@ -27,7 +27,7 @@ import mlflow.pyfunc
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from contrastive.engine.checkpoint import disk_full_error, is_disk_full
+from contrastive.engine.checkpoint import atomic_write_bytes, disk_full_error, is_disk_full
 from contrastive.errors import MclpipeError
 
 log = logging.getLogger(__name__)
@@ -514,9 +514,8 @@ class PendingJournal:
                 records.append(entry)
         records = [r for r in records if r["seq"] > acked]
         if records:
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-            os.replace(tmp, self.path)
+            atomic_write_bytes(self.path, "".join(json.dumps(r) + "\n" for r in records).encode(),
+                               what="the stage's unsent MLflow metrics")
         else:
             self.path.unlink()
         return records
