@@ -69,9 +69,9 @@ class ImageFolderConfig(_Section):
     max_skip_fraction: float = Field(0.01, ge=0.0, le=1.0, description="fail when more of the images are "
                                                                        "unreadable (else they are skipped)")
     decode_scale: Literal["auto", "full"] = Field(
-        "auto", description="auto = JPEGs decoded by libjpeg-turbo at the smallest DCT scale keeping the square's "
-                            "detail (about 1.3-1.5x faster on photos, pixels a few levels off 'full'); full = PIL, "
-                            "every pixel (folders prepared before this setting)")
+        "auto", description="auto = JPEGs decoded by libjpeg-turbo (at 1/2, 1/4 or 1/8 scale where the square "
+                            "keeps its detail) and resampled by torch: about 2x faster than 'full', the same pixels "
+                            "to rounding at full scale; full = PIL (folders prepared before this setting)")
 
     # Counted only when not the default: the prepared dataset's digest carries the decoding into every later key,
     # and configs of the other kinds (Trifeature) keep the keys they had.

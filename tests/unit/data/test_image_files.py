@@ -16,6 +16,7 @@ from contrastive.data import loading
 from contrastive.data.dataset import ImageArrayDataset
 from contrastive.data.image_files import ImageFileDataset
 from contrastive.data.loading import load_dataset
+from contrastive.data import image_folder
 from contrastive.data.image_folder import load_square_rgb, prepare_image_folder
 from contrastive.data.loading import iter_batches
 from contrastive.data.skips import SkipCounter
@@ -359,19 +360,25 @@ def _photo_jpeg(path, *, size=(80, 60), exif_orientation: int | None = None):
     return path
 
 
-def test_auto_decodes_jpegs_at_a_reduced_scale_close_to_full(tmp_path, monkeypatch):
-    """decode_scale="auto": libjpeg-turbo decodes an 80x60 JPEG for a 16 px square at 3/8 (30x23: the smallest n/8
-    scale whose shorter side is >= 16), then the same centre square and bicubic resampling as "full"; the pixels
-    stay within a mean of 3 levels (max 24) of full-size decoding, and are the same on every call."""
+def _decoded_shapes(monkeypatch) -> list:
+    """The shapes simplejpeg decodes from now on, recorded."""
     import simplejpeg
 
-    path = _photo_jpeg(tmp_path / "a.jpg")
-    shapes = []
-    decode = simplejpeg.decode_jpeg
+    shapes, decode = [], simplejpeg.decode_jpeg
     monkeypatch.setattr(simplejpeg, "decode_jpeg", lambda *a, **k: shapes.append(decode(*a, **k).shape) or
                         decode(*a, **k))
+    return shapes
+
+
+def test_auto_decodes_jpegs_at_a_power_of_two_scale_close_to_full(tmp_path, monkeypatch):
+    """decode_scale="auto": libjpeg-turbo decodes an 80x60 JPEG for a 16 px square at 1/2 (40x30: the smallest of
+    1, 1/2, 1/4, 1/8 whose shorter side is >= 16; 3/8 would be smaller but is not one of its fast scales), then
+    the centre square is resampled; the pixels stay within a mean of 3 levels (max 24) of full-size decoding, and
+    are the same on every call and from a file object."""
+    path = _photo_jpeg(tmp_path / "a.jpg")
+    shapes = _decoded_shapes(monkeypatch)
     auto = load_square_rgb(path, size=16, decode_scale="auto")
-    assert shapes == [(23, 30, 3)]
+    assert shapes == [(30, 40, 3)]
     full = load_square_rgb(path, size=16, decode_scale="full")
     assert auto.shape == full.shape == (16, 16, 3) and auto.dtype == np.uint8
     diff = np.abs(auto.astype(int) - full)
@@ -381,20 +388,49 @@ def test_auto_decodes_jpegs_at_a_reduced_scale_close_to_full(tmp_path, monkeypat
         assert np.array_equal(auto, load_square_rgb(io.BytesIO(handle.read()), size=16, decode_scale="auto"))
 
 
-def test_auto_follows_exif_rotation_and_leaves_other_formats_to_pil(tmp_path):
-    rotated = _photo_jpeg(tmp_path / "r.jpg", size=(80, 48), exif_orientation=6)  # stored landscape, shown portrait
-    auto = load_square_rgb(rotated, size=16, decode_scale="auto")
-    full = load_square_rgb(rotated, size=16, decode_scale="full")
-    assert np.abs(auto.astype(int) - full).mean() < 3  # a missed rotation moves whole colour regions
-    upright = load_square_rgb(_photo_jpeg(tmp_path / "u.jpg", size=(80, 48)), size=16, decode_scale="auto")
-    assert np.abs(auto.astype(int) - upright).mean() > 3 * np.abs(auto.astype(int) - full).mean()
+def test_auto_at_full_scale_gives_full_s_pixels_to_rounding(tmp_path, monkeypatch):
+    """Where no fast scale keeps the square (80x60 at 40 px: 1/2 would leave 30), "auto" decodes the whole image
+    and torch's antialiased bicubic equals PIL's bicubic (both Keys' a = -0.5 with the same support) to one level."""
+    path = _photo_jpeg(tmp_path / "a.jpg")
+    shapes = _decoded_shapes(monkeypatch)
+    auto = load_square_rgb(path, size=40, decode_scale="auto")
+    assert shapes == [(60, 80, 3)]
+    diff = np.abs(auto.astype(int) - load_square_rgb(path, size=40, decode_scale="full"))
+    assert diff.max() <= 1 and diff.mean() < 0.1
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_auto_follows_every_exif_orientation(tmp_path, orientation):
+    """Each of EXIF's 8 orientations gives the picture PIL's exif_transpose shows ("full"); a missed or wrong
+    transpose or flip moves whole colour regions (checked against every other orientation's result)."""
+    path = _photo_jpeg(tmp_path / "r.jpg", size=(80, 48), exif_orientation=orientation)
+    auto = load_square_rgb(path, size=16, decode_scale="auto")
+    full = load_square_rgb(path, size=16, decode_scale="full")
+    near = np.abs(auto.astype(int) - full).mean()
+    assert near < 1.5
+    for other in set(range(1, 9)) - {orientation}:
+        shown = load_square_rgb(_photo_jpeg(tmp_path / f"o{other}.jpg", size=(80, 48), exif_orientation=other),
+                                size=16, decode_scale="full")
+        if not np.array_equal(shown, full):  # 80x48 -> its centre square: some orientations show the same square
+            assert np.abs(auto.astype(int) - shown).mean() > 3 * near
+
+
+def test_auto_leaves_other_formats_and_cmyk_to_pil(tmp_path):
     png = tmp_path / "p.png"
     _save(_noise(0, (30, 20)), png, "PNG")
     assert np.array_equal(load_square_rgb(png, size=12, decode_scale="auto"),
                           load_square_rgb(png, size=12, decode_scale="full"))
+    cmyk = tmp_path / "c.jpg"
+    Image.open(_photo_jpeg(tmp_path / "a.jpg")).convert("CMYK").save(cmyk, format="JPEG")
+    assert np.array_equal(load_square_rgb(cmyk, size=12, decode_scale="auto"),
+                          load_square_rgb(cmyk, size=12, decode_scale="full"))
+    gray = tmp_path / "g.jpg"
+    Image.open(_photo_jpeg(tmp_path / "b.jpg")).convert("L").save(gray, format="JPEG")
+    auto = load_square_rgb(gray, size=40, decode_scale="auto")
+    assert auto.shape == (40, 40, 3) and np.abs(auto.astype(int) - load_square_rgb(gray, size=40)).max() <= 1
 
 
-def test_decode_scale_is_part_of_the_dataset_key_and_both_storages_agree(tmp_path):
+def test_decode_scale_is_part_of_the_dataset_key_and_both_storages_agree(tmp_path, monkeypatch):
     src = tmp_path / "src"
     for i in range(3):
         _photo_jpeg(src / "c" / f"{i}.jpg", size=(80 + 8 * i, 60))
@@ -402,6 +438,9 @@ def test_decode_scale_is_part_of_the_dataset_key_and_both_storages_agree(tmp_pat
     auto_files = load_dataset(_prepare(src, tmp_path / "c", "files", decode_scale="auto"))
     auto_memory = load_dataset(_prepare(src, tmp_path / "c", "memory", decode_scale="auto"))
     assert full.path != auto_files.path and full.digest != auto_files.digest
+    with monkeypatch.context() as patched:  # a new revision of the "auto" decoder prepares anew
+        patched.setattr(image_folder, "AUTO_DECODER", image_folder.AUTO_DECODER + 1)
+        assert _prepare(src, tmp_path / "c", "files", decode_scale="auto") != auto_files.path
     assert full.decode_scale == "full" and auto_files.decode_scale == "auto"
     rows = np.arange(3)
     assert torch.equal(auto_files.get_batch(rows), auto_memory.get_batch(rows))
