@@ -75,7 +75,7 @@ AUTO_DECODER = 2
 _ORIENTATION = 0x0112
 _JPEG_SOI = b"\xff\xd8"
 _EXIF_HEADER = b"Exif\x00\x00"  # the APP1 segment that holds EXIF, within the first segments of a JPEG
-_EXIF_SEARCH_BYTES = 1 << 16
+_JPEG_DATA_MARKERS = (0xDA, 0xD9)  # start of scan, end of image: the header segments are over
 _TURBO_FAST_DIVISORS = (8, 4, 2)  # 1/8, 1/4, 1/2: libjpeg-turbo's vectorised reduced IDCTs
 _TURBO_COLOURSPACES = ("RGB", "YCbCr", "Gray")  # libjpeg-turbo converts these to RGB; CMYK / YCCK go to PIL
 # Top-level folder name (lower case) -> split, for split_from_folders (ImageNet: train/ and val/).
@@ -330,10 +330,27 @@ def _jpeg_square(data: bytes, *, size: int) -> np.ndarray | None:
 
 def _jpeg_orientation(data: bytes) -> int:
     """The EXIF orientation (1..8) of JPEG ``data``; 1 when it has no EXIF block (most, and parsed only then)."""
-    if _EXIF_HEADER not in data[:_EXIF_SEARCH_BYTES]:
+    if not _has_exif_segment(data):
         return 1
     with Image.open(io.BytesIO(data)) as img:
         return int(img.getexif().get(_ORIENTATION, 1))
+
+
+def _has_exif_segment(data: bytes) -> bool:
+    """Whether an APP1 "Exif" segment precedes the JPEG's image data: walks the header's segment lengths (a few
+    steps) instead of searching the bytes (tens of microseconds an image)."""
+    at = 2  # after SOI
+    while at + 4 <= len(data) and data[at] == 0xFF:
+        marker = data[at + 1]
+        if marker == 0xFF:  # fill byte
+            at += 1
+            continue
+        if marker in _JPEG_DATA_MARKERS:
+            return False
+        if marker == 0xE1 and data[at + 4:at + 4 + len(_EXIF_HEADER)] == _EXIF_HEADER:
+            return True
+        at += 2 + int.from_bytes(data[at + 2:at + 4], "big")
+    return False
 
 
 def _exif_upright(image: "torch.Tensor", *, orientation: int) -> "torch.Tensor":

@@ -447,3 +447,24 @@ def test_decode_scale_is_part_of_the_dataset_key_and_both_storages_agree(tmp_pat
     assert not torch.equal(auto_files.get_batch(rows), full.get_batch(rows))
     with pytest.raises(ConfigError, match="decode_scale"):
         _prepare(src, tmp_path / "c", "files", decode_scale="half")
+
+
+def test_the_exif_segment_is_found_by_walking_the_header(tmp_path):
+    """The EXIF check walks the JPEG's header segments: found after the JFIF segment and beside an ICC profile,
+    not found without one, and a header cut short is "no EXIF" (the decoder then reports the damage), never an
+    exception."""
+    from PIL import ImageCms
+
+    buffer = io.BytesIO()
+    Image.open(_photo_jpeg(tmp_path / "a.jpg")).save(buffer, format="JPEG")  # no exif= : no EXIF segment
+    plain = buffer.getvalue()
+    tagged = _photo_jpeg(tmp_path / "b.jpg", exif_orientation=6).read_bytes()
+    assert not image_folder._has_exif_segment(plain) and image_folder._has_exif_segment(tagged)
+    icc = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
+    exif = Image.Exif()
+    exif[0x0112] = 3
+    with_icc = io.BytesIO()
+    Image.open(io.BytesIO(plain)).save(with_icc, format="JPEG", icc_profile=icc, exif=exif.tobytes())
+    assert image_folder._has_exif_segment(with_icc.getvalue())
+    assert image_folder._jpeg_orientation(with_icc.getvalue()) == 3
+    assert not image_folder._has_exif_segment(tagged[:5]) and not image_folder._has_exif_segment(b"\xff\xd8")
