@@ -22,6 +22,10 @@ Rows (``--rows`` picks some):
   against a model-only inference loop (the same model on inputs already on the GPU): images/s.
 - ``checkpoint``: the stall of a checkpoint per step of ResNet-50 SimCLR with SGD momentum: seconds a save
   takes on rank 0 (serialise, hash the payload, write, fsync, rotate), the time every rank waits for it.
+- ``input``: a ResNet-50 SimCLR stage (bf16, channels_last, batch 256, SimCLR's augmentation) trained through
+  ``train_stage`` from a folder of 500 x 375 JPEGs stored as files (decoded at 224 px in DataLoader workers),
+  with 4, 8 and 16 workers: views/s and the share of the stage the GPU waited for the next batch (the engine's
+  ``data_wait_share``, worker start-up included); the ``simclr`` row's synthetic views are the GPU-bound rate.
 
 On a machine without CUDA every row prints "not measured: no CUDA device" and the command exits 0, so CI runs
 it. The whole run stays under 10 minutes on one H100 (the sizes below are chosen for that).
@@ -43,7 +47,9 @@ import torch
 
 from contrastive.engine.task import StageTask
 
-ROWS = ("pipeline", "simclr", "kmeans", "host_syncs", "ddp", "clip", "export", "checkpoint")
+ROWS = ("pipeline", "simclr", "kmeans", "host_syncs", "ddp", "clip", "export", "checkpoint", "input")
+#: DataLoader workers the ``input`` row feeds the GPU with (issue 25: 4, 8 and 16).
+INPUT_WORKERS = (4, 8, 16)
 #: Dense bf16 tensor-core peak (FLOP/s) by device-name fragment, for MFU.
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12}
 #: ResNet-50 at 224 px: 4.1 GMACs a forward pass = 8.2 GFLOP; a training step ~3x (forward + backward).
@@ -343,6 +349,48 @@ def host_syncs_row(*, device: torch.device) -> Row:
                figures={"reads per step": f"{host_reads_per_step(device=device):.2f}"})
 
 
+# ---------------------------------------------------------------------------------------------------- input
+def input_stage_spec(*, dataset_dir: Path, stage_dir: Path, workers: int, device: str, batch: int, steps: int,
+                     arch: str = "resnet50", precision: str = "bf16"):
+    """SimCLR from an image folder as a user trains it: ``arch`` (the ImageNet stem for a ResNet; any other name a
+    small CNN, for a CPU test), SimCLR's crop / flip / colour jitter / grayscale, SGD, ``precision`` autocast,
+    channels_last, ``steps`` steps of the global ``batch`` read by ``workers`` DataLoader workers."""
+    from contrastive.engine.task import LoopSpec, OptimSpec
+    from contrastive.modalities.image.steps import ImageStageSpec
+    model = (dict(encoder=arch, stem="imagenet", projection_hidden=2048, projection_dim=128)
+             if arch.startswith("resnet") else dict(encoder="small_cnn", widths=[8, 16], projection_hidden=16,
+                                                      projection_dim=8))
+    return ImageStageSpec(
+        dataset_dir=str(dataset_dir), stage_dir=str(stage_dir), pseudo_labels_path=None, model=model,
+        method={"name": "simclr", "temperature": 0.2},
+        augment=dict(crop_scale=(0.08, 1.0), crop_ratio=(3 / 4, 4 / 3), hflip=True, color_jitter=0.4,
+                     color_jitter_p=0.8, grayscale_p=0.2),
+        batch_size=batch, seed=0, device=device, remainder_policy="partial", workers=workers,
+        optim=OptimSpec(name="sgd", lr=0.3, momentum=0.9, schedule="constant"),
+        loop=LoopSpec(epochs=1, max_steps_per_epoch=steps, precision=precision, channels_last=True,
+                      log_every_steps=10, checkpoint_every_steps=10 ** 9))
+
+
+def input_row(*, device: torch.device, work: Path, workers: tuple[int, ...] = INPUT_WORKERS, batch: int = 256,
+              steps: int = 16, image_size: int = 224, arch: str = "resnet50", precision: str = "bf16") -> Row:
+    """The ``input`` row: one stage per worker count over the same ``batch * steps`` JPEGs (written once)."""
+    from bench.image_input import write_jpegs
+    from contrastive.data.image_folder import prepare_image_folder
+    from contrastive.modalities.image.steps import train_stage
+    folder = write_jpegs(work / "input" / "jpegs", num_images=batch * steps)
+    dataset_dir = prepare_image_folder(source=folder, root=work / "input" / "data", image_size=image_size,
+                                       storage="files", decode_scale="auto")
+    row = Row(name="input", baseline=f"the simclr row's synthetic views (the GPU-bound rate); {batch * steps} JPEGs "
+                                     f"500x375 -> {image_size} px, batch {batch}, {steps} steps")
+    for count in workers:
+        summary = train_stage(input_stage_spec(dataset_dir=dataset_dir, stage_dir=work / "input" / f"w{count}",
+                                               workers=count, device=str(device), batch=batch, steps=steps,
+                                               arch=arch, precision=precision))
+        row.figures[f"{count} workers"] = (f"{summary['views_per_second']:,.0f} views/s, GPU waited for data "
+                                           f"{100 * summary['data_wait_share']:.0f}% of the stage")
+    return row
+
+
 # ---------------------------------------------------------------------------------------------------- ddp
 DDP_WORLD = 2
 
@@ -622,7 +670,8 @@ def main(argv: list[str] | None = None) -> int:
                     "kmeans": kmeans_row, "host_syncs": lambda: host_syncs_row(device=device),
                     "ddp": lambda: ddp_row(work=work / "ddp"), "clip": lambda: clip_row(work=work),
                     "export": lambda: export_row(device=device, work=work),
-                    "checkpoint": lambda: checkpoint_row(device=device, work=work)}
+                    "checkpoint": lambda: checkpoint_row(device=device, work=work),
+                    "input": lambda: input_row(device=device, work=work)}
         for name in args.rows:
             (work / "pipeline").mkdir(exist_ok=True)
             (work / "ddp").mkdir(exist_ok=True)

@@ -140,3 +140,20 @@ def test_clip_runs_ours_and_open_clip_train_on_the_same_shards_on_cpu(tmp_path):
     runs = clip_runs(work=tmp_path, clip_spec=ClipSpec(model_name=TINY_MODEL, trainable_image_blocks=1), urls=urls,
                      device="cpu", precision="bf16", batch=8, steps=2, rounds=1, warmup_steps=1, threads=1)
     assert [r["steps"] for r in runs["ours"]] == [2] and [r["batches"] for r in runs["open_clip"]] == [2]
+
+
+def test_the_input_row_trains_a_stage_from_jpegs_per_worker_count_on_cpu(tmp_path):
+    """The input row as it runs on a GPU, shrunk (a small CNN at 32 px, batch 8, 2 steps, fp32): one real stage a
+    worker count through train_stage, each reporting its views/s and the share it waited for data."""
+    row = gpu_check.input_row(device=torch.device("cpu"), work=tmp_path, workers=(0, 1), batch=8, steps=2,
+                              image_size=32, arch="small_cnn", precision="fp32")
+    assert list(row.figures) == ["0 workers", "1 workers"] and row.status == "ok"
+    for figure in row.figures.values():
+        views, _, waited = figure.partition(" views/s, GPU waited for data ")
+        assert float(views.replace(",", "")) > 0 and 0 <= int(waited.split("%")[0]) <= 100
+    summary = (tmp_path / "input" / "w1" / "train_summary.json").read_text()
+    assert '"steps": 2' in summary and '"global_batch": 8' in summary
+    spec = gpu_check.input_stage_spec(dataset_dir=tmp_path, stage_dir=tmp_path, workers=8, device="cuda", batch=256,
+                                      steps=16)
+    assert spec.model["encoder"] == "resnet50" and spec.model["stem"] == "imagenet" and spec.workers == 8
+    assert spec.loop.precision == "bf16" and spec.loop.channels_last and spec.augment["crop_scale"] == (0.08, 1.0)
