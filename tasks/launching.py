@@ -63,11 +63,14 @@ def gpu_slot(config):
 
 
 def run_stage_processes(*, config, what: str, entry: str, kwargs: dict, stage_dir: str | Path,
-                        result_file: str = SUMMARY, log_path: Path | None = None, launcher=None) -> dict:
-    """Run ``entry(**kwargs)`` on ``distributed.nproc_per_node`` x ``nnodes`` processes where ``config.launcher``
-    says, and return what rank 0 wrote to ``stage_dir/result_file``. ``launcher``: a library launcher to use
-    instead of the configured one (tests)."""
+                        result_file: str = SUMMARY, log_path: Path | None = None, launcher=None,
+                        single_process: bool = False) -> dict:
+    """Run ``entry(**kwargs)`` on ``distributed.nproc_per_node`` x ``nnodes`` processes (``single_process``: one)
+    where ``config.launcher`` says, and return what rank 0 wrote to ``stage_dir/result_file``. ``launcher``: a
+    library launcher to use instead of the configured one (tests)."""
     d = config.distributed
+    if single_process:
+        d = d.model_copy(update={"nproc_per_node": 1, "nnodes": 1})
     stage_dir = Path(stage_dir)
     configured, poll_seconds = build_launcher(config.launcher, rdzv_endpoint=d.rdzv_endpoint)
     launcher = launcher or configured

@@ -20,7 +20,7 @@ from prefect.context import TaskRunContext
 
 from contrastive.engine.checkpoint import is_disk_full, step_disk_full_error, write_json
 from contrastive.engine.device import check_faiss, check_gpus_usable
-from contrastive.engine.launch import EXPORT_SUMMARY
+from contrastive.engine.launch import ENCODE_SUMMARY, EXPORT_SUMMARY
 from contrastive.evaluate import plot_cluster_sizes
 from contrastive.mcl import steps
 from contrastive.modalities.base import Member, Modality, ResultsTable
@@ -435,10 +435,20 @@ def combine_models(*, config: _PipelineBase, key: str, out_dir: str, trained: li
 @cached_task("encode-for-eval")
 def encode_for_eval(*, config: _PipelineBase, key: str, out_dir: str, name: str, model_path: str, data: dict,
                     mlflow_run_id: str) -> FeaturesRecord:
-    """The evaluation sets encoded once by one model (a stage or a combined model): what its evaluations read."""
+    """The evaluation sets encoded once by one model (a stage or a combined model): what its evaluations read. On a
+    cluster launcher a one-process job does it (``launch.encode_entry``; the flow may run on a login node without
+    a GPU), else this process; either way inside a slot of the GPU pool, like training."""
     if (done := finished_record(out_dir, FeaturesRecord)) is not None:
         return done
-    path = modality_of(config).encode_for_eval(config, model_path=model_path, data=data, out_dir=out_dir)
+    modality = modality_of(config)
+    encode = modality.encode_kwargs(config, model_path=model_path, data=data, out_dir=out_dir)
+    with gpu_slot(config):
+        if modality.launch.encode_entry and config.launcher.kind != "local":
+            path = run_stage_processes(config=config, what="encode", entry=modality.launch.encode_entry,
+                                       kwargs={"encode": encode}, stage_dir=out_dir, result_file=ENCODE_SUMMARY,
+                                       log_path=Path(out_dir) / "launch.log", single_process=True)["path"]
+        else:
+            path = modality.encode_for_eval(**encode)
     return FeaturesRecord(key=key, dir=out_dir, name=name, features=path, model_path=model_path,
                           mlflow_run_id=mlflow_run_id).save()
 

@@ -26,6 +26,8 @@ from contrastive.errors import MclpipeError, StageInterrupted
 SUMMARY = "train_summary.json"
 #: What an export run as processes leaves for the launcher to read (rank 0 writes it).
 EXPORT_SUMMARY = "export_summary.json"
+#: What the evaluation sets' encoding run as a job leaves for the launcher to read.
+ENCODE_SUMMARY = "encode_summary.json"
 
 
 def torchrun_command(*, args_path: Path, nproc_per_node: int, nnodes: int = 1,

@@ -68,6 +68,9 @@ class Launch:
     processes call with the step's JSON kwargs. None: the step runs in the flow's process only."""
     train_entry: str | None = None
     export_entry: str | None = None
+    #: The evaluation sets' encoding (:meth:`Modality.encode_for_eval`): one process, on a cluster a job of its
+    #: own (the sets are small; the flow's process may be a login node without a GPU).
+    encode_entry: str | None = None
 
 
 class Modality:
@@ -205,7 +208,11 @@ class Modality:
     def encode_content(self, config, *, model_key: str, data: dict) -> Any:
         return None
 
-    def encode_for_eval(self, config, *, model_path: str, data: dict, out_dir: str) -> str:
+    def encode_kwargs(self, config, *, model_path: str, data: dict, out_dir: str) -> dict:
+        """The JSON kwargs of :meth:`encode_for_eval` (and of ``launch.encode_entry`` when it runs as a job)."""
+        raise NotImplementedError
+
+    def encode_for_eval(self, **kwargs) -> str:
         """Encode the evaluation sets with one model into ``out_dir``; returns the features file."""
         raise NotImplementedError
 

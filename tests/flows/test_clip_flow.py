@@ -85,3 +85,27 @@ def test_clip_mcl_pipeline_run_tree_artifacts_and_cache(clip_config, count_train
     parents, children = run_tree(config.tracking.uri)
     assert len(parents) == 2 and len(children) == 2
     assert {r["run_id"] for r in again["stage_runs"].values()} == {c.info.run_id for c in children}
+
+
+@pytest.mark.slow
+def test_on_a_cluster_launcher_the_eval_sets_are_encoded_by_a_job_with_the_same_scores(clip_config, tmp_path):
+    """launcher.kind=torchrun (the launcher interface, as Slurm and Kubernetes use it): each model's MMVP and
+    retrieval sets are encoded by a one-process job (its log beside the step, not on the flow's node), and the
+    scores equal those of the in-process encoding."""
+    local = clip_pipeline(clip_config.model_copy(update={"mcl": clip_config.mcl.model_copy(update={"num_stages": 1})}))
+    config = load_config("clip_tiny", [f"output_dir={tmp_path / 'runs-job'}", f"data.cache_dir={tmp_path / 'data'}",
+                                       f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", "device=cpu",
+                                       "train.max_steps_per_epoch=4", "data.synthetic.num_train=288",
+                                       "mcl.num_stages=1", "launcher.kind=torchrun"])
+    remote = clip_pipeline(config)
+    encode_logs = list(Path(config.output_dir).rglob("encode_summary_job.log"))
+    assert encode_logs and len(encode_logs) == len(list(Path(config.output_dir).glob("steps/clip-encode-*")))
+    for log in encode_logs:
+        assert json.loads((log.parent / "encode_summary.json").read_text())["path"].endswith("eval_features.npz")
+        args = json.loads((log.parent / "encode_summary_args.json").read_text())
+        assert args["entry"].endswith(":encode_eval_sets_from_json")
+    assert remote["results"].keys() == local["results"].keys()
+    for name, metrics in local["results"].items():
+        for metric, value in metrics.items():
+            if metric.startswith(("mmvp/", "retrieval/")):
+                assert remote["results"][name][metric] == pytest.approx(value, abs=1e-6), (name, metric)

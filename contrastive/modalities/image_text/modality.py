@@ -15,7 +15,8 @@ class ImageTextModality(Modality):
     title = "image-text pairs"
     step_prefix = "clip-"
     launch = Launch(train_entry="contrastive.modalities.image_text.steps:train_stage_from_json",
-                    export_entry="contrastive.modalities.image_text.steps:export_stage_from_json")
+                    export_entry="contrastive.modalities.image_text.steps:export_stage_from_json",
+                    encode_entry="contrastive.modalities.image_text.steps:encode_eval_sets_from_json")
     clusters_dataset = False  # every exported sample of the shards, no attributes
     regroups = True
     encodes_for_eval = True
@@ -137,14 +138,17 @@ class ImageTextModality(Modality):
         e = config.eval
         return ["clip-encode", model_key, data["digest"], e.mmvp_prompt, e.retrieval_max_samples]
 
-    def encode_for_eval(self, config, *, model_path: str, data: dict, out_dir: str) -> str:
+    def encode_kwargs(self, config, *, model_path: str, data: dict, out_dir: str) -> dict:
+        e = config.eval
+        return {"model_path": model_path, "out_dir": out_dir, "mmvp_dir": data["mmvp_dir"],
+                "heldout_urls": data["heldout_urls"], "prompt": e.mmvp_prompt,
+                "retrieval_max_samples": e.retrieval_max_samples, "batch_size": e.batch_size,
+                "device": config.device, "max_skip_fraction": config.data.max_skip_fraction}
+
+    def encode_for_eval(self, **kwargs) -> str:
         """MMVP and held-out retrieval features of one model (a stage or the soup)."""
         from contrastive.modalities.image_text.steps import encode_eval_sets
-        e = config.eval
-        return encode_eval_sets(model_path=model_path, out_dir=out_dir, mmvp_dir=data["mmvp_dir"],
-                                heldout_urls=data["heldout_urls"], prompt=e.mmvp_prompt,
-                                retrieval_max_samples=e.retrieval_max_samples, batch_size=e.batch_size,
-                                device=config.device, max_skip_fraction=config.data.max_skip_fraction)
+        return encode_eval_sets(**kwargs)
 
     def eval_content(self, config, *, member_keys: list[str]) -> list:
         return ["clip-score", member_keys]

@@ -279,6 +279,15 @@ def export_stage_from_json(*, export: dict, info: DistInfo | None = None) -> dic
     return export_stage(**export, info=info)
 
 
+def encode_eval_sets_from_json(*, encode: dict, info: DistInfo | None = None) -> dict:
+    """Entry point of the evaluation sets' encoding as a job (one process): :func:`encode_eval_sets`, its path
+    written to ``out_dir/ENCODE_SUMMARY`` for the flow."""
+    from contrastive.engine.launch import ENCODE_SUMMARY
+    result = {"path": encode_eval_sets(**encode)}
+    write_json(Path(encode["out_dir"]) / ENCODE_SUMMARY, result)
+    return result
+
+
 def reshard_stage(*, pseudo_labels_path: str, urls: list[str], out_dir: str, slots: int, seed: int,
                   spool_bytes: int) -> dict:
     """Group-sorted copy of the training shards for a cluster-pure stage (contrastive.modalities.image_text.grouped)."""
