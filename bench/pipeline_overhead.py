@@ -76,7 +76,7 @@ def stage_flow(config: ImagePipelineConfig, parent_run_id: str, number: int, dat
                               pipeline_id="bench", flow_run_id=str(flow_run.id))
     root = Path(config.output_dir)
     record = run_step(t.train_stage, storage=root / RESULT_STORE, config=config, key=f"bench{number}",
-                      out_dir=str(root / "steps" / f"train-{number}"), stage=0, data=data, pseudo_labels=None,
+                      out_dir=str(root / "steps" / f"train-{number}"), stage=0, data=data, batches=None,
                       mlflow_run_id=run_id)
     t.close_run(config=config, mlflow_run_id=run_id, status="FINISHED")
     INNER["seconds"] = time.perf_counter() - started
