@@ -9,10 +9,11 @@ less one), medians compared. Batch 64, shuffled, every image once per epoch.
 - ours: ``prepare_image_folder(storage="files", image_size=224, decode_scale="auto")`` (the index: not timed) read
   by one ``contrastive.data.loading.BatchReader`` (persistent workers, pinned on CUDA): each worker decodes whole
   batches, JPEGs by libjpeg-turbo (these 500 x 375 photos at full scale: no fast reduced scale keeps 224 px), the
-  centre square resampled to 224 by torch's uint8 kernel -> uint8 (64, 3, 224, 224). The random resized crop + flip is not done here: a stage draws it for the whole batch in one
-  ``grid_sample`` on the device (a GPU's step, or a background thread of a CPU stage). A second row adds that crop
-  on the host, in the reading process, so the work equals the baseline's; a third reads with
-  ``decode_scale="full"`` (PIL) to show what the reduced decoding gives.
+  centre square resampled to 224 by torch's uint8 kernel -> uint8 (64, 3, 224, 224). The random resized crop +
+  flip is not done here: a stage draws it for the whole batch in one ``grid_sample`` on the device (a GPU's
+  step, or a background thread of a CPU stage). A second row adds that crop on the host, in the reading process,
+  so the work equals the baseline's; a third reads with ``decode_scale="full"`` (PIL) to show what the
+  libjpeg-turbo decoder gives.
 - baseline: ``torchvision.datasets.ImageFolder`` with ``transforms.v2.Compose([RandomResizedCrop(224,
   antialias=True), RandomHorizontalFlip(), PILToTensor()])`` (PIL decode, crop and resize on the PIL image: the
   faster of PIL-first and tensor-first on this machine, and uint8 out: no float conversion or normalisation billed

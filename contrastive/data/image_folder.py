@@ -39,7 +39,8 @@ Two decodings (``decode_scale``), the same for both storages:
   absolute difference about 0.01 of 255 on the benchmark's 500 x 375 photos; both kernels are Keys' a = -0.5
   cubic); a reduced scale holds the same detail at a few levels' difference
   (``tests/unit/data/test_image_files.py`` bounds both), so the choice is part of the prepared dataset's key
-  (with the revision ``AUTO_DECODER``). About 2x faster per image than ``full`` (BENCHMARKS.md).
+  (with the revision ``AUTO_DECODER``). About 1.6x the images per CPU-second of ``full`` through the reader
+  (BENCHMARKS.md).
 """
 from __future__ import annotations
 
@@ -449,7 +450,7 @@ def prepare_image_folder(*, source: Path, root: Path, image_size: int, labels_cs
         split_from_folders: take the split from top folders train/ and val/ (ImageNet layout) and the class
             from the folder below; ``test_fraction`` and ``seed`` are then unused.
         decode_scale: "full" (PIL, every pixel) or "auto" (JPEGs by libjpeg-turbo, at a reduced DCT scale where
-            that keeps the square's detail, resampled by torch: about 2x faster; see the module docstring).
+            that keeps the square's detail, resampled by torch: about 1.6x faster; see the module docstring).
         max_skip_fraction: "memory": largest share of unreadable images dropped with a warning (above it:
             DataError). "files" decodes nothing here; the readers apply their own threshold.
 
@@ -463,7 +464,7 @@ def prepare_image_folder(*, source: Path, root: Path, image_size: int, labels_cs
     """
     if decode_scale not in DECODE_SCALES:
         raise ConfigError(f"unknown decode_scale {decode_scale!r}: set data.image_folder.decode_scale to 'auto' "
-                          "(JPEGs by libjpeg-turbo, about 2x faster) or 'full' (PIL)")
+                          "(JPEGs by libjpeg-turbo, about 1.6x faster) or 'full' (PIL)")
     if storage not in STORAGES:
         raise ConfigError(f"unknown storage {storage!r}: set data.image_folder.storage to 'memory' (decode once "
                           "into images.npy) or 'files' (index only, for ImageNet-size folders)")

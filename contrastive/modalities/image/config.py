@@ -70,7 +70,7 @@ class ImageFolderConfig(_Section):
                                                                        "unreadable (else they are skipped)")
     decode_scale: Literal["auto", "full"] = Field(
         "auto", description="auto = JPEGs decoded by libjpeg-turbo (at 1/2, 1/4 or 1/8 scale where the square "
-                            "keeps its detail) and resampled by torch: about 2x faster than 'full', the same pixels "
+                            "keeps its detail) and resampled by torch: about 1.6x faster than 'full', the same pixels "
                             "to rounding at full scale; full = PIL (folders prepared before this setting)")
 
     # Counted only when not the default: the prepared dataset's digest carries the decoding into every later key,
