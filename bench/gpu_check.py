@@ -384,7 +384,7 @@ def input_row(*, device: torch.device, work: Path, workers: tuple[int, ...] = IN
                                      f"500x375 -> {image_size} px, batch {batch}, {steps} steps")
     for count in workers:
         summary = train_stage(input_stage_spec(dataset_dir=dataset_dir, stage_dir=work / "input" / f"w{count}",
-                                               workers=count, device=str(device), batch=batch, steps=steps,
+                                               workers=count, device=device.type, batch=batch, steps=steps,
                                                arch=arch, precision=precision))
         row.figures[f"{count} workers"] = (f"{summary['views_per_second']:,.0f} views/s, GPU waited for data "
                                            f"{100 * summary['data_wait_share']:.0f}% of the stage")

@@ -157,3 +157,16 @@ def test_the_input_row_trains_a_stage_from_jpegs_per_worker_count_on_cpu(tmp_pat
                                       steps=16)
     assert spec.model["encoder"] == "resnet50" and spec.model["stem"] == "imagenet" and spec.workers == 8
     assert spec.loop.precision == "bf16" and spec.loop.channels_last and spec.augment["crop_scale"] == (0.08, 1.0)
+
+
+def test_the_input_row_names_its_cuda_device_as_the_config_does(tmp_path, monkeypatch):
+    """On a GPU the row runs on torch.device("cuda", 0); its stages get the config's device name ("cuda"), which
+    device_for accepts ("cuda:0" is a ConfigError)."""
+    from contrastive.engine.distributed import DEVICES
+    from contrastive.modalities.image import steps as stages
+    specs = []
+    monkeypatch.setattr(stages, "train_stage", lambda spec: specs.append(spec) or
+                        {"views_per_second": 1.0, "data_wait_share": 0.0})
+    gpu_check.input_row(device=torch.device("cuda", 0), work=tmp_path, workers=(4,), batch=2, steps=1,
+                        image_size=16, arch="small_cnn", precision="fp32")
+    assert [spec.device for spec in specs] == ["cuda"] and "cuda" in DEVICES
