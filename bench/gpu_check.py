@@ -28,7 +28,8 @@ Rows (``--rows`` picks some):
   ``data_wait_share``, worker start-up included); the ``simclr`` row's synthetic views are the GPU-bound rate.
 
 On a machine without CUDA every row prints "not measured: no CUDA device" and the command exits 0, so CI runs
-it. The whole run stays under 10 minutes on one H100 (the sizes below are chosen for that).
+it. The whole run stays under 10 minutes on one H100 (the sizes below are chosen for that); the report is rewritten
+after every row, so a run stopped part way keeps the rows it finished (``--rows`` runs the rest).
 """
 from __future__ import annotations
 
@@ -655,6 +656,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def run_rows(names: list[str], *, builders: dict[str, Callable[[], Row]], report: Path,
+             device_name: str) -> list[Row]:
+    """Build each row of ``names`` in turn (a row that raises is a failed row; the others still run) and rewrite
+    the report after every one, so a run stopped part way (a session's command limit) keeps its finished rows."""
+    started, rows = time.perf_counter(), []
+    for name in names:
+        try:
+            row = builders[name]()
+        except Exception as exc:  # noqa: BLE001 - one failed row is reported, the others still run
+            row = Row(name=name, baseline="", status="failed", figures={"error": f"{type(exc).__name__}: {exc}"})
+        print(f"{row.name}: {row.status}: " + "; ".join(f"{k}: {v}" for k, v in row.figures.items()), flush=True)
+        rows.append(row)
+        partial = "" if len(rows) == len(names) else f", {len(rows)} of {len(names)} rows so far"
+        write_report(report_markdown(rows, device=device_name + partial, date=datetime.date.today().isoformat(),
+                                     seconds=time.perf_counter() - started), report)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not torch.cuda.is_available():
@@ -662,8 +681,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: not measured: no CUDA device")
         return 0
     device = torch.device("cuda", 0)
-    started = time.perf_counter()
-    rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         builders = {"pipeline": lambda: pipeline_row(work=work / "pipeline"),
@@ -673,18 +690,10 @@ def main(argv: list[str] | None = None) -> int:
                     "export": lambda: export_row(device=device, work=work),
                     "checkpoint": lambda: checkpoint_row(device=device, work=work),
                     "input": lambda: input_row(device=device, work=work)}
-        for name in args.rows:
-            (work / "pipeline").mkdir(exist_ok=True)
-            (work / "ddp").mkdir(exist_ok=True)
-            try:
-                row = builders[name]()
-            except Exception as exc:  # noqa: BLE001 - one failed row is reported, the others still run
-                row = Row(name=name, baseline="", status="failed", figures={"error": f"{type(exc).__name__}: {exc}"})
-            print(f"{row.name}: {row.status}: " + "; ".join(f"{k}: {v}" for k, v in row.figures.items()), flush=True)
-            rows.append(row)
-    markdown = report_markdown(rows, device=torch.cuda.get_device_name(device),
-                               date=datetime.date.today().isoformat(), seconds=time.perf_counter() - started)
-    write_report(markdown, args.report)
+        (work / "pipeline").mkdir(exist_ok=True)
+        (work / "ddp").mkdir(exist_ok=True)
+        rows = run_rows(args.rows, builders=builders, report=args.report,
+                        device_name=torch.cuda.get_device_name(device))
     return 1 if any(row.status == "failed" for row in rows) else 0
 
 

@@ -170,3 +170,23 @@ def test_the_input_row_names_its_cuda_device_as_the_config_does(tmp_path, monkey
     gpu_check.input_row(device=torch.device("cuda", 0), work=tmp_path, workers=(4,), batch=2, steps=1,
                         image_size=16, arch="small_cnn", precision="fp32")
     assert [spec.device for spec in specs] == ["cuda"] and "cuda" in DEVICES
+
+
+def test_the_report_is_rewritten_after_every_row(tmp_path):
+    """A run stopped after its first row (a command limit) leaves that row in BENCHMARKS.md marked partial; a row
+    that raises is a failed row and the next still runs."""
+    path = tmp_path / "BENCHMARKS.md"
+    seen = []
+
+    def second():
+        seen.append(path.read_text())
+        raise RuntimeError("CUDA error: out of memory")
+
+    builders = {"kmeans": lambda: gpu_check.Row(name="kmeans", baseline="faiss-cpu", figures={"K=10": "GPU 1.0 s"}),
+                "export": second}
+    rows = gpu_check.run_rows(["kmeans", "export"], builders=builders, report=path, device_name="H100")
+    assert "H100, 1 of 2 rows so far" in seen[0] and "| kmeans | faiss-cpu | ok | K=10: GPU 1.0 s |" in seen[0]
+    assert [row.status for row in rows] == ["ok", "failed"]
+    final = path.read_text()
+    assert "rows so far" not in final and "| export |  | failed | error: RuntimeError: CUDA error: out of memory |" \
+        in final
