@@ -82,12 +82,21 @@ def resolve_entry(entry: str):
     return getattr(importlib.import_module(module), function)
 
 
+def device_name(kwargs: dict) -> str:
+    """The config's device of a launch's kwargs: a stage's ``spec``, an export's ``export`` or an encoding's
+    ``encode`` carries it (``device``); "auto" when none does."""
+    if "device" in kwargs:
+        return kwargs["device"]
+    return next((value["device"] for value in kwargs.values() if isinstance(value, dict) and "device" in value),
+                "auto")
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     payload = json.loads(Path(argv[0]).read_text())
     info = dist_from_env()
     kwargs = payload["kwargs"]
-    device = device_for(name=kwargs.get("device") or kwargs.get("spec", {}).get("device", "auto"), info=info)
+    device = device_for(name=device_name(kwargs), info=info)
     init_process_group(info=info, backend=payload.get("backend", "auto"), device=device)
     try:
         resolve_entry(payload["entry"])(**kwargs, info=info)

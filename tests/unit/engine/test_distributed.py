@@ -80,3 +80,14 @@ def test_per_rank_batch_names_the_fix():
     assert per_rank_batch(global_batch_size=64, world_size=4) == 16
     with pytest.raises(ConfigError, match="multiple of the 3 processes.*nproc_per_node"):
         per_rank_batch(global_batch_size=64, world_size=3)
+
+
+def test_a_launch_takes_its_device_from_whichever_kwargs_carry_it():
+    """A stage's spec, an export's or an encoding's kwargs each carry the config's device; the launch's process
+    group and device follow it (an export with device=cpu on a GPU node must not open NCCL and a CUDA context)."""
+    from contrastive.engine.launch import device_name
+    assert device_name({"spec": {"device": "cuda", "seed": 0}}) == "cuda"
+    assert device_name({"export": {"dataset_dir": "d", "device": "cpu"}}) == "cpu"
+    assert device_name({"encode": {"model_path": "m", "device": "cpu"}}) == "cpu"
+    assert device_name({"device": "cpu", "spec": {"device": "cuda"}}) == "cpu"
+    assert device_name({"spec": {"seed": 0}}) == "auto"
