@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from contrastive.engine.distributed import gather_with_grad
+from contrastive.engine.precision import fp32_logits
 from contrastive.errors import ConfigError
 from contrastive.methods.hex import STRICT
 from contrastive.methods.base import ContrastiveMethod
@@ -55,6 +56,7 @@ class AmdimSettings:
                               f"{self.score_penalty}); AMDIM uses 20 and 0.05")
 
 
+@fp32_logits
 def amdim_nce(anchors: torch.Tensor, targets: torch.Tensor, *, tclip: float,
               score_penalty: float) -> tuple[torch.Tensor, torch.Tensor]:
     """AMDIM's NCE of one comparison direction (framework paper eq. 1 with the released code's regularisation).

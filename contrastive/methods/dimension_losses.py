@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from contrastive.engine.precision import fp32_logits
+
 
 def off_diagonal(matrix: torch.Tensor) -> torch.Tensor:
     """The D^2 - D off-diagonal entries of a (D, D) matrix, flattened."""
@@ -23,6 +25,7 @@ def off_diagonal(matrix: torch.Tensor) -> torch.Tensor:
     return matrix.flatten()[:-1].view(d - 1, d + 1)[:, 1:].flatten()
 
 
+@fp32_logits
 def vicreg_loss(*, z1: torch.Tensor, z2: torch.Tensor, sim_coeff: float, std_coeff: float, cov_coeff: float,
                 gamma: float = 1.0, eps: float = 1e-4) -> tuple[torch.Tensor, dict[str, float]]:
     """VICReg (Bardes, Ponce & LeCun, 2022, eq. 1-6, as in their code): z1, z2 (B, D) the two views' embeddings.
@@ -52,6 +55,7 @@ def standardise(z: torch.Tensor, *, eps: float = 1e-5) -> torch.Tensor:
     return centred / torch.sqrt(centred.pow(2).mean(dim=0) + eps)
 
 
+@fp32_logits
 def barlow_twins_loss(*, z1: torch.Tensor, z2: torch.Tensor, lambd: float) -> tuple[torch.Tensor, dict[str, float]]:
     """Barlow Twins (Zbontar et al., 2021, eq. 1-2): z1, z2 (B, D) standardised along the batch, C (D, D) their
     cross-correlation C_kl = (1/B) sum_b z1_bk z2_bl,
@@ -64,6 +68,7 @@ def barlow_twins_loss(*, z1: torch.Tensor, z2: torch.Tensor, lambd: float) -> tu
     return on + lambd * off, {"barlow/on_diagonal": on.detach(), "barlow/off_diagonal": off.detach()}
 
 
+@fp32_logits
 def local_offdiagonal_penalty(*, a: torch.Tensor, b: torch.Tensor, members: torch.Tensor, unbiased: bool,
                               chunk_elements: int = 1 << 24) -> torch.Tensor:
     """HEX's local redundancy: for each anchor i, the off-diagonal energy of the cross-covariance of a and b over

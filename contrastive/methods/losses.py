@@ -174,6 +174,7 @@ def two_view_negatives(batch: int, *, device: torch.device | None = None) -> tor
 
 
 @torch.no_grad()
+@fp32_logits
 def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """(N, D), (M, D) -> (N, M) cosine similarities, without gradient (used to choose H(i), epsilon and Q)."""
     return F.normalize(a.detach().float(), dim=1) @ F.normalize(b.detach().float(), dim=1).T

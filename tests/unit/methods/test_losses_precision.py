@@ -4,13 +4,16 @@ it stays within the inputs' own rounding; without the decorator the same computa
 import pytest
 import torch
 
-from contrastive.methods.losses import cross_view_info_nce, hex_info_nce, nt_xent, queue_info_nce
+from contrastive.methods.amdim import amdim_nce
+from contrastive.methods.dimension_losses import barlow_twins_loss, local_offdiagonal_penalty, vicreg_loss
+from contrastive.methods.losses import cosine_matrix, cross_view_info_nce, hex_info_nce, nt_xent, queue_info_nce
 from contrastive.modalities.image_text.loss import clip_loss
 from contrastive.modalities.text.simcse import simcse_sup_loss, simcse_unsup_loss
 
 gen = torch.Generator().manual_seed(0)
 A, B, C = (torch.randn(64, 32, generator=gen) for _ in range(3))
 QUEUE = torch.randn(256, 32, generator=gen)
+MEMBERS = torch.rand(8, 64, generator=gen) < 0.5
 UNIT = torch.nn.functional.normalize
 
 LOSSES = {
@@ -22,6 +25,13 @@ LOSSES = {
     "SimCSE supervised": lambda a, b, c: simcse_sup_loss(anchors=a, positives=b, negatives=c, temperature=0.05),
     "CLIP": lambda a, b, c: clip_loss(image_features=UNIT(a, dim=1), text_features=UNIT(b, dim=1),
                                       logit_scale=torch.tensor(100.0)),
+    # the dimension-contrastive losses and the similarities that choose HEX's H(i) and NNCLR's neighbours: their
+    # matmuls (covariances, Gram matrices, AMDIM's unnormalised scores) in fp32 too
+    "AMDIM NCE": lambda a, b, c: amdim_nce(a.view(16, 4, 32), b.view(16, 4, 32), tclip=20.0, score_penalty=0.025)[0],
+    "VICReg": lambda a, b, c: vicreg_loss(z1=a, z2=b, sim_coeff=25.0, std_coeff=25.0, cov_coeff=1.0)[0],
+    "Barlow Twins": lambda a, b, c: barlow_twins_loss(z1=a, z2=b, lambd=5e-3)[0],
+    "HEX local penalty": lambda a, b, c: local_offdiagonal_penalty(a=a, b=b, members=MEMBERS, unbiased=True),
+    "cosine matrix": lambda a, b, c: cosine_matrix(a, b),
 }
 
 
