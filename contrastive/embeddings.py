@@ -133,9 +133,10 @@ def compute_embeddings(*, encode: Callable[..., torch.Tensor], batches: Iterable
     (``contrastive.engine.precision.autocast_context``: bf16 / fp16 autocast, fp32 without); its output is cast to
     float32 and read back to the host once per batch (the writer stores float16). Inputs are copied to the device
     by :class:`HostToDevice` (pinned, non-blocking on CUDA). Returns how many rows were not present (zeros)."""
+    from contrastive.engine.loop import release_device_memory
     from contrastive.engine.precision import autocast_context
     to_device = HostToDevice(device)
-    missing = 0
+    missing, inputs, out = 0, None, None
     with torch.inference_mode():
         for batch in batches:
             rows = len(batch.ids)
@@ -157,6 +158,9 @@ def compute_embeddings(*, encode: Callable[..., torch.Tensor], batches: Iterable
             writer.add(block, batch.ids)
             if progress is not None:
                 progress(rows)
+    if device.type == "cuda":  # the cached activations: k-means on the GPU may come next in this process
+        del to_device, inputs, out  # the pinned buffers and the last batch's device tensors
+        release_device_memory(device)
     return missing
 
 

@@ -347,6 +347,9 @@ def encode_eval_sets(*, model_path: str, out_dir: str, mmvp_dir: str | None, hel
         if keys:
             arrays.update(retrieval_images=np.concatenate(images), retrieval_texts=np.concatenate(texts),
                           retrieval_keys=np.asarray(keys))
+    if torch_device.type == "cuda":  # the scoring, or k-means on the GPU, may come next in this process
+        del bundle
+        release_device_memory(torch_device)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".{EVAL_FEATURES}.tmp.npz"

@@ -143,6 +143,12 @@ class HFTransformer(nn.Module):
         self.model = AutoModel.from_pretrained(str(path), local_files_only=True, hidden_dropout_prob=dropout,
                                                attention_probs_dropout_prob=dropout)
         self.dim = int(self.model.config.hidden_size)
+        # BERT's pooler (a dense layer on [CLS]) feeds nothing: the sentence embedding pools the last hidden state.
+        # Frozen, so DDP meets no parameter without a gradient (it would stop at the second step); it stays in the
+        # state dict under its Hugging Face name.
+        pooler = getattr(self.model, "pooler", None)
+        if isinstance(pooler, nn.Module):
+            pooler.requires_grad_(False)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state

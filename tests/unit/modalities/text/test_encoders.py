@@ -1,4 +1,5 @@
 import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -74,3 +75,36 @@ def test_minilm_trains_a_simcse_stage(tmp_path):
     summary = train_text_stage(spec)
     assert summary["steps"] == 2 and summary["isotropy_end"]["step"] == 2
     assert 0.0 < summary["isotropy_start"]["intra_sentence"] <= 1.0
+
+
+def _tiny_bert(path):
+    """A 1-layer BERT with its pooler, saved as a local Hugging Face checkpoint (what model.hf_path points at)."""
+    from transformers import BertConfig, BertModel
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=32, max_position_embeddings=32)).save_pretrained(path)
+    return path
+
+
+def _ddp_steps_on_an_hf_encoder(rank: int, path: str) -> None:
+    from contrastive.modalities.text.encoders import HFTransformer, SentenceEncoder
+    torch.manual_seed(0)
+    encoder = SentenceEncoder(transformer=HFTransformer(path=Path(path), dropout=0.0), pooling="mean")
+    model = torch.nn.parallel.DistributedDataParallel(encoder)
+    ids = torch.randint(0, 50, (4, 8), generator=torch.Generator().manual_seed(rank))
+    for _ in range(3):  # a parameter that gets no gradient fails DDP's next step ("finished reduction")
+        model(ids, torch.ones_like(ids)).pow(2).mean().backward()
+
+
+def test_an_hf_encoder_trains_under_ddp_though_bert_s_pooler_feeds_nothing(tmp_path):
+    """SimCSE reads the last hidden state (mean or [CLS]); BERT's pooler is frozen, so DDP sees no parameter without
+    a gradient, and the weights a checkpoint holds stay the same names as the Hugging Face model's."""
+    pytest.importorskip("transformers")
+    from tests.distributed import run_gloo_ranks
+
+    from contrastive.modalities.text.encoders import HFTransformer
+    path = _tiny_bert(tmp_path / "bert")
+    transformer = HFTransformer(path=path, dropout=0.0)
+    assert not any(p.requires_grad for p in transformer.model.pooler.parameters())
+    assert {n for n in transformer.model.state_dict()} >= {"pooler.dense.weight", "pooler.dense.bias"}
+    run_gloo_ranks(_ddp_steps_on_an_hf_encoder, str(path))
