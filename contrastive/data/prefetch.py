@@ -5,6 +5,8 @@ import queue
 import threading
 from typing import Callable, Iterable, Iterator, TypeVar
 
+import torch
+
 In = TypeVar("In")
 Out = TypeVar("Out")
 
@@ -42,7 +44,11 @@ def prefetched(items: Iterable[In], *, fn: Callable[[In], Out] | None = None, de
                 continue
         return False
 
+    device = _callers_cuda_device()
+
     def work() -> None:
+        if device is not None:  # the current CUDA device is per thread: a DataLoader made here pins on this one
+            torch.cuda.set_device(device)
         source = iter(items)
         try:
             for item in source:
@@ -76,6 +82,15 @@ def prefetched(items: Iterable[In], *, fn: Callable[[In], Out] | None = None, de
         stop.set()
         if not stalled:
             thread.join()
+
+
+def _callers_cuda_device() -> int | None:
+    """The calling thread's current CUDA device, where CUDA is in use (never initialised here for a CPU run).
+    A new thread starts on device 0, so under torchrun a DataLoader iterator first made on the prefetch thread of
+    rank r would pin its batches, and open a CUDA context, on GPU 0 instead of GPU r."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.current_device()
+    return None
 
 
 def _stalled(first: bool) -> BaseException:

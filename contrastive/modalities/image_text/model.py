@@ -206,7 +206,9 @@ def create_clip(*, spec: ClipSpec, device: torch.device | str = "cpu") -> ClipBu
                                         cache_dir=spec.cache_dir)
     try:
         with torch.random.fork_rng(devices=[]), _quiet_random_init(expected=weights is None):
-            torch.manual_seed(spec.init_seed)
+            # the CPU generator alone: open_clip builds the model on the CPU and then moves it, and
+            # torch.manual_seed would reseed (or queue a reseed of) every GPU's generator, outside the fork
+            torch.default_generator.manual_seed(spec.init_seed)
             model, train_tf, eval_tf = open_clip.create_model_and_transforms(
                 spec.model_name, pretrained=weights, device=device, **extra, **spec.extra)
     except RuntimeError as exc:

@@ -50,3 +50,20 @@ def test_look_ahead_is_bounded_and_leaving_early_stops_the_thread_and_closes_the
 def test_depth_must_be_positive():
     with pytest.raises(ValueError, match="depth"):
         next(prefetched([1], fn=lambda x: x, depth=0))
+
+
+def test_the_thread_works_on_the_caller_s_cuda_device(monkeypatch):
+    """Under torchrun rank r's thread works on GPU r: the current device is per thread and a new one starts on 0
+    (CUDA patched: this machine has none); a CPU run never initialises CUDA here."""
+    import torch
+
+    chosen = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: chosen.update({threading.current_thread().name: d}))
+    assert list(prefetched(iter([1, 2]))) == [1, 2]
+    assert chosen == {"mclpipe-prefetch": 3}
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    chosen.clear()
+    assert list(prefetched(iter([1]))) == [1] and chosen == {}

@@ -44,6 +44,18 @@ def test_every_stage_starts_from_the_same_seeded_init_without_touching_global_rn
     assert not torch.equal(a["visual.proj"], other["visual.proj"])
 
 
+def test_the_seeded_init_leaves_the_gpus_generators_alone(monkeypatch):
+    """The init seeds the CPU generator only (open_clip builds on the CPU): no GPU generator is reseeded, nor a
+    reseed queued for when CUDA starts (torch.manual_seed does both, and fork_rng(devices=[]) undoes neither)."""
+    seeded = []
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda seed: seeded.append(seed))
+    monkeypatch.setattr(torch.cuda, "manual_seed", lambda seed: seeded.append(seed))
+    reference = create_clip(spec=TINY).model.state_dict()
+    assert seeded == []
+    torch.manual_seed(5)  # the caller's generators move on; the init does not follow them
+    assert all(torch.equal(reference[k], v) for k, v in create_clip(spec=TINY).model.state_dict().items())
+
+
 def test_freezing_counts_blocks_not_open_clip_groups(tiny):
     model = tiny.model
     names = set(trainable_names(model))
