@@ -156,7 +156,7 @@ class ImageContrastiveTask(StageTask):
             view1, view2 = self.views(batch, device=device)
         groups = None
         if batch.groups is not None and self.model.wants_groups:
-            groups = batch.groups.to(device)
+            groups = batch.groups.to(device, non_blocking=True)
         return {"view1": view1, "view2": view2, "step": step_input(step), "groups": groups}
 
     def param_groups(self, *, weight_decay: float) -> list[dict]:

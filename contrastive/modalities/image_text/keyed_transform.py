@@ -135,7 +135,8 @@ def _uint8_chw(image) -> torch.Tensor:
 def normalize_batch(images: torch.Tensor, normalization: tuple[tuple[float, ...], tuple[float, ...]]) -> torch.Tensor:
     """uint8 (B, C, H, W) -> float32 ``(x / 255 - mean) / std`` per channel: torchvision's ToTensor then Normalize,
     the same operations in the same order, so the same floats as the per-sample transform, on any device."""
-    mean, std = (torch.as_tensor(v, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
+    # built on the host and copied without waiting: a tensor made on the GPU from a list is a blocking copy
+    mean, std = (torch.as_tensor(v, dtype=torch.float32).to(images.device, non_blocking=True).view(1, -1, 1, 1)
                  for v in normalization)
     return images.to(torch.float32).div_(255).sub_(mean).div_(std)
 

@@ -124,6 +124,27 @@ def test_all_ops_on_keep_range_shape_and_are_seeded():
     assert v1.min() >= 0 and v1.max() <= 1 and v2.min() >= 0 and v2.max() <= 1
 
 
+def test_every_host_draw_goes_to_the_device_without_waiting(monkeypatch):
+    """Each view's parameters are drawn on the host (keyed generators) and copied to the batch's device; a blocking
+    copy to a GPU synchronises the stream, so every such copy is non_blocking (counted on CPU, where the same
+    calls run), and no tensor is made on the device from a Python list."""
+    copies, real_to = [], torch.Tensor.to
+
+    def recording_to(self, *args, **kwargs):
+        if any(isinstance(a, torch.device) for a in args) or "device" in kwargs:
+            copies.append(kwargs.get("non_blocking", False))
+        return real_to(self, *args, **kwargs)
+
+    real_tensor = torch.tensor
+    made_on_device = []
+    monkeypatch.setattr(torch.Tensor, "to", recording_to)
+    monkeypatch.setattr(torch, "tensor", lambda *a, **k: made_on_device.append(k.get("device")) or real_tensor(*a, **k))
+    augment = TwoViewAugment(**AugmentConfig(**ALL_ON).model_dump())
+    augment(_batch(8, side=32), torch.Generator().manual_seed(0))
+    assert len(copies) >= 8 and all(copies)
+    assert all(device is None for device in made_on_device)
+
+
 def _full(images, **kwargs):
     return {"images": images, "generator": torch.Generator().manual_seed(0), **kwargs}
 
