@@ -195,7 +195,7 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
         """Load a checkpoint into every stateful part; returns (epoch, batches consumed in it, step)."""
         nonlocal guard
         task.load_state_dict(checkpoint["model"])
-        opt.load_state_dict(checkpoint["optimizer"])
+        load_optimizer_state(opt, checkpoint["optimizer"], checkpoint_path=Path(checkpoint_path))
         scheduler.load_state_dict(checkpoint["scheduler"])
         load_scaler_state(scaler, checkpoint["scaler"])
         restore_rng(rng_of_rank(checkpoint, rank=info.rank, world_size=info.world_size), task.generators)
@@ -431,6 +431,17 @@ def _finish(result: TrainResult, *, step: int, epoch: int, started: float, sampl
     result.seconds = time.perf_counter() - started
     result.samples_per_second = samples / max(result.seconds, 1e-9)
     return result
+
+
+def load_optimizer_state(opt: torch.optim.Optimizer, state: dict, *, checkpoint_path: Path) -> None:
+    """The checkpoint's optimizer state into ``opt``; a checkpoint whose parameter groups do not fit (written while
+    other parameters were trainable, e.g. before an hf text encoder's unused pooler was frozen) names the fix."""
+    try:
+        opt.load_state_dict(state)
+    except ValueError as exc:
+        raise DataError(f"checkpoint {checkpoint_path} holds optimizer state for other trainable parameters than "
+                        f"this stage's model ({exc}): it was written by a version that trained other parameters; "
+                        f"delete {checkpoint_path.parent} to train the stage from its start") from exc
 
 
 def release_device_memory(device: torch.device) -> None:

@@ -10,7 +10,7 @@ from torch import nn
 from contrastive.engine.checkpoint import load_checkpoint
 from contrastive.engine.loop import train
 from contrastive.engine.task import LoopSpec, OptimSpec, StageTask
-from contrastive.errors import ConfigError, MclpipeError
+from contrastive.errors import ConfigError, DataError, MclpipeError
 
 
 @dataclass
@@ -248,3 +248,13 @@ def test_a_watched_source_yields_the_same_batches_and_reraises_its_errors():
         raise ValueError("unreadable shard 7")
     with pytest.raises(ValueError, match="unreadable shard 7"):
         list(watched(broken(), seconds=5))
+
+
+def test_a_checkpoint_of_other_trainable_parameters_names_the_fix(tmp_path):
+    """A resume whose model trains other parameters than the checkpoint's optimizer held (a version that froze a
+    layer since) stops with the checkpoint's folder to delete, not the optimizer's bare ValueError."""
+    _run(tmp_path, name="crash", stop_after=7)
+    frozen = RegressionTask()
+    frozen.model.bias.requires_grad_(False)
+    with pytest.raises(DataError, match=r"delete .*crash to train the stage from its start"):
+        _run(tmp_path, name="crash", task=frozen)
