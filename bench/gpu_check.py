@@ -687,6 +687,13 @@ def run_rows(names: list[str], *, builders: dict[str, Callable[[], Row]], report
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not torch.cuda.is_available():
+        from contrastive.engine.device import check_gpus_usable
+        from contrastive.errors import ConfigError
+        try:  # a GPU that nvidia-smi lists but this torch cannot use is a failure to fix, not "no GPU"
+            check_gpus_usable("cuda")
+        except ConfigError as exc:
+            print(f"make gpu-check: {exc}")
+            return 2
         for name in args.rows:
             print(f"{name}: not measured: no CUDA device")
         return 0

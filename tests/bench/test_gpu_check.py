@@ -190,3 +190,16 @@ def test_the_report_is_rewritten_after_every_row(tmp_path):
     final = path.read_text()
     assert "rows so far" not in final and "| export |  | failed | error: RuntimeError: CUDA error: out of memory |" \
         in final
+
+
+def test_a_gpu_this_torch_cannot_use_fails_with_the_fix(capsys, monkeypatch):
+    """nvidia-smi lists a GPU but torch's build cannot use it (a driver older than its CUDA): not "no CUDA device"
+    and exit 0, but the mismatch, its fix and a failing exit."""
+    from contrastive.engine import device as device_module
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(device_module, "nvidia_smi_gpus", lambda: ["GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)"])
+    monkeypatch.setattr(device_module, "driver_version", lambda: "535.104")
+    assert gpu_check.main([]) == 2
+    out = capsys.readouterr().out
+    assert "nvidia-smi lists 1 GPU(s) (GPU 0: NVIDIA H100 80GB HBM3, driver 535.104)" in out and "R580" in out
+    assert "not measured" not in out
