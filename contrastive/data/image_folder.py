@@ -270,13 +270,13 @@ def load_square_rgb(path: Path | IO[bytes], *, size: int, decode_scale: str = "f
     with Image.open(path) as img:
         img.draft("RGB", (size, size))  # JPEG: decode at a power-of-two scale that is still >= size
         img = ImageOps.exif_transpose(img).convert("RGB")
-        return _square(img, size=size, full_size=img.size)
+        return _square(img, size=size)
 
 
-def _square(img: Image.Image, *, size: int, full_size: tuple[int, int]) -> np.ndarray:
-    """The centre square of side min(width, height) of the PIL image ``img`` (of ``full_size``), resampled
-    (bicubic) to uint8 (size, size, 3)."""
-    width, height = full_size
+def _square(img: Image.Image, *, size: int) -> np.ndarray:
+    """The centre square of side min(width, height) of the PIL image ``img``, resampled (bicubic) to uint8
+    (size, size, 3)."""
+    width, height = img.size
     side = min(width, height)
     left, top = (width - side) // 2, (height - side) // 2
     img = img.resize((size, size), Image.Resampling.BICUBIC, box=(left, top, left + side, top + side))
@@ -319,8 +319,9 @@ def _jpeg_square(data: bytes, *, size: int) -> np.ndarray | None:
     # The square's box scaled by 1/divisor itself (a reduced side is rounded up), to the nearest pixel.
     side, rows, cols = shorter / divisor, image.shape[0], image.shape[1]
     n = max(1, min(rows, cols, round(side)))
-    top, left = min(round((rows - side) / 2), rows - n), min(round((cols - side) / 2), cols - n)
-    square = image[max(0, top):max(0, top) + n, max(0, left):max(0, left) + n].permute(2, 0, 1).unsqueeze(0)
+    top = max(0, min(round((rows - side) / 2), rows - n))
+    left = max(0, min(round((cols - side) / 2), cols - n))
+    square = image[top:top + n, left:left + n].permute(2, 0, 1).unsqueeze(0)
     # channels_last in and out: torch's vectorised uint8 path (about 2x its strided one), and the result's
     # (size, size, 3) view is contiguous
     square = square.contiguous(memory_format=torch.channels_last)

@@ -25,11 +25,11 @@ SOLARIZE_THRESHOLD = 0.5
 LUMA = (0.2989, 0.587, 0.114)
 
 
-def _on_device(drawn: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
-    """A host-drawn parameter tensor on ``images``' device without waiting: a blocking host -> GPU copy synchronises
-    the stream (the CPU waits for the previous step's kernels), ~10 times a view; a pageable source is staged
-    before the call returns, so the draw may be freed at once."""
-    return drawn.to(images.device, non_blocking=True)
+def _on_device(drawn: torch.Tensor, images: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A host-drawn parameter tensor on ``images``' device (in ``dtype``, if given) without waiting: a blocking
+    host -> GPU copy synchronises the stream (the CPU waits for the previous step's kernels), ~10 times a view; a
+    pageable source is staged before the call returns, so the draw may be freed at once."""
+    return drawn.to(images.device, dtype, non_blocking=True)
 
 
 def _uniform(low: float, high: float, size: int, generator: torch.Generator) -> torch.Tensor:
@@ -84,7 +84,7 @@ def random_resized_crop(*, images: torch.Tensor, scale: tuple[float, float], rat
     theta[:, 0, 2] = center_x
     theta[:, 1, 1] = height
     theta[:, 1, 2] = center_y
-    theta = _on_device(theta, images).to(images.dtype)
+    theta = _on_device(theta, images, dtype=images.dtype)
     grid = F.affine_grid(theta, list(images.shape), align_corners=False)
     return F.grid_sample(images, grid, mode="bilinear", padding_mode="reflection", align_corners=False)
 
@@ -127,7 +127,7 @@ def adjust_hue(images: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"hue jitter needs RGB images (3 channels), got {images.shape[1]}: set "
                          "augment.color_jitter_hue=0")
     hsv = rgb_to_hsv(images)
-    hue = torch.remainder(hsv[:, 0] + _on_device(shift, images).to(images.dtype).view(-1, 1, 1), 1.0)
+    hue = torch.remainder(hsv[:, 0] + _on_device(shift, images, dtype=images.dtype).view(-1, 1, 1), 1.0)
     return hsv_to_rgb(torch.stack((hue, hsv[:, 1], hsv[:, 2]), dim=1))
 
 
@@ -172,7 +172,7 @@ def random_grayscale(*, images: torch.Tensor, p: float, generator: torch.Generat
     batch = images.shape[0] if global_batch is None else global_batch
     applied = _applied(p, batch, generator, rows)
     if images.shape[1] == 3:
-        weights = _on_device(torch.tensor(LUMA), images).to(images.dtype).view(1, 3, 1, 1)
+        weights = _on_device(torch.tensor(LUMA), images, dtype=images.dtype).view(1, 3, 1, 1)
         grey = (images * weights).sum(dim=1, keepdim=True)
     else:
         grey = images.mean(dim=1, keepdim=True)
@@ -211,7 +211,7 @@ def gaussian_blur(*, images: torch.Tensor, p: float, kernel_fraction: float, sig
     if index.numel() == 0:
         return images
     chosen = images if applied is None else images[_on_device(index, images)]
-    kernels = _on_device(gaussian_kernels(sigmas[index].double(), radius), images).to(images.dtype)
+    kernels = _on_device(gaussian_kernels(sigmas[index].double(), radius), images, dtype=images.dtype)
     kernels = kernels.repeat_interleave(channels, dim=0)  # (m * C, taps): one per sample and channel
     planes = chosen.reshape(1, -1, height, width)
     groups = planes.shape[1]
