@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -254,7 +255,9 @@ def kmeans_row(*, num: int = 1_000_000, dim: int = 256) -> Row:
 def pipeline_row(*, work: Path) -> Row:
     row = Row(name="pipeline", baseline="must pass")
     started = time.perf_counter()
-    done = subprocess.run([str(Path(sys.executable).with_name("mclpipe")), "run", "trifeature_tiny", "--set",
+    # `python -m flows.cli` rather than the `mclpipe` script beside the interpreter: the same CLI, and it also runs
+    # where the project is importable without being pip-installed (a GPU node's system Python, PYTHONPATH=.)
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "run", "trifeature_tiny", "--set",
                            "device=cuda", "--set", f"output_dir={work / 'runs'}", "--set",
                            f"data.cache_dir={work / 'data'}", "--set",
                            f"tracking.uri=sqlite:///{work / 'mlflow.db'}"], capture_output=True, text=True,
@@ -263,6 +266,9 @@ def pipeline_row(*, work: Path) -> Row:
     if done.returncode != 0:
         row.status = "failed"
         row.figures["error"] = (done.stderr.strip().splitlines() or ["(no output)"])[-1][:300]
+        # the table keeps one line; the terminal gets the run's own last lines to debug it from
+        print("pipeline row failed; the run's last output:\n" + "\n".join(
+            (done.stdout + done.stderr).strip().splitlines()[-60:]), flush=True)
         return row
     summary = next((work / "runs" / "steps").glob("train0-*/train_summary.json"))
     row.figures["trained on"] = ", ".join(f"{k} {v}" for k, v in json.loads(summary.read_text())["environment"].items())
@@ -675,6 +681,7 @@ def run_rows(names: list[str], *, builders: dict[str, Callable[[], Row]], report
         try:
             row = builders[name]()
         except Exception as exc:  # noqa: BLE001 - one failed row is reported, the others still run
+            traceback.print_exc()  # the table keeps one line; the terminal gets where it failed
             row = Row(name=name, baseline="", status="failed", figures={"error": f"{type(exc).__name__}: {exc}"})
         print(f"{row.name}: {row.status}: " + "; ".join(f"{k}: {v}" for k, v in row.figures.items()), flush=True)
         rows.append(row)
