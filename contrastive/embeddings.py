@@ -1,8 +1,8 @@
 """Embedding export: float16 shards plus the sample ids they belong to, written by one loop for every modality.
 
 :func:`compute_embeddings` is the forward loop (the stage's precision, inference mode, pinned non-blocking copies
-on CUDA, one device -> host read per batch); :func:`export_ranked` splits an export over the ranks of a launch (each
-rank its contiguous share, its own shards) and writes the manifest in rank order, so W processes export exactly
+on CUDA, one device -> host read per batch, one batch behind the GPU); :func:`export_ranked` splits an export over
+the ranks of a launch (each rank its contiguous share, its own shards) and writes the manifest in rank order, so W processes export exactly
 what one process does. The image, CLIP and text exports are these two functions with their own batches.
 """
 from __future__ import annotations
@@ -94,27 +94,37 @@ class ExportBatch:
 
 
 class HostToDevice:
-    """Host -> device copies of a batch's inputs. On CUDA each input goes through a pinned host buffer, reused from
-    batch to batch (grown when a batch is larger), and is copied with ``non_blocking=True``, so the copy is a DMA
-    from page-locked memory instead of a staged synchronous one; an input already pinned (a DataLoader with
-    ``pin_memory``) is copied directly. Reusing a buffer is safe because :func:`compute_embeddings` reads every
-    batch's output back to the host (a synchronisation) before it stages the next batch. Elsewhere: ``.to``."""
+    """Host -> device copies of a batch's inputs. On CUDA each input goes through a pinned host buffer and is copied
+    with ``non_blocking=True``, so the copy is a DMA from page-locked memory instead of a staged synchronous one; an
+    input already pinned (a DataLoader with ``pin_memory``) is copied directly. Elsewhere: ``.to``.
+
+    The buffers come in two sets used in turn (batch i stages into set i % 2, each grown when a batch is larger):
+    :func:`compute_embeddings` stages batch i + 1 while batch i's copy and forward may still run on the GPU, and
+    reads batch i's output (which waits for batch i's copy) before it stages batch i + 2 into batch i's set."""
+
+    SETS = 2
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.pinned: dict[int, torch.Tensor] = {}
+        self.pinned: dict[tuple[int, int], torch.Tensor] = {}
+        self.turn = 0
 
     def __call__(self, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         if self.device.type != "cuda":
             return tuple(t.to(self.device) for t in tensors)
-        return tuple(self._stage(slot, t).to(self.device, non_blocking=True) for slot, t in enumerate(tensors))
+        return tuple(t.to(self.device, non_blocking=True) for t in self.staged(tensors))
 
-    def _stage(self, slot: int, tensor: torch.Tensor) -> torch.Tensor:
+    def staged(self, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """The batch's inputs in this turn's set of pinned buffers (the next call uses the other set)."""
+        turn, self.turn = self.turn, (self.turn + 1) % self.SETS
+        return tuple(self._stage((turn, slot), t) for slot, t in enumerate(tensors))
+
+    def _stage(self, key: tuple[int, int], tensor: torch.Tensor) -> torch.Tensor:
         if tensor.is_pinned():
             return tensor
-        buffer = self.pinned.get(slot)
+        buffer = self.pinned.get(key)
         if buffer is None or buffer.dtype != tensor.dtype or buffer.numel() < tensor.numel():
-            buffer = self.pinned[slot] = self._allocate(tensor.numel(), dtype=tensor.dtype)
+            buffer = self.pinned[key] = self._allocate(tensor.numel(), dtype=tensor.dtype)
         staged = buffer[:tensor.numel()].view(tensor.shape)
         staged.copy_(tensor)
         return staged
@@ -122,6 +132,24 @@ class HostToDevice:
     @staticmethod
     def _allocate(numel: int, *, dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(numel, dtype=dtype, pin_memory=True)
+
+
+@dataclass
+class _Launched:
+    """A batch whose forward has been queued: its float32 (p, D) output on its way to host memory (a non-blocking
+    copy into pinned memory on CUDA, finished once ``done`` has been waited for), or None when no row was present."""
+    batch: ExportBatch
+    present: int
+    output: torch.Tensor | None
+    done: "torch.cuda.Event | None"
+
+    def read(self) -> np.ndarray | None:
+        """The output on the host: waits for this batch's copy (and so for its forward) only."""
+        if self.output is None:
+            return None
+        if self.done is not None:
+            self.done.synchronize()
+        return self.output.numpy()
 
 
 def compute_embeddings(*, encode: Callable[..., torch.Tensor], batches: Iterable[ExportBatch],
@@ -132,34 +160,58 @@ def compute_embeddings(*, encode: Callable[..., torch.Tensor], batches: Iterable
     encode(*batch.inputs on ``device``) -> (p, D) runs under torch.inference_mode and the stage's ``precision``
     (``contrastive.engine.precision.autocast_context``: bf16 / fp16 autocast, fp32 without); its output is cast to
     float32 and read back to the host once per batch (the writer stores float16). Inputs are copied to the device
-    by :class:`HostToDevice` (pinned, non-blocking on CUDA). Returns how many rows were not present (zeros)."""
+    by :class:`HostToDevice` (pinned, non-blocking on CUDA).
+
+    Batch i is written one batch late: the loop queues batch i + 1's copy and forward before it waits for batch i's
+    output, so the GPU has the next batch's work while the host reads, writes and stages (measured on an H200 by
+    ``make gpu-check``'s export row: reading each batch before staging the next left the GPU idle for that time).
+    Returns how many rows were not present (zeros)."""
     from contrastive.engine.loop import release_device_memory
     from contrastive.engine.precision import autocast_context
     to_device = HostToDevice(device)
-    missing, inputs, out = 0, None, None
+    missing, waiting = 0, None
+
+    def launch(batch: ExportBatch) -> _Launched:
+        rows = len(batch.ids)
+        present = rows if batch.present is None else int(np.count_nonzero(batch.present))
+        if not present:
+            return _Launched(batch=batch, present=0, output=None, done=None)
+        inputs = to_device(batch.inputs)
+        with autocast_context(precision=precision, device=device):
+            out = encode(*inputs)
+        if device.type != "cuda":
+            return _Launched(batch=batch, present=present, output=out.float().cpu(), done=None)
+        host = out.float().to("cpu", non_blocking=True)  # lands in pinned memory; valid once `done` has passed
+        done = torch.cuda.Event()
+        done.record()
+        return _Launched(batch=batch, present=present, output=host, done=done)
+
+    def write(launched: _Launched) -> None:
+        nonlocal missing
+        batch, rows = launched.batch, len(launched.batch.ids)
+        encoded = launched.read()
+        if launched.present == rows:
+            block = encoded
+        else:
+            dim = encoded.shape[1] if encoded is not None else writer.dim
+            block = np.zeros((rows, dim), np.float32)
+            if encoded is not None:
+                block[batch.present] = encoded
+            missing += rows - launched.present
+        writer.add(block, batch.ids)
+        if progress is not None:
+            progress(rows)
+
     with torch.inference_mode():
         for batch in batches:
-            rows = len(batch.ids)
-            present = rows if batch.present is None else int(np.count_nonzero(batch.present))
-            encoded = None
-            if present:
-                inputs = to_device(batch.inputs)
-                with autocast_context(precision=precision, device=device):
-                    out = encode(*inputs)
-                encoded = out.float().cpu().numpy()  # the one device -> host copy of the batch
-            if present == rows:
-                block = encoded
-            else:
-                dim = encoded.shape[1] if encoded is not None else writer.dim
-                block = np.zeros((rows, dim), np.float32)
-                if encoded is not None:
-                    block[batch.present] = encoded
-                missing += rows - present
-            writer.add(block, batch.ids)
-            if progress is not None:
-                progress(rows)
+            launched = launch(batch)
+            if waiting is not None:
+                write(waiting)
+            waiting = launched
+        if waiting is not None:
+            write(waiting)
     if device.type == "cuda":  # the cached activations: k-means on the GPU may come next in this process
-        del to_device, inputs, out  # the pinned buffers and the last batch's device tensors
+        del to_device, waiting  # the pinned buffers and the last batch's tensors
         release_device_memory(device)
     return missing
 

@@ -110,35 +110,46 @@ class _Diverged(Exception):
         self.step, self.epoch, self.positions, self.loss = step, epoch, positions, loss
 
 
-def _wrap(*, task: StageTask, spec: LoopSpec, device: torch.device, info: DistInfo) -> nn.Module:
-    """The forward module on the device: global batch norm and DDP across ranks, channels_last, then compile.
+class _Forward:
+    """The forward a micro-batch runs through: the module on the device (global batch norm and DDP across ranks,
+    channels_last) and, with ``train.compile``, its compiled form for the stage's full batch size.
 
     DDP first, compile second, as PyTorch documents for DDP: compiling the DDP-wrapped module lets TorchDynamo's
     DDPOptimizer split the graph at DDP's bucket boundaries, so each bucket's gradient all-reduce overlaps the rest
-    of the backward (a compiled module inside DDP gives DDP one opaque backward)."""
-    module = task.forward_module()
-    module = sync_batch_norms(module, device=device) if info.is_distributed else module
-    module.to(device, memory_format=torch.channels_last if spec.channels_last else torch.preserve_format)
-    if info.is_distributed:
-        module = nn.parallel.DistributedDataParallel(
-            module, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
-    if spec.compile:
-        module = torch.compile(module)  # no_sync() and the rest reach the DDP module through the wrapper
-    return module
+    of the backward (a compiled module inside DDP gives DDP one opaque backward).
 
+    One static-shape graph, for the largest batch size seen so far (the full batch: nearly every step); a smaller
+    batch runs the same module eagerly. A stage's batches differ in size by design, not only at an epoch's end:
+    MCL's cluster-pure batches end each group with a partial batch (``remainder_policy: partial``) and lockstep trims
+    a batch to the smallest rank's; dropping or padding them would change what trains (padded rows would be
+    negatives). A graph with a dynamic batch dimension serves every size but ran ResNet-50 SimCLR at 0.73x a plain
+    loop's static graph on an H200 (``make gpu-check``, 2026-11-26; inductor's reductions, batch norm's among them,
+    are tuned for known sizes); recompiling per size would stall at each new size, then fall back to eager at
+    TorchDynamo's recompile limit. The batch dimension is marked static, so a larger batch (a stage whose first
+    batch was partial) compiles one more static graph instead of TorchDynamo's automatic dynamic one. Every rank
+    of a launch sees the same (lockstep) size, so all ranks take the same path."""
 
-def _dynamic_batch(inputs: dict) -> dict:
-    """Mark the batch dimension of every tensor input dynamic before the compiled forward sees it, so one graph
-    serves every batch size. A stage's batches differ in size by design, not only at an epoch's end: MCL's
-    cluster-pure batches end each group with a partial batch (``remainder_policy: partial``), and lockstep trims a
-    batch to the smallest rank's. Dropping or padding them would change what trains (the content key's batches,
-    and padded rows would be negatives); recompiling per size would stall each new size, then fall back to eager
-    once torch._dynamo's cache limit is reached. ``maybe_mark_dynamic``: a model that needs a fixed batch size
-    specialises without error. Scalar tensors (the step) have no batch dimension."""
-    for value in inputs.values():
-        if isinstance(value, torch.Tensor) and value.ndim > 0:
-            torch._dynamo.maybe_mark_dynamic(value, 0)
-    return inputs
+    def __init__(self, *, task: StageTask, spec: LoopSpec, device: torch.device, info: DistInfo):
+        module = task.forward_module()
+        module = sync_batch_norms(module, device=device) if info.is_distributed else module
+        module.to(device, memory_format=torch.channels_last if spec.channels_last else torch.preserve_format)
+        if info.is_distributed:
+            module = nn.parallel.DistributedDataParallel(
+                module, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
+        self.module = module
+        self.compiled = torch.compile(module) if spec.compile else None
+        self.compiled_size = 0
+
+    def for_batch(self, inputs: dict, *, size: int) -> nn.Module:
+        """The module to call on ``inputs``, a micro-batch of ``size`` samples (marking its batch dimension static
+        when it goes to the compiled graph)."""
+        if self.compiled is None or size < self.compiled_size:
+            return self.module
+        self.compiled_size = size
+        for value in inputs.values():
+            if isinstance(value, torch.Tensor) and value.ndim > 0:  # a 0-dim tensor (the step) has no batch dim
+                torch._dynamo.mark_static(value, 0)
+        return self.compiled
 
 
 def read_metrics(metrics: dict) -> dict[str, float]:
@@ -175,7 +186,8 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
         raise ConfigError(f"train.grad_accumulation must be >= 1, got {loop.grad_accumulation}")
     checkpoint_path = Path(checkpoint_path)
     configure_cuda_numerics(device=device, tf32=loop.tf32, cudnn_benchmark=loop.cudnn_benchmark)
-    module = _wrap(task=task, spec=loop, device=device, info=info)
+    forward = _Forward(task=task, spec=loop, device=device, info=info)
+    module = forward.module
     opt = build_optimizer(params=task.param_groups(weight_decay=optim.weight_decay), name=optim.name, lr=optim.lr,
                           weight_decay=optim.weight_decay, momentum=optim.momentum, betas=optim.betas, eps=optim.eps)
     steps_per_epoch = _plan_steps(source=source, spec=loop)
@@ -324,13 +336,11 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
                     for hook in batch_hooks:
                         hook.on_batch(step=step, batch=batch)
                     inputs = task.inputs(batch, device=device, step=step)
-                    if loop.compile:
-                        inputs = _dynamic_batch(inputs)
                     last_micro = micro == loop.grad_accumulation - 1
                     sync = contextlib.nullcontext() if last_micro or not info.is_distributed else module.no_sync()
                     with sync:
                         with autocast_context(precision=loop.precision, device=device):
-                            loss, metrics = module(**inputs)
+                            loss, metrics = forward.for_batch(inputs, size=size)(**inputs)
                         scaler.scale(loss / loop.grad_accumulation).backward()
                     step_loss = step_loss + loss.detach().float() / loop.grad_accumulation
                     step_samples += size * info.world_size

@@ -1,5 +1,6 @@
 """The one export loop (contrastive/embeddings.py): rows kept in place, the stage's precision, inference mode, one
-device -> host read per batch, pinned staging of the inputs, and the rank-ordered manifest of a split export."""
+device -> host read per batch one batch late, pinned staging of the inputs in two sets, and the rank-ordered
+manifest of a split export."""
 import json
 
 import numpy as np
@@ -62,9 +63,10 @@ def test_one_device_to_host_read_per_batch(monkeypatch):
     assert len(reads) == 5
 
 
-def test_inputs_are_staged_through_reused_pinned_buffers(monkeypatch):
-    """The CUDA path's staging, run on the CPU with an unpinned buffer in place of a pinned one: each input has
-    its own buffer, reused while batches fit it, grown when one does not; the values arrive unchanged."""
+def test_inputs_are_staged_through_two_sets_of_reused_pinned_buffers(monkeypatch):
+    """The CUDA path's staging, run on the CPU with an unpinned buffer in place of a pinned one: batches use two
+    sets of buffers in turn (batch i + 1 is staged while batch i's copy may still read its buffer), each input its
+    own buffer in a set, reused while batches fit it, grown when one does not; the values arrive unchanged."""
     allocated = []
 
     def allocate(numel, *, dtype):
@@ -73,12 +75,38 @@ def test_inputs_are_staged_through_reused_pinned_buffers(monkeypatch):
 
     monkeypatch.setattr(HostToDevice, "_allocate", staticmethod(allocate))
     stager = HostToDevice(CPU)
-    for shape in [(4, 3), (2, 3), (6, 3)]:
+    previous = None
+    for shape in [(4, 3), (2, 3), (3, 3), (6, 3)]:
         images, mask = torch.randn(shape), torch.ones(shape[0], dtype=torch.int64)
-        staged = (stager._stage(0, images), stager._stage(1, mask))
+        staged = stager.staged((images, mask))
         assert torch.equal(staged[0], images) and torch.equal(staged[1], mask)
-    assert allocated == [(12, torch.float32), (4, torch.int64), (18, torch.float32), (6, torch.int64)]
+        if previous is not None:  # staging this batch left the previous batch's staged inputs as they were
+            assert torch.equal(previous[0][0], previous[1][0]) and torch.equal(previous[0][1], previous[1][1])
+        previous = (staged, tuple(t.clone() for t in staged))
+    # set 0: batches 1 and 3 (the (3, 3) batch fits the first's buffers); set 1: batches 2 and 4 (grown for (6, 3))
+    assert allocated == [(12, torch.float32), (4, torch.int64), (6, torch.float32), (2, torch.int64),
+                         (18, torch.float32), (6, torch.int64)]
     assert stager((torch.ones(2),))[0].device == CPU  # off CUDA: a plain copy, nothing pinned
+
+
+def test_each_batch_is_written_after_the_next_batch_is_queued():
+    """The read-back of batch i waits for the GPU: it comes after batch i + 1's forward is queued, so the GPU is
+    never idle while the host writes; the rows still arrive in order, the last batch included."""
+    events = []
+
+    class Recording(Rows):
+        def add(self, block, ids):
+            events.append(("write", int(ids[0])))
+            super().add(block, ids)
+
+    def encode(x):
+        events.append(("encode", int(x[0, 0])))
+        return x * 2
+    batches = [ExportBatch(ids=np.array([b]), inputs=(torch.full((1, 3), float(b)),)) for b in range(3)]
+    rows = Recording()
+    compute_embeddings(encode=encode, batches=batches, device=CPU, writer=rows)
+    assert events == [("encode", 0), ("encode", 1), ("write", 0), ("encode", 2), ("write", 1), ("write", 2)]
+    assert [float(b[0, 0]) for b in rows.blocks] == [0.0, 2.0, 4.0]
 
 
 def test_ranks_write_their_shares_and_rank_0_the_manifest_in_rank_order(tmp_path):

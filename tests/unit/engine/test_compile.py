@@ -1,5 +1,5 @@
-"""torch.compile in the loop (issue 24): DDP before compile, the step and the batch size never recompile the
-forward, metrics stay tensors until a logging step. Compiled with a counting eager backend (no inductor, no C++
+"""torch.compile in the loop (issue 24): DDP before compile, one static-shape graph for the full batch (smaller
+batches eager), the step never recompiles the forward, metrics stay tensors until a logging step. Compiled with a counting eager backend (no inductor, no C++
 compiler): what is counted is TorchDynamo's graphs, the same on a GPU."""
 import numpy as np
 import pytest
@@ -35,11 +35,16 @@ def counted_compile(monkeypatch):
     torch._dynamo.reset()
 
 
-def test_steps_and_a_trimmed_last_batch_compile_the_forward_once(tmp_path, counted_compile):
+def _dynamic_sizes(graph) -> list:
+    """The symbolic sizes a graph takes as inputs (a dynamic dimension is one); [] for a static-shape graph."""
+    return [node.name for node in graph.graph.nodes
+            if node.op == "placeholder" and isinstance(node.meta.get("example_value"), torch.SymInt)]
+
+
+def test_steps_and_a_trimmed_last_batch_compile_the_forward_once(tmp_path, counted_compile, monkeypatch):
     """SimCLR on 40 images in batches of 16: sizes 16, 16, 8 every epoch, 9 steps with a changing step number.
-    One graph for all of them (the batch dimension dynamic, the step a tensor): a recompile per size or per step
-    would add graphs. (Sizes of 8 and more: below 8 samples, 16 views, the CPU's convolution picks another
-    kernel, a guard of torch's own that a GPU's cuDNN path does not have.)"""
+    One static-shape graph, for the batches of 16; the batches of 8 run the module eagerly: a recompile per size
+    or per step would add graphs, a dynamic batch dimension would show as a symbolic size."""
     seed_everything(0)
     images = torch.randint(0, 255, (40, 3, 16, 16), dtype=torch.uint8)
     method = build_method(model_kwargs=MODEL, method_kwargs={"name": "simclr", "temperature": 0.5})
@@ -47,7 +52,15 @@ def test_steps_and_a_trimmed_last_batch_compile_the_forward_once(tmp_path, count
     sampler = ClusterBatchSampler(groups=None, num_samples=40, batch_size=16, seed=0)
     source = ImageBatchSource(sampler=sampler, ids=np.arange(40), groups=None, info=DistInfo(),
                               read_batches=lambda planned: ((rows, images[torch.from_numpy(rows)]) for rows in planned))
-    sizes = []
+    sizes, eager_sizes = [], []
+    real_for_batch = loop_module._Forward.for_batch
+
+    def for_batch(self, inputs, *, size):
+        chosen = real_for_batch(self, inputs, size=size)
+        if chosen is self.module:
+            eager_sizes.append(size)
+        return chosen
+    monkeypatch.setattr(loop_module._Forward, "for_batch", for_batch)
 
     class Sizes:
         def on_batch(self, *, step, batch):
@@ -62,7 +75,39 @@ def test_steps_and_a_trimmed_last_batch_compile_the_forward_once(tmp_path, count
                    loop=LoopSpec(epochs=3, log_every_steps=2, checkpoint_every_steps=100, compile=True),
                    device=torch.device("cpu"), checkpoint_path=tmp_path / "last.pt", callbacks=[Sizes()])
     assert sorted(set(sizes)) == [8, 16] and result.steps == 9
-    assert len(counted_compile) == 1
+    assert len(counted_compile) == 1 and _dynamic_sizes(counted_compile[0]) == []
+    assert eager_sizes == [8, 8, 8]
+
+
+class _SizedRows:
+    """Batches of the given sizes, rows of a fixed linear regression."""
+
+    def __init__(self, sizes: list[int]):
+        from bench.gpu_check import RegressionRows
+        rows = RegressionRows(steps=sum(sizes), device=torch.device("cpu"))
+        self.x, self.y, self.sizes = rows.x, rows.y, sizes
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def batches(self, *, epoch: int, start: int):
+        from bench.gpu_check import _Rows
+        ends = np.cumsum([0, *self.sizes])
+        for index in range(start, len(self.sizes)):
+            yield _Rows(self.x[ends[index]:ends[index + 1]], self.y[ends[index]:ends[index + 1]])
+
+
+def test_a_first_batch_smaller_than_the_rest_adds_one_static_graph_not_a_dynamic_one(tmp_path, counted_compile):
+    """A stage whose first batch is partial (an MCL group smaller than the batch) compiles it, then the full size
+    once more, both static (TorchDynamo's automatic dynamic shapes would make the second graph dynamic); later
+    partial batches run eagerly and add nothing."""
+    from bench.gpu_check import QuietTask
+    train(task=QuietTask(), source=_SizedRows([3, 6, 6, 2, 6, 3]),
+          optim=OptimSpec(name="sgd", lr=0.01, schedule="constant"),
+          loop=LoopSpec(epochs=1, log_every_steps=3, checkpoint_every_steps=100, compile=True),
+          device=torch.device("cpu"), checkpoint_path=tmp_path / "last.pt")
+    assert len(counted_compile) == 2
+    assert [_dynamic_sizes(graph) for graph in counted_compile] == [[], []]
 
 
 def test_ddp_comes_before_compile(monkeypatch):
@@ -83,8 +128,8 @@ def test_ddp_comes_before_compile(monkeypatch):
     class Task:
         def forward_module(self):
             return torch.nn.Linear(2, 2)
-    loop_module._wrap(task=Task(), spec=LoopSpec(epochs=1, compile=True), device=torch.device("cpu"),
-                      info=DistInfo(rank=0, world_size=2, local_rank=0))
+    loop_module._Forward(task=Task(), spec=LoopSpec(epochs=1, compile=True), device=torch.device("cpu"),
+                         info=DistInfo(rank=0, world_size=2, local_rank=0))
     assert order == ["ddp", ("compile", FakeDDP)]
 
 
