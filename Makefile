@@ -39,8 +39,9 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.run_all
 
 # The acceptance rows of a CUDA machine (issue 24) into BENCHMARKS.md; without CUDA: one "not measured" line a row.
+# Some rows only: make gpu-check ROWS=simclr,export
 gpu-check: $(STAMP)
-	$(BIN)/python -m bench.gpu_check
+	$(BIN)/python -m bench.gpu_check $(if $(ROWS),--rows $(ROWS))
 
 ui-mlflow: $(STAMP)
 	$(BIN)/mlflow ui --backend-store-uri $(MLFLOW_TRACKING_URI) --port 5000

@@ -226,6 +226,7 @@ def train_and_record(*, config: _PipelineBase, tracker: Tracker, mlflow_run_id: 
                                    "train/samples_per_second": summary["samples_per_second"],
                                    "train/trimmed_samples": summary["trimmed_samples"],
                                    "train/stage_data_wait_share": summary.get("data_wait_share", 0.0),
+                                   "train/checkpoint_seconds": summary.get("checkpoint_seconds", 0.0),
                                    **extra_metrics(summary)})
 
 

@@ -71,6 +71,7 @@ class TrainResult:
     skipped_batches: int = 0
     environment: dict[str, str] = field(default_factory=dict)  # contrastive.engine.device.device_report
     data_wait_seconds: float = 0.0  # blocked on the batch source, waiting for the next batch
+    checkpoint_seconds: float = 0.0  # writing checkpoints (rank 0; the other ranks wait as long at the next step)
 
     def summary(self) -> dict:
         """What every stage's ``train_summary.json`` starts with (each modality adds its own keys)."""
@@ -79,7 +80,8 @@ class TrainResult:
                 "samples_per_second": self.samples_per_second, "trimmed_samples": self.trimmed_samples,
                 "epochs_ended_early": self.epochs_ended_early, "rollbacks": self.rollbacks,
                 "skipped_batches": self.skipped_batches, "environment": self.environment,
-                "data_wait_share": self.data_wait_seconds / self.seconds if self.seconds > 0 else 0.0}
+                "data_wait_share": self.data_wait_seconds / self.seconds if self.seconds > 0 else 0.0,
+                "checkpoint_seconds": self.checkpoint_seconds}
 
 
 @dataclass
@@ -238,10 +240,12 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
         last_saved["at"] = (step, epoch, position)
         rngs = gather_objects(capture_rng(task.generators))  # each rank resumes its own draws (CUDA's included)
         if info.is_main:
+            started_saving = time.perf_counter()
             save_checkpoint({"model": task.state_dict(), "optimizer": opt.state_dict(),
                              "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
                              "rng": rngs[0], "rng_by_rank": rngs, "epoch": epoch, "batches_consumed": position,
                              "step": step, "nonfinite": guard.state_dict()}, checkpoint_path)
+            result.checkpoint_seconds += time.perf_counter() - started_saving
             for callback in callbacks:
                 callback.on_checkpoint(path=checkpoint_path, step=step)
         # No barrier here: the other ranks go on to the next step (its first collective meets rank 0 when it is
@@ -282,12 +286,12 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
                                      loss=bad.loss, lr_scale=guard.lr_scale, rollbacks=guard.rollbacks)
         return epoch, position
 
-    if loop.on_nonfinite == "rollback" and checkpoint is None:
-        save(start_epoch, consumed)  # somewhere to return to before the first periodic checkpoint
     result = TrainResult(steps=step, epochs=start_epoch, final_loss=float("nan"), resumed_from_step=resumed_from,
                          seconds=0.0, samples_per_second=0.0, environment=device_report(
                              device, backend=dist.get_backend() if info.is_distributed else None,
                              world_size=info.world_size))
+    if loop.on_nonfinite == "rollback" and checkpoint is None:
+        save(start_epoch, consumed)  # somewhere to return to before the first periodic checkpoint
     log.info("training on %s", ", ".join(f"{k} {v}" for k, v in result.environment.items()))
     started, samples = time.perf_counter(), 0
     module.train()

@@ -258,3 +258,24 @@ def test_a_checkpoint_of_other_trainable_parameters_names_the_fix(tmp_path):
     frozen.model.bias.requires_grad_(False)
     with pytest.raises(DataError, match=r"delete .*crash to train the stage from its start"):
         _run(tmp_path, name="crash", task=frozen)
+
+
+def test_the_time_spent_writing_checkpoints_is_measured(tmp_path, monkeypatch):
+    """18 steps, a checkpoint every 4 and at each of 3 epoch ends (6 steps an epoch): 7 saves, each made 50 ms
+    slower here; the summary's checkpoint_seconds holds them (a benchmark or a user can tell the stage's checkpoint
+    cost from its training)."""
+    import time
+
+    from contrastive.engine import loop as loop_module
+    real_save = loop_module.save_checkpoint
+    saves = []
+
+    def slow_save(*args, **kwargs):
+        saves.append(1)
+        time.sleep(0.05)
+        return real_save(*args, **kwargs)
+    monkeypatch.setattr(loop_module, "save_checkpoint", slow_save)
+    _, result = _run(tmp_path)
+    summary = result.summary()
+    assert len(saves) == 7
+    assert 0.05 * len(saves) <= summary["checkpoint_seconds"] < summary["seconds"]
