@@ -263,7 +263,7 @@ def prepare_data(*, config: _PipelineBase) -> dict:
     logger = get_run_logger()
     if not config.launcher.remote:
         check_gpus_usable(config.device)
-    check_faiss(config.device, warn=logger.warning)
+    check_faiss(config.device, inform=logger.info)
     return modality_of(config).prepare_data(config, log=logger.info)
 
 

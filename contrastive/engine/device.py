@@ -116,15 +116,16 @@ def _cuda_major(version: str | None) -> int | None:
     return int(version.split(".")[0]) if version else None
 
 
-def check_faiss(device: str, *, warn: Callable[[str], None] | None = None) -> None:
+def check_faiss(device: str, *, inform: Callable[[str], None] | None = None) -> None:
     """The faiss that k-means will use is consistent with this torch, checked where the pipeline starts.
 
     ConfigError (with the install line) when: no faiss is installed; two faiss wheels share the faiss/ package;
     a run on the GPU (``device`` auto or cuda) has a faiss-gpu built for another CUDA major than torch (the faiss
-    wheels support only their own CUDA runtime in the process). A warning through ``warn`` when a GPU run has the
-    CPU-only faiss: k-means then runs on the CPU (correct, slower). A faiss without pip metadata (conda) passes.
+    wheels support only their own CUDA runtime in the process). A line through ``inform`` when a GPU run has the
+    CPU-only faiss: k-means then runs on the GPU through torch (``contrastive.mcl.lloyd_torch``, faiss's Lloyd on
+    torch's matrix product). A faiss without pip metadata (conda) passes.
     """
-    warn = warn or logging.getLogger(__name__).warning
+    inform = inform or logging.getLogger(__name__).info
     wheels = installed_faiss()
     if not wheels:
         if importlib.util.find_spec("faiss") is not None:
@@ -148,6 +149,6 @@ def check_faiss(device: str, *, warn: Callable[[str], None] | None = None) -> No
             f"the matching pair ({FAISS_GPU_INSTALL}), or keep this torch with pip uninstall -y {wheel.name} && "
             f"{FAISS_CPU_INSTALL} (k-means on the CPU), or set device=cpu ({FAISS_DOCS})")
     if on_gpu and wheel.cuda_major is None:
-        warn(f"{wheel.name} {wheel.version} is CPU-only, so k-means will run on the CPU while training uses the "
-             f"GPU (correct, slower at large K); for GPU k-means: pip uninstall -y {wheel.name} && "
-             f"{FAISS_GPU_INSTALL} ({FAISS_DOCS})")
+        inform(f"{wheel.name} {wheel.version} is CPU-only, so k-means runs on the GPU through torch (the same "
+               f"Lloyd iterations as faiss; faiss-gpu is used instead where installed: {FAISS_GPU_INSTALL}, "
+               f"{FAISS_DOCS})")

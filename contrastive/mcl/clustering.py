@@ -1,4 +1,5 @@
-"""Seeded faiss k-means over stage embeddings, and the on-disk format of its results.
+"""Seeded faiss k-means over stage embeddings (torch's on a GPU that faiss cannot use), and the on-disk format of
+its results.
 
 MCL clusters the embeddings Z_j of stage j into K groups (k-means; the paper uses faiss on GPU) and
 uses the assignments y_j, combined over stages, as pseudo-labels for the next stage. Unlike the
@@ -6,7 +7,9 @@ public reference code (scikit-learn on CPU, no seed) this is seeded, uses the GP
 assigns every point. Lloyd's iterations run on every point or, when asked (the pipeline's default is
 1024 points per cluster), on a seeded uniform sample, stated in the arguments rather than faiss's
 silent k * 256 subsample; k-means++ seeding (scikit-learn's ``kmeans_plusplus`` on a small sample) for
-small k, faiss's random seeding for large k, where k-means++ would cost more than Lloyd itself.
+small k, random seeding (k distinct points) for large k, where k-means++ would cost more than Lloyd itself. Both
+seedings are drawn here, so every backend (faiss-cpu, faiss-gpu, torch on a GPU faiss cannot use) starts from the
+same seeds and ends on the same clusters up to float rounding.
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ _ROW_CHUNK = 1 << 16  # rows per chunk when normalising, so temporaries stay chu
 _ASSIGN_CHUNK = 1 << 17  # rows converted and assigned at a time after training on a sample (0.4 GB at D = 768)
 
 KMEANS_INITS = ("auto", "k-means++", "random")
-# k-means++ costs O(seeding points x k x log k x D) on the CPU; above this k (auto) faiss's random seeding
+# k-means++ costs O(seeding points x k x log k x D) on the CPU; above this k (auto) random seeding
 # is used, which at large k (e.g. 20,000 on a GPU) costs nothing and matters less (many centroids per mode).
 _KMEANSPP_MAX_K = 256
 # Seeding (bench/kmeans.py measured the choice): several k-means++ candidates, each polished by a few Lloyd
@@ -60,6 +63,7 @@ class KMeansResult:
     assignments: int64 (M,) cluster id of every point. centroids: float32 (k, D) (unit rows when
     spherical). sizes: int64 (k,) points per cluster (zeros = empty clusters). inertia: sum over all
     points of ||x_i - c_{a_i}||^2 in the space clustered (after L2 normalisation when spherical).
+    backend: faiss-cpu, faiss-gpu, or torch-cuda (contrastive.mcl.lloyd_torch, on a GPU that faiss cannot use).
     """
 
     assignments: np.ndarray
@@ -69,6 +73,7 @@ class KMeansResult:
     k: int
     seed: int
     spherical: bool = True
+    backend: str = "faiss-cpu"  # where Lloyd ran: faiss-cpu, faiss-gpu, or torch-cuda (faiss without a GPU)
 
 
 def kmeans(
@@ -89,27 +94,74 @@ def kmeans(
     features: float (M, D), any float dtype (cast to float32 C-contiguous; float16 exports are fine).
     spherical: L2-normalise rows first and keep unit centroids (cosine k-means), the usual choice for
         contrastive embeddings, which live on the sphere.
-    use_gpu: None = use a GPU when faiss sees one; True = require one.
-    gpu_devices: the GPUs (faiss device ids: positions among the visible devices) k-means may use when it uses the
+    use_gpu: None = use a GPU when there is one; True = require one; False = the CPU. On a GPU, faiss-gpu when
+        faiss sees it, else the same Lloyd iterations in torch on ``gpu_devices[0]``
+        (:mod:`contrastive.mcl.lloyd_torch`: the faiss GPU wheels do not install beside the pinned CUDA 13 torch).
+    gpu_devices: the GPUs (device ids: positions among the visible devices) k-means may use when it uses the
         GPU; the pipeline passes its step's own (one, see tasks/steps.py). faiss.Kmeans(gpu=True) would take
         every visible GPU, and gpu=1 too (faiss reads 1 == True as "all").
     max_train_points: None (default) = train on all M points. An int = train on a seeded uniform sample of at
         most that many points (each Lloyd iteration then costs sample/M of a full pass); every point is still
         assigned and counted in the inertia. bench/kmeans.py measures the trade-off.
     init: "k-means++" = the best of 3 k-means++ seedings, each polished by 5 Lloyd iterations on a seeded sample
-        of 256 k training points (see _initial_centroids); "random" lets faiss pick k distinct training points;
+        of 256 k training points (see _initial_centroids); "random" = k distinct training points drawn with seed;
         "auto" = k-means++ for k <= 256, random above.
     """
     if init not in KMEANS_INITS:
         raise ConfigError(f"k-means init {init!r} is not one of {KMEANS_INITS}.")
     arr = _validated_features(features=features, k=k)
-    devices = _resolve_gpus(use_gpu, gpu_devices=gpu_devices)
+    devices, torch_device = _placement(use_gpu, gpu_devices=gpu_devices)
     num_points, dim = arr.shape
     rows = _training_rows(num_points=num_points, k=k, seed=seed, max_train_points=max_train_points)
     train_x = _unit_float32(arr if rows is None else arr[rows], spherical=spherical)
     if _non_finite_rows(train_x).any():
         raise _non_finite_error(arr)
     init_centroids = _initial_centroids(train_x=train_x, k=k, seed=seed, init=init, spherical=spherical)
+    if torch_device is not None:
+        centroids, search = _train_torch(train_x=train_x, init_centroids=init_centroids, k=k, niter=niter,
+                                         seed=seed, spherical=spherical, device=torch_device)
+        backend = "torch-cuda"
+    else:
+        centroids, search = _train_faiss(train_x=train_x, init_centroids=init_centroids, k=k, niter=niter,
+                                         seed=seed, spherical=spherical, devices=devices)
+        backend = "faiss-gpu" if devices else "faiss-cpu"
+    inner_product = spherical  # faiss.Kmeans clusters with an inner-product index when spherical, L2 otherwise
+    if rows is None:
+        chunks = [(0, train_x)]  # already converted (and checked): one search over all points
+    else:
+        # Trained on a sample: convert, check and assign the points a chunk at a time, so peak memory is a chunk
+        # in float32 (not an (M, D) copy; 10M x 768 CC12M embeddings would be 30 GB), with the input untouched.
+        chunks = ((start, _unit_float32(arr[start:start + _ASSIGN_CHUNK], spherical=spherical))
+                  for start in range(0, num_points, _ASSIGN_CHUNK))
+    assignments = np.empty(num_points, dtype=np.int64)
+    inertia = 0.0
+    for start, chunk in chunks:
+        if rows is not None and _non_finite_rows(chunk).any():
+            raise _non_finite_error(arr)
+        scores, labels = search(chunk)
+        assignments[start:start + chunk.shape[0]] = labels[:, 0]
+        inertia += _inertia(x=chunk, centroids=centroids, assignments=labels[:, 0], scores=scores[:, 0],
+                            inner_product=inner_product)
+    return KMeansResult(
+        assignments=assignments,
+        centroids=centroids,
+        sizes=np.bincount(assignments, minlength=k).astype(np.int64),
+        inertia=inertia,
+        k=int(k),
+        seed=int(seed),
+        spherical=bool(spherical),
+        backend=backend,
+    )
+
+
+Search = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+def _train_faiss(*, train_x: np.ndarray, init_centroids: np.ndarray, k: int, niter: int, seed: int,
+                 spherical: bool, devices: tuple[int, ...]) -> tuple[np.ndarray, Search]:
+    """faiss.Kmeans on train_x (its index on ``devices``, the CPU when empty): float32 (k, D) centroids and the
+    index's search (rows (n, D) -> (scores (n, 1), labels (n, 1)))."""
+    dim = train_x.shape[1]
     km = faiss.Kmeans(
         dim,
         k,
@@ -125,44 +177,39 @@ def kmeans(
     if devices:
         km.index = faiss.index_cpu_to_gpus_list(km.index, gpus=list(devices))
     km.train(train_x, init_centroids=init_centroids)
-    centroids = np.asarray(km.centroids, dtype=np.float32).reshape(k, dim)
-    inner_product = km.index.metric_type == faiss.METRIC_INNER_PRODUCT
-    if rows is None:
-        chunks = [(0, train_x)]  # already converted (and checked): one search over all points
-    else:
-        # Trained on a sample: convert, check and assign the points a chunk at a time, so peak memory is a chunk
-        # in float32 (not an (M, D) copy; 10M x 768 CC12M embeddings would be 30 GB), with the input untouched.
-        chunks = ((start, _unit_float32(arr[start:start + _ASSIGN_CHUNK], spherical=spherical))
-                  for start in range(0, num_points, _ASSIGN_CHUNK))
-    assignments = np.empty(num_points, dtype=np.int64)
-    inertia = 0.0
-    for start, chunk in chunks:
-        if rows is not None and _non_finite_rows(chunk).any():
-            raise _non_finite_error(arr)
-        scores, labels = km.index.search(chunk, 1)
-        assignments[start:start + chunk.shape[0]] = labels[:, 0]
-        inertia += _inertia(x=chunk, centroids=centroids, assignments=labels[:, 0], scores=scores[:, 0],
-                            inner_product=inner_product)
-    return KMeansResult(
-        assignments=assignments,
-        centroids=centroids,
-        sizes=np.bincount(assignments, minlength=k).astype(np.int64),
-        inertia=inertia,
-        k=int(k),
-        seed=int(seed),
-        spherical=bool(spherical),
-    )
+    return np.asarray(km.centroids, dtype=np.float32).reshape(k, dim), lambda rows: km.index.search(rows, 1)
 
 
-def _initial_centroids(*, train_x: np.ndarray, k: int, seed: int, init: str, spherical: bool) -> np.ndarray | None:
-    """float32 (k, D) seeds for Lloyd on train_x, or None to let faiss seed randomly.
+def _train_torch(*, train_x: np.ndarray, init_centroids: np.ndarray, k: int, niter: int, seed: int,
+                 spherical: bool, device) -> tuple[np.ndarray, Search]:
+    """Lloyd in torch on ``device`` (contrastive.mcl.lloyd_torch) from ``init_centroids``, as
+    :func:`_train_faiss` returns it."""
+    import torch
 
+    from contrastive.mcl.lloyd_torch import lloyd, nearest_centroids
+    points = torch.from_numpy(train_x).to(device)
+    centroids = lloyd(points, torch.from_numpy(np.ascontiguousarray(init_centroids)).to(device), niter=niter,
+                      spherical=spherical, seed=seed)
+    del points
+
+    def search(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        labels, scores = nearest_centroids(torch.from_numpy(rows).to(device), centroids, inner_product=spherical)
+        return scores.cpu().numpy()[:, None], labels.cpu().numpy()[:, None]
+    return centroids.cpu().numpy(), search
+
+
+def _initial_centroids(*, train_x: np.ndarray, k: int, seed: int, init: str, spherical: bool) -> np.ndarray:
+    """float32 (k, D) seeds for Lloyd on train_x.
+
+    random: k distinct training points drawn with ``seed`` (faiss's random seeding, drawn here so that faiss-cpu,
+    faiss-gpu and torch start from the same seeds: where k-means runs is placement, not part of a step's key).
     k-means++: _SEEDING_CANDIDATES candidate seedings (scikit-learn's kmeans_plusplus, Arthur & Vassilvitskii
     2007) on a seeded sample of 256 k rows of train_x, each refined by 5 Lloyd iterations on that sample; the
     candidate with the lowest inertia on the sample wins.
     """
     if init == "random" or (init == "auto" and k > _KMEANSPP_MAX_K):
-        return None
+        rows = np.random.default_rng([seed, 3]).choice(train_x.shape[0], size=k, replace=False)
+        return np.ascontiguousarray(train_x[rows])
     num_points, dim = train_x.shape
     size = min(num_points, _SEEDING_POINTS_PER_CLUSTER * k)
     rows = np.random.default_rng([seed, 1]).choice(num_points, size=size, replace=False)
@@ -258,18 +305,34 @@ def _l2_normalize_rows_(x: np.ndarray) -> None:
             rows /= np.maximum(norms, 1e-12)[:, None]
 
 
-def _resolve_gpus(use_gpu: bool | None, *, gpu_devices: tuple[int, ...]) -> tuple[int, ...]:
-    """The GPUs k-means runs on: () = the CPU; else those of ``gpu_devices`` that faiss sees."""
+def _placement(use_gpu: bool | None, *, gpu_devices: tuple[int, ...]):
+    """Where k-means runs: (faiss GPU ids, None) for faiss-gpu, ((), torch device) for torch on a CUDA device
+    that faiss cannot use, ((), None) for faiss on the CPU. A GPU is one of ``gpu_devices`` (none: the CPU)."""
     available = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
     devices = tuple(device for device in gpu_devices if 0 <= device < available)
-    if use_gpu is False:
-        return ()
-    if use_gpu and not devices:
+    if use_gpu is False or not gpu_devices:
+        if use_gpu:
+            raise ConfigError("use_gpu=True but no GPU was given to k-means (gpu_devices is empty: device=cpu)")
+        return (), None
+    if devices:
+        return devices, None
+    cuda = _cuda_device_count()
+    if 0 <= gpu_devices[0] < cuda:
+        import torch
+        return (), torch.device("cuda", gpu_devices[0])
+    if use_gpu:
         raise ConfigError(
-            f"use_gpu=True but faiss sees {available} GPU(s), none of {list(gpu_devices)}; install faiss-gpu on a "
-            "GPU machine (its install line: docs/gpu.md), or set use_gpu to false/auto."
+            f"use_gpu=True but neither faiss ({available} GPU(s)) nor torch ({cuda} CUDA device(s)) sees any of "
+            f"{list(gpu_devices)}; run on a GPU machine with a CUDA build of torch (or install faiss-gpu: "
+            "docs/gpu.md), or set use_gpu to false/auto."
         )
-    return devices
+    return (), None
+
+
+def _cuda_device_count() -> int:
+    """CUDA devices this process's torch can use (0 without CUDA; torch is imported only to ask)."""
+    import torch
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def _inertia(
@@ -335,6 +398,7 @@ def save_clusters(*, result: KMeansResult, ids: np.ndarray, directory: Path) -> 
         "spherical": bool(result.spherical),
         "num_points": int(result.assignments.size),
         "empty_clusters": int((result.sizes == 0).sum()),
+        "backend": result.backend,
     }
     text = json.dumps(summary, indent=2).encode()
     _atomic_write(directory / SUMMARY_FILE, lambda f: f.write(text))

@@ -53,12 +53,31 @@ def test_the_report_replaces_its_own_section_only(tmp_path):
     assert second.startswith("# Benchmarks\n\nthe CPU rows\n")
 
 
-def test_kmeans_without_a_faiss_gpu_says_how_to_get_one():
+def test_kmeans_without_any_gpu_says_how_to_get_one():
     import faiss
-    if getattr(faiss, "get_num_gpus", lambda: 0)() > 0:
-        pytest.skip("this faiss has a GPU")
+    if getattr(faiss, "get_num_gpus", lambda: 0)() > 0 or torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
     row = gpu_check.kmeans_row(num=1000, dim=8)
-    assert row.status == "not measured" and "install faiss-gpu" in row.figures["why"]
+    assert row.status == "not measured" and "faiss-gpu or a CUDA build of torch" in row.figures["why"]
+
+
+def test_kmeans_row_on_a_cuda_device_without_faiss_gpu_runs_torch_against_faiss_cpu(monkeypatch):
+    """CUDA simulated on the CPU (torch's Lloyd on the CPU in its place): both K, the backend named, the same
+    seeds so the assignments agree."""
+    import faiss
+
+    from contrastive.mcl import clustering
+    monkeypatch.setattr(faiss, "get_num_gpus", lambda: 0, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(clustering, "_cuda_device_count", lambda: 1)
+    real_train_torch = clustering._train_torch
+    monkeypatch.setattr(clustering, "_train_torch",
+                        lambda *, device, **kwargs: real_train_torch(device=torch.device("cpu"), **kwargs))
+    row = gpu_check.kmeans_row(num=5_000, dim=8, ks=(300, 10))
+    assert row.status == "ok" and list(row.figures) == ["K=300", "K=10"]
+    for figure in row.figures.values():
+        assert figure.startswith("GPU (torch-cuda) ") and "CPU (faiss-cpu)" in figure
+        assert float(figure.split("AMI ")[1].split(" ")[0]) > 0.95
 
 
 def test_make_bench_keeps_the_gpu_rows(tmp_path):

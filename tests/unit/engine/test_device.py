@@ -101,16 +101,16 @@ def test_faiss_for_another_cuda_than_torch_stops_a_gpu_run(faiss_env):
     device_module.check_faiss("cuda")
 
 
-def test_cpu_faiss_on_a_gpu_run_warns_that_kmeans_runs_on_the_cpu(faiss_env):
-    warnings = []
+def test_cpu_faiss_on_a_gpu_run_says_that_kmeans_runs_on_the_gpu_through_torch(faiss_env):
+    lines = []
     faiss_env(CPU_WHEEL, cuda="13.0", gpu=True)
-    device_module.check_faiss("auto", warn=warnings.append)
-    assert len(warnings) == 1 and "k-means will run on the CPU" in warnings[0]
-    assert device_module.FAISS_GPU_INSTALL in warnings[0]
+    device_module.check_faiss("auto", inform=lines.append)
+    assert len(lines) == 1 and "k-means runs on the GPU through torch" in lines[0]
+    assert device_module.FAISS_GPU_INSTALL in lines[0]
     faiss_env(CPU_WHEEL, cuda="13.0", gpu=False)
-    device_module.check_faiss("auto", warn=warnings.append)
-    device_module.check_faiss("cpu", warn=warnings.append)
-    assert len(warnings) == 1  # no GPU, or the CPU on purpose: nothing to say
+    device_module.check_faiss("auto", inform=lines.append)
+    device_module.check_faiss("cpu", inform=lines.append)
+    assert len(lines) == 1  # no GPU, or the CPU on purpose: nothing to say
 
 
 def test_no_faiss_at_all_names_the_install_line(faiss_env, monkeypatch):

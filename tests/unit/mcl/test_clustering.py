@@ -275,7 +275,8 @@ def test_kmeans_puts_its_index_on_the_named_gpus_only(blobs, monkeypatch):
     kmeans(features=x, k=4, seed=0, spherical=False, gpu_devices=(2,))
     kmeans(features=x, k=4, seed=0, spherical=False, use_gpu=False)
     assert placed == [[0], [2]]
-    with pytest.raises(ConfigError, match=r"faiss sees 4 GPU\(s\), none of \[7\]"):
+    with pytest.raises(ConfigError, match=r"neither faiss \(4 GPU\(s\)\) nor torch \(\d+ CUDA device\(s\)\) sees any of "
+                                          r"\[7\]"):
         kmeans(features=x, k=4, seed=0, use_gpu=True, gpu_devices=(7,))
     monkeypatch.setattr(faiss, "get_num_gpus", lambda: 0)
     np.testing.assert_array_equal(kmeans(features=x, k=4, seed=0, spherical=False).assignments, on_one.assignments)
