@@ -142,6 +142,10 @@ def kmeans(
         assignments[start:start + chunk.shape[0]] = labels[:, 0]
         inertia += _inertia(x=chunk, centroids=centroids, assignments=labels[:, 0], scores=scores[:, 0],
                             inner_product=inner_product)
+    if torch_device is not None:  # the caching allocator would keep the points' GPU memory in this process
+        from contrastive.engine.loop import release_device_memory
+        del search  # holds the centroids on the GPU
+        release_device_memory(torch_device)
     return KMeansResult(
         assignments=assignments,
         centroids=centroids,

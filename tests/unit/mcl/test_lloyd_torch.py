@@ -97,8 +97,12 @@ def test_kmeans_runs_lloyd_in_torch_on_a_cuda_device_that_faiss_cannot_use(monke
         devices.append(device)
         return real_train_torch(device=torch.device("cpu"), **kwargs)
     monkeypatch.setattr(clustering, "_train_torch", on_cpu)
+    from contrastive.engine import loop
+    released = []
+    monkeypatch.setattr(loop, "release_device_memory", released.append)
     on_gpu = kmeans(features=x, k=5, seed=0, spherical=True, gpu_devices=(1,))
     assert devices == [torch.device("cuda", 1)] and on_gpu.backend == "torch-cuda"
+    assert released == [torch.device("cuda", 1)]  # the flow's process keeps no cached GPU memory after it
     on_cpu_faiss = kmeans(features=x, k=5, seed=0, spherical=True, gpu_devices=())
     assert on_cpu_faiss.backend == "faiss-cpu" and devices == [torch.device("cuda", 1)]
     assert kmeans(features=x, k=5, seed=0, spherical=True, use_gpu=False).backend == "faiss-cpu"
