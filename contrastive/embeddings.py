@@ -2,8 +2,8 @@
 
 :func:`compute_embeddings` is the forward loop (the stage's precision, inference mode, pinned non-blocking copies
 on CUDA, one device -> host read per batch, one batch behind the GPU); :func:`export_ranked` splits an export over
-the ranks of a launch (each rank its contiguous share, its own shards) and writes the manifest in rank order, so W processes export exactly
-what one process does. The image, CLIP and text exports are these two functions with their own batches.
+the ranks of a launch (each rank its contiguous share, its own shards) and writes the manifest in rank order, so W
+processes export exactly what one process does. The image, CLIP and text exports are these two functions with their own batches.
 """
 from __future__ import annotations
 

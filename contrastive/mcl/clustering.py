@@ -118,8 +118,8 @@ def kmeans(
         raise _non_finite_error(arr)
     init_centroids = _initial_centroids(train_x=train_x, k=k, seed=seed, init=init, spherical=spherical)
     if torch_device is not None:
-        centroids, search = _train_torch(train_x=train_x, init_centroids=init_centroids, k=k, niter=niter,
-                                         seed=seed, spherical=spherical, device=torch_device)
+        centroids, search = _train_torch(train_x=train_x, init_centroids=init_centroids, niter=niter, seed=seed,
+                                         spherical=spherical, device=torch_device)
         backend = "torch-cuda"
     else:
         centroids, search = _train_faiss(train_x=train_x, init_centroids=init_centroids, k=k, niter=niter,
@@ -184,7 +184,7 @@ def _train_faiss(*, train_x: np.ndarray, init_centroids: np.ndarray, k: int, nit
     return np.asarray(km.centroids, dtype=np.float32).reshape(k, dim), lambda rows: km.index.search(rows, 1)
 
 
-def _train_torch(*, train_x: np.ndarray, init_centroids: np.ndarray, k: int, niter: int, seed: int,
+def _train_torch(*, train_x: np.ndarray, init_centroids: np.ndarray, niter: int, seed: int,
                  spherical: bool, device) -> tuple[np.ndarray, Search]:
     """Lloyd in torch on ``device`` (contrastive.mcl.lloyd_torch) from ``init_centroids``, as
     :func:`_train_faiss` returns it."""

@@ -9,8 +9,8 @@ It follows faiss's ``Clustering::train`` step for step, so the two give the same
 to float rounding and the draws of the empty-cluster split, tested against faiss-cpu):
 
 1. assignment: each point to the centroid of largest inner product (``spherical``: faiss's IndexFlatIP) or
-   smallest squared L2 distance (IndexFlatL2), ties to the lower index; exact fp32 products (no TF32), in chunks
-   of rows so the (rows, k) score block stays ~1 GB;
+   smallest squared L2 distance (IndexFlatL2); exact fp32 products (no TF32), in chunks of rows so the (rows, k)
+   score block stays ~1 GB;
 2. update: each centroid the mean of its points (sums accumulated in float64);
 3. empty clusters: faiss's own ``reassign_centroids`` (``faiss.contrib.clustering``, its Python port of
    ``split_clusters``, which takes torch centroids): an empty cluster copies a cluster drawn with probability
