@@ -73,10 +73,11 @@ def test_kmeans_row_on_a_cuda_device_without_faiss_gpu_runs_torch_against_faiss_
     real_train_torch = clustering._train_torch
     monkeypatch.setattr(clustering, "_train_torch",
                         lambda *, device, **kwargs: real_train_torch(device=torch.device("cpu"), **kwargs))
-    row = gpu_check.kmeans_row(num=5_000, dim=8, ks=(300, 10))
+    row = gpu_check.kmeans_row(num=5_000, dim=8, ks=(300, 10), compared=3_000)
     assert row.status == "ok" and list(row.figures) == ["K=300", "K=10"]
     for figure in row.figures.values():
-        assert figure.startswith("GPU (torch-cuda) ") and "CPU (faiss-cpu)" in figure
+        assert figure.startswith("GPU (torch-cuda) 5,000 points: ") and "on 3,000 points GPU" in figure
+        assert "vs faiss-cpu" in figure
         assert float(figure.split("AMI ")[1].split(" ")[0]) > 0.95
 
 
