@@ -130,8 +130,9 @@ def test_the_export_through_the_engine_and_the_model_only_loop_on_cpu(tmp_path):
     images = torch.randint(0, 256, (10, 3, 32, 32), dtype=torch.uint8)
     for precision in ("fp32", "bf16"):
         out = tmp_path / precision
-        assert gpu_check.export_through_engine(model=model, images=images, batch=4, device=cpu, precision=precision,
-                                               out_dir=out) == 10
+        run = gpu_check.export_through_engine(model=model, images=images, batch=4, device=cpu, precision=precision,
+                                              out_dir=out)
+        assert run.rows == 10 and run.seconds > 0 and run.steady > 0
         assert gpu_check.model_only_images_per_second(model=model, images=images, batch=4, device=cpu,
                                                       precision=precision) > 0
     with torch.inference_mode():
