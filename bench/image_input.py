@@ -25,8 +25,8 @@ CLIP shards (second comparison): ``CLIP_SAMPLES`` img2dataset-style samples (256
 transform (``image_transform(224, is_train=True)``: random resized crop, float, normalised) and tokenizer
 (``get_tokenizer("ViT-B-32")``) on both sides, the same number of decode workers W.
 
-- ours: ``stream_batches(workers=W, uint8=True)`` (W decode threads, a batch's worth in flight, keyed augmentation,
-  the images stacked as uint8) + ``ready_for_step`` (captions tokenised, pinned on CUDA), as a stage's reading
+- ours: ``stream_batches(uint8=True, pool=...)`` (W decode worker processes kept across epochs, 2 tasks a worker
+  in flight of a batch / W samples each, keyed augmentation, the images stacked as uint8) + ``ready_for_step`` (captions tokenised, pinned on CUDA), as a stage's reading
   thread runs them for a GPU, which normalises the batch in the step (bit-identical floats); an info row
   normalises on the host, as a CPU stage does.
 - baseline: ``open_clip_train.data.get_wds_dataset(args, transform, is_train=True, tokenizer=...)`` with
@@ -153,7 +153,7 @@ class Ours(Side):
         return seen
 
     def loader(self):
-        return self.reader._loader
+        return self.reader._workers._loader
 
     def close(self) -> None:
         self.reader.close()
@@ -185,16 +185,19 @@ class Baseline(Side):
 
 
 class ClipOurs(Side):
-    """As a stage reads: uint8 images, tokenised on the reading thread; ``normalize_on_host``: as a CPU stage (the
-    reading thread normalises), else as a GPU stage (the step normalises on the device)."""
+    """As a stage reads: one decode pool kept across epochs, uint8 images, tokenised on the reading thread;
+    ``normalize_on_host``: as a CPU stage (the reading thread normalises), else as a GPU stage (the step normalises on
+    the device)."""
 
     def __init__(self, *, urls: list[str], transform, tokenizer, workers: int, normalize_on_host: bool):
         import torch
 
+        from contrastive.modalities.image_text.data import SampleDecodePool, SampleDecoder
         self.urls, self.transform, self.tokenizer, self.workers = urls, transform, tokenizer, workers
         self.normalize_on_host = normalize_on_host
         self.pin = torch.cuda.is_available()
         self.epoch_index = 0
+        self.pool = SampleDecodePool(SampleDecoder(transform, seed=0, uint8=True), workers=workers)
 
     def epoch(self) -> int:
         from contrastive.modalities.image_text.data import SkipCounter, ready_for_step, stream_batches
@@ -203,16 +206,16 @@ class ClipOurs(Side):
         counter = SkipCounter(max_skip_fraction=0.01, where="bench")
         seen = 0
         for batch in stream_batches(urls=self.urls, batch_size=BATCH, transform=self.transform, counter=counter,
-                                    seed=0, epoch=self.epoch_index, workers=self.workers, uint8=True):
+                                    seed=0, epoch=self.epoch_index, uint8=True, pool=self.pool):
             seen += len(ready_for_step(batch, tokenizer=self.tokenizer, pin_memory=self.pin,
                                        normalize=self.normalize_on_host))
         return seen
 
     def loader(self):
-        return None
+        return self.pool.pool._loader
 
     def close(self) -> None:
-        pass
+        self.pool.close()
 
 
 class ClipBaseline(Side):
@@ -380,8 +383,8 @@ def clip_result(*, runs: dict[str, list[dict]], startup: dict[str, float], worke
                       "webdataset 1.x as in bench/shards.py"),
             baseline_s=base_s, ours_s=seconds, ratio=ratio, ratio_note="samples per CPU-second", goal=goal,
             passed=(ratio >= 1.5) if goal != "-" else None,
-            notes=[f"ours: {where}", f"ours {rate:.0f} samples/s, {per_core:.0f} per CPU-second (decode threads in "
-                   f"the reading process, tokenised there); open_clip {base_rate:.0f} samples/s, "
+            notes=[f"ours: {where}", f"ours {rate:.0f} samples/s, {per_core:.0f} per CPU-second (decode worker "
+                   f"processes, tokenised in the reading process); open_clip {base_rate:.0f} samples/s, "
                    f"{base_per_core:.0f} per CPU-second (process + its workers)",
                    f"wall-clock ratio {rate / base_rate:.2f}x",
                    f"first epoch: ours {startup[key]:.1f} s, open_clip {startup['clip baseline']:.1f} s "

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -68,26 +69,36 @@ def resolve_workers(workers: int | None) -> int:
     return default_workers() if workers is None else int(workers)
 
 
-class _BatchDecoder(TorchDataset):
-    """Map-style dataset whose item for an int64 row array is that batch decoded: (rows kept, uint8 (b, 3, S, S),
-    failures). The rows come from the sampler, so one set of workers serves every epoch's plan."""
+class _BatchDecoder:
+    """An int64 row array -> that batch decoded: (rows kept, uint8 (b, 3, S, S), failures). The rows come from the
+    plan, so one set of workers serves every epoch's plan."""
 
     def __init__(self, dataset: IndexedImageDataset, *, threads: int = 1) -> None:
         self.dataset = dataset
         self.threads = threads
 
-    def __getitem__(self, rows: np.ndarray) -> tuple[np.ndarray, torch.Tensor, list[tuple[int, str]]]:
+    def __call__(self, rows: np.ndarray) -> tuple[np.ndarray, torch.Tensor, list[tuple[int, str]]]:
         return self.dataset.decode_rows(rows, threads=self.threads)
 
 
+class _Apply(TorchDataset):
+    """Map-style dataset whose item for a planned work item is ``fn(item)``: the sampler hands over the work."""
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+
+    def __getitem__(self, item: Any) -> Any:
+        return self.fn(item)
+
+
 class _Plan:
-    """The DataLoader's sampler: the row arrays of the read in progress (set by :meth:`BatchReader.read`)."""
+    """The DataLoader's sampler: the work items of the map in progress (set by :meth:`OrderedWorkers.map`)."""
 
     def __init__(self) -> None:
-        self.batches: Iterator[np.ndarray] = iter(())
+        self.items: Iterator = iter(())
 
-    def __iter__(self) -> Iterator[np.ndarray]:
-        return self.batches
+    def __iter__(self) -> Iterator:
+        return self.items
 
 
 def _as_is(item):
@@ -158,6 +169,72 @@ def _worker_context() -> str:
     return "forkserver"
 
 
+class OrderedWorkers:
+    """``fn`` over work items in the order given, in ``workers`` DataLoader worker processes that start on the first
+    map and stay (``persistent_workers``) until :meth:`close`: the one worker pool of every reader (image-file
+    batches, CLIP shard samples). ``workers=0`` runs ``fn`` in the calling thread.
+
+    The items are the DataLoader's sampler (``batch_size=None``): the plan stays the caller's and a worker only
+    computes ``fn(item)`` on what it is handed (row arrays, a few encoded samples); results come back in order, their
+    tensors through shared memory. ``fn`` must pickle (a module-level class). One map at a time: a new map ends the
+    previous one (the workers' outstanding results are dropped).
+
+    Args:
+        fn: item -> result, run in the workers.
+        workers: worker processes (0: inline).
+        prefetch: items each worker computes ahead (``prefetch_factor``): ``workers x prefetch`` in flight.
+        pin_memory: pin the results' tensors (the DataLoader's pin thread) for asynchronous copies to a GPU.
+        setting: the config setting that sets ``workers``, named by the error.
+
+    Raises:
+        ConfigError: ``workers`` < 0 or ``prefetch`` < 1.
+    """
+
+    def __init__(self, fn: Callable[[Any], Any], *, workers: int, prefetch: int = 2, pin_memory: bool = False,
+                 setting: str = "train.workers") -> None:
+        if workers < 0 or prefetch < 1:
+            raise ConfigError(f"reading needs workers >= 0 and prefetch >= 1, got workers={workers}, "
+                              f"prefetch={prefetch}: set {setting} to 0 or more")
+        self.fn = fn
+        self.workers = workers
+        self.prefetch = prefetch
+        self.pin_memory = pin_memory
+        self._plan = _Plan()
+        self._loader: DataLoader | None = None
+
+    def map(self, items: Iterable) -> Iterator:
+        """fn(item) for every item, in order."""
+        self._plan.items = iter(items)
+        yield from self._data_loader()
+
+    def _data_loader(self) -> DataLoader:
+        if self._loader is None:
+            workers = self.workers
+            self._loader = DataLoader(_Apply(self.fn), batch_size=None, sampler=self._plan, num_workers=workers,
+                                      collate_fn=_as_is, pin_memory=self.pin_memory,
+                                      prefetch_factor=self.prefetch if workers else None,
+                                      persistent_workers=workers > 0,
+                                      multiprocessing_context=_worker_context() if workers else None)
+        return self._loader
+
+    def worker_processes(self) -> list:
+        """The worker processes started (none before the first map, inline, or after :meth:`close`)."""
+        return list(getattr(getattr(self._loader, "_iterator", None), "_workers", []))
+
+    def close(self) -> None:
+        """End the workers (a later map starts new ones)."""
+        loader, self._loader = self._loader, None
+        iterator = getattr(loader, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+
+    def __enter__(self) -> "OrderedWorkers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 class BatchReader:
     """Reads planned batches of a dataset, one read per epoch, with the same workers for every read.
 
@@ -186,9 +263,6 @@ class BatchReader:
 
     def __init__(self, dataset: Dataset, *, workers: int, prefetch: int = 2, max_skip_fraction: float | None = None,
                  counter: SkipCounter | None = None, pin_memory: bool | None = None) -> None:
-        if workers < 0 or prefetch < 1:
-            raise ConfigError(f"reading batches needs workers >= 0 and prefetch >= 1, got workers={workers}, "
-                              f"prefetch={prefetch}: set train.workers to 0 or more")
         self.dataset = dataset
         self.workers = workers
         self.prefetch = prefetch
@@ -198,8 +272,9 @@ class BatchReader:
             self.counter = SkipCounter(max_skip_fraction=dataset.max_skip_fraction if max_skip_fraction is None
                                        else max_skip_fraction, where=f"reading images of {dataset.origin}",
                                        fix=dataset.skip_fix)
-        self._plan = _Plan()
-        self._loader: DataLoader | None = None
+        threads = 1 if workers else min(_IN_PROCESS_THREADS, os.cpu_count() or 1)
+        self._workers = OrderedWorkers(_BatchDecoder(dataset, threads=threads) if isinstance(
+            dataset, IndexedImageDataset) else None, workers=workers, prefetch=prefetch, pin_memory=self.pin_memory)
 
     def read(self, batches: Iterable[np.ndarray]) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
         """Yield ``(rows_kept int64 (b,), uint8 (b, 3, S, S))`` for every batch of dataset rows, in order; rows of
@@ -219,8 +294,7 @@ class BatchReader:
     def _decoded(self, plan: Iterator[np.ndarray]) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
         dataset, counter = self.dataset, self.counter
         skipped_before, batches = sum(counter.skipped.values()), 0
-        self._plan.batches = plan
-        for kept, images, failures in self._data_loader():  # in the order planned: the sampler is the plan
+        for kept, images, failures in self._workers.map(plan):  # in the order planned
             batches += 1
             for row, error in failures:
                 counter.skip(reason=UNREADABLE, key=str(dataset.ids[row]), url=dataset.skip_url(row), detail=error)
@@ -232,23 +306,9 @@ class BatchReader:
             log.warning("%s: skipped %d unreadable image(s) in %d batches (%d skipped of %d seen in all)",
                         counter.where, skipped, batches, sum(counter.skipped.values()), counter.seen)
 
-    def _data_loader(self) -> DataLoader:
-        if self._loader is None:
-            workers = self.workers
-            threads = 1 if workers else min(_IN_PROCESS_THREADS, os.cpu_count() or 1)
-            self._loader = DataLoader(_BatchDecoder(self.dataset, threads=threads), batch_size=None,
-                                      sampler=self._plan, num_workers=workers, collate_fn=_as_is,
-                                      pin_memory=self.pin_memory, prefetch_factor=self.prefetch if workers else None,
-                                      persistent_workers=workers > 0,
-                                      multiprocessing_context=_worker_context() if workers else None)
-        return self._loader
-
     def close(self) -> None:
         """End the workers (a later read starts new ones)."""
-        loader, self._loader = self._loader, None
-        iterator = getattr(loader, "_iterator", None)
-        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()
+        self._workers.close()
 
     def __enter__(self) -> "BatchReader":
         return self

@@ -43,8 +43,8 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from contrastive.modalities.image_text.data import (TAR_END, ClipBatch, SkipCounter, bounded_map, collate, decode_image_text,
-                                   in_flight, iter_raw_samples, make_decoder, sample_members, shuffled)
+from contrastive.modalities.image_text.data import (TAR_END, ClipBatch, SampleDecodePool, SampleDecoder, SkipCounter,
+                                                    decode_image_text, iter_raw_samples, sample_members, shuffled)
 from contrastive.errors import ConfigError, DataError
 from contrastive.mcl.batch_plan import plan_batches
 
@@ -288,29 +288,29 @@ class GroupedBatchReader:
                 yield RawBatch(group=group, samples=samples)
 
     def batches(self, *, epoch: int, transform: Callable, counter: SkipCounter, start: int = 0,
-                workers: int = 0, uint8: bool = False) -> Iterator[ClipBatch]:
-        """Decoded cluster-pure batches (``ClipBatch.group`` set); decoding runs on ``workers`` threads; uint8: the
-        images uint8 with their ``normalization`` (``make_decoder``)."""
-        decode = make_decoder(transform=transform, counter=counter, seed=self.seed, epoch=epoch, uint8=uint8)
+                workers: int = 0, uint8: bool = False, pool: SampleDecodePool | None = None) -> Iterator[ClipBatch]:
+        """Decoded cluster-pure batches (``ClipBatch.group`` set), one planned batch a decode task, in ``workers``
+        processes; uint8: the images uint8 with their ``normalization`` (:class:`SampleDecoder`). pool: a stage's
+        decode pool kept across epochs (made with this ``transform``, the reader's seed and ``uint8``); None: one
+        for this read. A planned batch whose every sample is unreadable is left out."""
+        owned = pool is None
+        if owned:
+            pool = SampleDecodePool(SampleDecoder(transform, seed=self.seed, uint8=uint8), workers=workers)
+        groups: deque[int] = deque()  # the planned batches' groups, queued as the workers are handed them
 
-        def flat() -> Iterator[tuple[int, int, dict]]:
-            for number, raw in enumerate(self.raw_batches(epoch=epoch, start=start)):
-                for sample in raw.samples:
-                    yield number, raw.group, sample
-
-        current, group, items = -1, -1, []
-        ahead = in_flight(workers=workers, batch_size=self.batch_size)
-        for number, batch_group, item in bounded_map(lambda x: (x[0], x[1], decode(x[2])), flat(), workers=workers,
-                                                     prefetch=ahead):
-            if number != current and current >= 0:
-                if items:
-                    yield collate(items, group=group, normalization=decode.normalization)
-                items = []
-            current, group = number, batch_group
-            if item is not None:
-                items.append(item)
-        if items:
-            yield collate(items, group=group, normalization=decode.normalization)
+        def planned() -> Iterator[list[dict]]:
+            for batch in self.raw_batches(epoch=epoch, start=start):
+                groups.append(batch.group)
+                yield batch.samples
+        try:
+            for decoded in pool.chunks(planned(), epoch=epoch, counter=counter):
+                group = groups.popleft()
+                if decoded.images is not None:
+                    yield ClipBatch(images=decoded.images, texts=decoded.texts, keys=decoded.keys, group=group,
+                                    normalization=pool.decoder.normalization)
+        finally:
+            if owned:
+                pool.close()
 
 
 # ---------------------------------------------------------------------------------------------------- benchmark

@@ -24,8 +24,9 @@ import torch
 
 from contrastive.engine.checkpoint import write_json
 from contrastive.data.loading import resolve_workers
-from contrastive.modalities.image_text.data import (ClipBatch, concat_batches, count_samples, iter_decoded,
-                                                    ready_for_step, stream_batches, write_tiny_shards)
+from contrastive.modalities.image_text.data import (ClipBatch, SampleDecodePool, SampleDecoder, concat_batches,
+                                                    count_samples, iter_decoded, ready_for_step, stream_batches,
+                                                    write_tiny_shards)
 from contrastive.data.skips import SkipCounter
 from contrastive.engine.distributed import DistInfo, current_info, device_for, per_rank_batch
 from contrastive.modalities.image_text.evaluate import (average_state_dicts, concat_stage_features, encode_images, encode_texts,
@@ -163,6 +164,9 @@ def _train_stage(spec: ClipStageSpec, *, info: DistInfo, callbacks: list[TrainCa
         bundle.model.set_grad_checkpointing(True)
     counter = SkipCounter(max_skip_fraction=spec.max_skip_fraction, where=f"stage training ({stage.name})")
     decode_workers = resolve_workers(spec.decode_workers)
+    # one decode pool a data slot, kept for the stage (its worker processes start once), the workers split
+    pools = [SampleDecodePool(SampleDecoder(bundle.train_transform, seed=spec.seed, uint8=True),
+                              workers=max(1, decode_workers // len(mine)) if decode_workers else 0) for _ in mine]
 
     def step_ready(batch: ClipBatch) -> ClipBatch:  # on the engine's reading thread, off the training thread
         on_gpu = torch_device.type == "cuda"  # a GPU normalises the uint8 images in the step
@@ -175,7 +179,7 @@ def _train_stage(spec: ClipStageSpec, *, info: DistInfo, callbacks: list[TrainCa
             streams = [itertools.islice(stream_batches(
                 urls=spec.urls, batch_size=slot_batch, transform=bundle.train_transform, counter=counter,
                 seed=spec.seed, epoch=epoch, slot=slot, slots=slots, shuffle_buffer=spec.shuffle_buffer,
-                workers=decode_workers, uint8=True), start, None) for slot in mine]
+                uint8=True, pool=pool), start, None) for slot, pool in zip(mine, pools)]
             return map(step_ready, map(concat_batches, zip(*streams)))
         plan_stats: dict = {"cluster_pure": 0}
     else:
@@ -187,18 +191,22 @@ def _train_stage(spec: ClipStageSpec, *, info: DistInfo, callbacks: list[TrainCa
 
         def batches(epoch: int, start: int):
             side_by_side = zip(*(reader.batches(epoch=epoch, start=start, transform=bundle.train_transform,
-                                                counter=counter, workers=decode_workers, uint8=True)
-                                 for reader in readers))
+                                                counter=counter, uint8=True, pool=pool)
+                                 for reader, pool in zip(readers, pools)))
             return map(step_ready, map(concat_batches, side_by_side))
         plan_stats = {"cluster_pure": 1, **readers[0].schedule(0)[1]}
     metrics_file = JsonlMetrics(stage / "train_metrics.jsonl")
     recorder = KeyRecorder()
     torch.manual_seed(spec.seed)
-    result = train(task=ClipTask(bundle=bundle, local_loss=spec.local_loss),
-                   source=ClipBatchSource(batches, steps_per_epoch), optim=spec.optim, loop=spec.loop,
-                   device=torch_device, checkpoint_path=stage / "checkpoints" / "last.pt",
-                   callbacks=[metrics_file, *callbacks, *([recorder] if spec.record_keys else [])], info=info,
-                   stop_after_steps=stop_after_steps)
+    try:
+        result = train(task=ClipTask(bundle=bundle, local_loss=spec.local_loss),
+                       source=ClipBatchSource(batches, steps_per_epoch), optim=spec.optim, loop=spec.loop,
+                       device=torch_device, checkpoint_path=stage / "checkpoints" / "last.pt",
+                       callbacks=[metrics_file, *callbacks, *([recorder] if spec.record_keys else [])], info=info,
+                       stop_after_steps=stop_after_steps)
+    finally:
+        for pool in pools:
+            pool.close()
     if spec.loop.max_steps_per_epoch:
         steps_per_epoch = min(steps_per_epoch, spec.loop.max_steps_per_epoch)
     counter.check()

@@ -42,11 +42,11 @@ def test_the_same_batches_for_0_1_and_3_workers_and_every_epoch(files_dataset):
     for workers in (0, 1, 3):
         with BatchReader(files_dataset, workers=workers, prefetch=1) as reader:
             first = _read(reader, epochs[0])
-            pids = [w.pid for w in reader._loader._iterator._workers] if workers else []
+            pids = [w.pid for w in reader._workers.worker_processes()] if workers else []
             runs[workers] = [first, _read(reader, epochs[1])]
             if workers:
-                assert [w.pid for w in reader._loader._iterator._workers] == pids and len(pids) == workers
-                assert all(w.is_alive() for w in reader._loader._iterator._workers)
+                assert [w.pid for w in reader._workers.worker_processes()] == pids and len(pids) == workers
+                assert all(w.is_alive() for w in reader._workers.worker_processes())
     for epoch, plan in enumerate(epochs):
         for (rows0, images0), (rows1, images1), (rows3, images3), planned in zip(
                 runs[0][epoch], runs[1][epoch], runs[3][epoch], plan):
@@ -68,7 +68,8 @@ def test_a_read_left_early_does_not_leak_into_the_next(files_dataset):
 def test_close_ends_the_workers(files_dataset):
     reader = BatchReader(files_dataset, workers=1)
     _read(reader, _plan(5))
-    workers = list(reader._loader._iterator._workers)
+    workers = reader._workers.worker_processes()
+    assert len(workers) == 1
     reader.close()
     for worker in workers:
         worker.join(timeout=10)

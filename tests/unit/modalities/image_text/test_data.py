@@ -2,11 +2,12 @@
 import json
 import tarfile
 
-import numpy as np
 import pytest
+import torch
 
-from contrastive.modalities.image_text.data import (SkipCounter, bounded_map, count_samples, expand_urls, iter_decoded,
-                                   iter_raw_samples, stream_batches, tar_member, to_webdataset_url, write_tiny_shards)
+from contrastive.modalities.image_text.data import (SampleDecodePool, SampleDecoder, SkipCounter, count_samples,
+                                                    expand_urls, iter_decoded, iter_raw_samples, stream_batches,
+                                                    tar_member, to_webdataset_url, write_tiny_shards)
 from contrastive.modalities.image_text.model import TINY_MODEL, ClipSpec, create_clip
 from contrastive.errors import ConfigError, DataError
 
@@ -93,9 +94,30 @@ def test_stage0_stream_splits_shards_across_slots(shards, transform):
                             counter=SkipCounter(max_skip_fraction=0.1), seed=0, epoch=0, slot=0, slots=2))
 
 
-def test_bounded_map_keeps_order_on_threads():
-    assert list(bounded_map(lambda x: x * x, range(50), workers=3, prefetch=4)) == [x * x for x in range(50)]
-    assert np.array_equal(list(bounded_map(abs, [-1, 2], workers=0)), [1, 2])
+def test_the_decode_pool_keeps_order_counts_skips_here_and_keeps_its_workers(shards):
+    """Two worker processes decode the same samples as the calling thread, in order, with the same keyed crops; the
+    skipped samples are counted in the caller's counter; the workers serve a second read and end on close."""
+    from torchvision import transforms as T
+    transform = T.Compose([T.RandomResizedCrop(16, scale=(0.3, 1.0)), T.ToTensor()])
+    raw = list(iter_raw_samples(shards["urls"]))
+    inline_counter, pooled_counter = SkipCounter(max_skip_fraction=0.1), SkipCounter(max_skip_fraction=0.1)
+    with SampleDecodePool(SampleDecoder(transform, seed=5), workers=0) as inline:
+        expected = list(inline.samples(raw, epoch=1, counter=inline_counter, batch_size=8))
+    pool = SampleDecodePool(SampleDecoder(transform, seed=5), workers=2)
+    assert pool.chunk_size(8) == 4
+    got = list(pool.samples(raw, epoch=1, counter=pooled_counter, batch_size=8))
+    workers = pool.pool.worker_processes()
+    assert len(workers) == 2 and all(w.is_alive() for w in workers)
+    assert [d.key for d in got] == [d.key for d in expected] and len(got) == 38
+    assert all(torch.equal(a.image, b.image) for a, b in zip(got, expected))
+    assert pooled_counter.stats() == inline_counter.stats() and pooled_counter.stats()["skipped_bad_image"] == 1
+    again = list(pool.samples(raw[:10], epoch=2, counter=pooled_counter, batch_size=8))
+    assert pool.pool.worker_processes() == workers and [d.key for d in again] == [d.key for d in expected[:8]]
+    assert not torch.equal(again[0].image, got[0].image)  # epoch 2 draws other crops
+    pool.close()
+    for worker in workers:
+        worker.join(timeout=10)
+    assert not any(w.is_alive() for w in workers)
 
 
 def test_an_incomplete_shard_is_read_up_to_the_cut_and_counted(shards, tmp_path):

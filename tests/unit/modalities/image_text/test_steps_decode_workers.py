@@ -1,4 +1,4 @@
-"""A CLIP stage reads the same: 0 and 4 decode threads give the same batches, loss curve and weights (each sample's
+"""A CLIP stage reads the same: 0 and 4 decode worker processes give the same batches, loss curve and weights (each sample's
 augmentation is drawn from (seed, epoch, key), the order is the reader's); the reader tokenises the captions off
 the training thread and the step takes its tokens."""
 import dataclasses
@@ -14,7 +14,7 @@ from contrastive.modalities.image_text.steps import train_stage
 from tests.unit.modalities.image_text.test_stage_ddp import _spec
 
 
-def test_zero_and_four_decode_threads_train_the_same(tmp_path):
+def test_zero_and_four_decode_workers_train_the_same(tmp_path):
     shards = write_tiny_shards(directory=tmp_path / "shards", num_samples=48, samples_per_shard=8, seed=3)
     runs = {}
     for threads in (0, 4):
@@ -36,7 +36,7 @@ def test_the_reader_tokenises_and_the_step_takes_its_tokens():
     assert torch.equal(ready.take(1).tokens, ready.tokens[:1])
 
 
-def test_the_config_leaves_decode_threads_to_the_rule():
+def test_the_config_leaves_decode_workers_to_the_rule():
     from pipeline_config.loader import load_config
     config = load_config("clip_tiny")
     assert config.data.decode_workers is None and default_workers() >= 1
