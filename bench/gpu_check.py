@@ -713,13 +713,46 @@ def checkpoint_row(*, device: torch.device, work: Path, every_steps: int = 500) 
 
 
 # ---------------------------------------------------------------------------------------------------- report
-def report_markdown(rows: list[Row], *, device: str, date: str, seconds: float) -> str:
-    lines = [MARK_BEGIN, f"### `make gpu-check` on {device}, {date} ({seconds / 60:.1f} min)", "",
-             "| row | baseline | status | figures |", "|---|---|---|---|"]
+def report_markdown(rows: list[Row], *, device: str, date: str, seconds: float, partial: str = "",
+                    kept: list[str] = ()) -> str:
+    """The gpu-check section: this run's ``rows`` (measured ``date`` on ``device``), then ``kept``, the table lines
+    of rows an earlier run measured and this one did not run (:func:`earlier_rows`), each with its own date."""
+    lines = [MARK_BEGIN, f"### `make gpu-check`: last run on {device}, {date} ({seconds / 60:.1f} min{partial})", "",
+             "Rows this run did not measure keep the run that did (`measured`).", "",
+             "| row | measured | baseline | status | figures |", "|---|---|---|---|---|"]
     for row in rows:
         figures = "; ".join(f"{k}: {v}" for k, v in row.figures.items()) or "-"
-        lines.append(f"| {row.name} | {row.baseline} | {row.status} | {figures} |")
-    return "\n".join([*lines, MARK_END]) + "\n"
+        lines.append(f"| {row.name} | {date}, {device} | {row.baseline} | {row.status} | {figures} |")
+    return "\n".join([*lines, *kept, MARK_END]) + "\n"
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split(" | ")]
+
+
+def earlier_rows(path: Path, *, rerun: list[str]) -> list[str]:
+    """The table lines of the report's gpu-check section for rows not in ``rerun``, in ``ROWS`` order, as
+    ``report_markdown`` writes them: a section from before the ``measured`` column gets its heading's date and
+    device there."""
+    text = path.read_text() if path.exists() else ""
+    if MARK_BEGIN not in text or MARK_END not in text:
+        return []
+    section = text.split(MARK_BEGIN, 1)[1].split(MARK_END, 1)[0]
+    heading = next((line for line in section.splitlines() if line.startswith("### ")), "")
+    old_stamp = heading.split(" on ", 1)[1].rsplit(" (", 1)[0] if " on " in heading else "earlier"
+    if ", " in old_stamp:  # "H200, 2026-11-24" -> "2026-11-24, H200"
+        device, date = old_stamp.rsplit(", ", 1)
+        old_stamp = f"{date}, {device}"
+    found: dict[str, str] = {}
+    for line in section.splitlines():
+        cells = _cells(line)
+        if not line.startswith("| ") or cells[0] in ("row", "---") or set(cells[0]) <= set("-|"):
+            continue
+        if len(cells) == 4:  # | row | baseline | status | figures |
+            cells.insert(1, old_stamp)
+        if cells[0] in ROWS and cells[0] not in rerun:
+            found[cells[0]] = "| " + " | ".join(cells) + " |"
+    return [found[name] for name in ROWS if name in found]
 
 
 def write_report(markdown: str, path: Path) -> None:
@@ -750,6 +783,8 @@ def run_rows(names: list[str], *, builders: dict[str, Callable[[], Row]], report
     """Build each row of ``names`` in turn (a row that raises is a failed row; the others still run) and rewrite
     the report after every one, so a run stopped part way (a session's command limit) keeps its finished rows."""
     started, rows = time.perf_counter(), []
+    kept = earlier_rows(report, rerun=names)
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     for name in names:
         try:
             row = builders[name]()
@@ -759,8 +794,8 @@ def run_rows(names: list[str], *, builders: dict[str, Callable[[], Row]], report
         print(f"{row.name}: {row.status}: " + "; ".join(f"{k}: {v}" for k, v in row.figures.items()), flush=True)
         rows.append(row)
         partial = "" if len(rows) == len(names) else f", {len(rows)} of {len(names)} rows so far"
-        write_report(report_markdown(rows, device=device_name + partial, date=datetime.date.today().isoformat(),
-                                     seconds=time.perf_counter() - started), report)
+        write_report(report_markdown(rows, device=device_name, date=date, seconds=time.perf_counter() - started,
+                                     partial=partial, kept=kept), report)
     return rows
 
 

@@ -45,12 +45,34 @@ def test_the_report_replaces_its_own_section_only(tmp_path):
     gpu_check.write_report(gpu_check.report_markdown(rows, device="H100", date="2026-11-24", seconds=60), path)
     first = path.read_text()
     assert first.startswith("# Benchmarks\n\nthe CPU rows\n\n<!-- gpu-check:begin -->")
-    assert "| kmeans | faiss-cpu | ok | K=10: GPU 1.0 s |" in first
+    assert "| kmeans | 2026-11-24, H100 | faiss-cpu | ok | K=10: GPU 1.0 s |" in first
     rows[0].figures["K=10"] = "GPU 0.5 s"
     gpu_check.write_report(gpu_check.report_markdown(rows, device="H100", date="2026-11-25", seconds=60), path)
     second = path.read_text()
     assert second.count("gpu-check:begin") == 1 and "GPU 0.5 s" in second and "GPU 1.0 s" not in second
     assert second.startswith("# Benchmarks\n\nthe CPU rows\n")
+
+
+def test_a_run_of_some_rows_keeps_the_others_with_their_date(tmp_path):
+    """`--rows clip` on a machine after a full run: the clip row is replaced, the other rows stay with the run that
+    measured them; a section written before the `measured` column gets its heading's date and device."""
+    path = tmp_path / "BENCHMARKS.md"
+    old_format = ("# Benchmarks\n\n<!-- gpu-check:begin -->\n### `make gpu-check` on NVIDIA H200, 2026-11-26 (8.1 min)"
+                  "\n\n| row | baseline | status | figures |\n|---|---|---|---|\n"
+                  "| simclr | plain loop | ok | compile off: 0.98x |\n| clip | open_clip | ok | 0.66x |\n"
+                  "<!-- gpu-check:end -->\n")
+    path.write_text(old_format)
+    builders = {"clip": lambda: gpu_check.Row(name="clip", baseline="open_clip", figures={"4 decoders": "0.95x"}),
+                "kmeans": lambda: gpu_check.Row(name="kmeans", baseline="faiss-cpu", figures={"K=10": "1 s"})}
+    gpu_check.run_rows(["clip"], builders=builders, report=path, device_name="NVIDIA H100")
+    text = path.read_text()
+    assert "| simclr | 2026-11-26, NVIDIA H200 | plain loop | ok | compile off: 0.98x |" in text
+    assert "0.66x" not in text and "| 4 decoders: 0.95x |" in text and "NVIDIA H100 | open_clip | ok" in text
+    gpu_check.run_rows(["kmeans"], builders=builders, report=path, device_name="NVIDIA H100")
+    again = path.read_text()
+    table = [line.split(" | ")[0] for line in again.splitlines() if line.startswith("| ") and "---" not in line]
+    assert table == ["| row", "| kmeans", "| simclr", "| clip"]  # this run's rows, then the kept ones in ROWS order
+    assert "| simclr | 2026-11-26, NVIDIA H200 |" in again and "| 4 decoders: 0.95x |" in again
 
 
 def test_kmeans_without_any_gpu_says_how_to_get_one():
@@ -90,7 +112,8 @@ def test_make_bench_keeps_the_gpu_rows(tmp_path):
     path.write_text("# Benchmarks\n\nnew CPU rows\n")  # what make bench just wrote
     keep_gpu_check_section(previous, path)
     text = path.read_text()
-    assert "new CPU rows" in text and "old CPU rows" not in text and "| simclr | plain loop | ok | compile off: 1.05x |" in text
+    assert "new CPU rows" in text and "old CPU rows" not in text
+    assert "| simclr | 2026-11-24, H100 | plain loop | ok | compile off: 1.05x |" in text
 
 
 def test_ddp_with_one_gpu_is_not_measured(monkeypatch, tmp_path):
@@ -210,10 +233,10 @@ def test_the_report_is_rewritten_after_every_row(tmp_path):
     builders = {"kmeans": lambda: gpu_check.Row(name="kmeans", baseline="faiss-cpu", figures={"K=10": "GPU 1.0 s"}),
                 "export": second}
     rows = gpu_check.run_rows(["kmeans", "export"], builders=builders, report=path, device_name="H100")
-    assert "H100, 1 of 2 rows so far" in seen[0] and "| kmeans | faiss-cpu | ok | K=10: GPU 1.0 s |" in seen[0]
+    assert "1 of 2 rows so far" in seen[0] and " H100 | faiss-cpu | ok | K=10: GPU 1.0 s |" in seen[0]
     assert [row.status for row in rows] == ["ok", "failed"]
     final = path.read_text()
-    assert "rows so far" not in final and "| export |  | failed | error: RuntimeError: CUDA error: out of memory |" \
+    assert "rows so far" not in final and " H100 |  | failed | error: RuntimeError: CUDA error: out of memory |" \
         in final
 
 

@@ -39,7 +39,7 @@ class ClipDataConfig(_Section):
     max_skip_fraction: float = Field(0.01, ge=0.0, le=1.0, description="fail when more of the samples are broken")
     shuffle_buffer: int = Field(1000, ge=0, description="stage-0 sample shuffle buffer")
     decode_workers: int | None = Field(
-        None, ge=0, description="threads decoding and augmenting images beside the training thread (0 = in the "
+        None, ge=0, description="worker processes decoding and augmenting images, kept for the stage (0 = in the "
                                 "reading thread); unset = the cores available to the process, shared by the node's "
                                 "processes, less one (contrastive.data.loading.default_workers)", **NOT_IN_KEY)
     cache_dir: Path = Path("data")

@@ -4,10 +4,10 @@ open_clip's train transform draws its crop (and any colour jitter or grayscale) 
 generators, so which augmentation a sample gets depends on how many processes read the data, how many decode
 threads run and in which order they finish. Drawing per sample from ``(seed, epoch, key)`` makes a stage's batches
 the same whatever the number of processes (a 2-rank run equals a 1-process run with the same global batch) and
-makes decode threads (``data.decode_workers``) and resumption exact.
+makes decode workers (``data.decode_workers``) and resumption exact.
 
 Every random op draws its parameters from a per-sample counter-based generator and applies them through
-torchvision's functional API, so decode threads run in parallel and never touch the global generators (which the
+torchvision's functional API, so decoders run in parallel and never touch the global generators (which the
 training thread keeps drawing from). The random ops known here are torchvision's RandomResizedCrop, flips,
 ColorJitter, RandomGrayscale, GaussianBlur, RandomSolarize and RandomApply, and open_clip's ``color_jitter`` and
 ``gray_scale``; a composition holding any other random op is refused when the transform is built.
@@ -53,7 +53,7 @@ def check_ops(ops) -> None:
         elif not (_is_deterministic(op) or isinstance(op, _RANDOM) or _name(op) in _OPEN_CLIP_RANDOM):
             raise ConfigError(
                 f"the CLIP training transform holds {_name(op)}, whose random draws cannot be keyed per sample (it "
-                "would draw from torch's global generator, on decode threads, in any order): use the augmentations "
+                "would draw from torch's global generator, in decode workers, in any order): use the augmentations "
                 "open_clip's aug_cfg offers (crop scale, colour jitter, grayscale) or add the op to "
                 "contrastive/modalities/image_text/keyed_transform.py")
 
