@@ -185,7 +185,7 @@ class Baseline(Side):
 
 
 class ClipOurs(Side):
-    """As a stage reads: one decode pool kept across epochs, uint8 images, tokenised on the reading thread;
+    """As a stage reads: one decode pool kept across epochs, uint8 images, tokenised in the decode workers;
     ``normalize_on_host``: as a CPU stage (the reading thread normalises), else as a GPU stage (the step normalises on
     the device)."""
 
@@ -197,7 +197,8 @@ class ClipOurs(Side):
         self.normalize_on_host = normalize_on_host
         self.pin = torch.cuda.is_available()
         self.epoch_index = 0
-        self.pool = SampleDecodePool(SampleDecoder(transform, seed=0, uint8=True), workers=workers)
+        self.pool = SampleDecodePool(SampleDecoder(transform, seed=0, uint8=True,
+                                                   tokenizer=tokenizer if workers else None), workers=workers)
 
     def epoch(self) -> int:
         from contrastive.modalities.image_text.data import SkipCounter, ready_for_step, stream_batches
@@ -384,7 +385,7 @@ def clip_result(*, runs: dict[str, list[dict]], startup: dict[str, float], worke
             baseline_s=base_s, ours_s=seconds, ratio=ratio, ratio_note="samples per CPU-second", goal=goal,
             passed=(ratio >= 1.5) if goal != "-" else None,
             notes=[f"ours: {where}", f"ours {rate:.0f} samples/s, {per_core:.0f} per CPU-second (decode worker "
-                   f"processes, tokenised in the reading process); open_clip {base_rate:.0f} samples/s, "
+                   f"processes, tokenised there); open_clip {base_rate:.0f} samples/s, "
                    f"{base_per_core:.0f} per CPU-second (process + its workers)",
                    f"wall-clock ratio {rate / base_rate:.2f}x",
                    f"first epoch: ours {startup[key]:.1f} s, open_clip {startup['clip baseline']:.1f} s "

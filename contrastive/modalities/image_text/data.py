@@ -240,12 +240,14 @@ class ClipBatch:
 
 def ready_for_step(batch: ClipBatch, *, tokenizer: Callable[[list[str]], torch.Tensor], pin_memory: bool,
                    normalize: bool = True) -> ClipBatch:
-    """The batch as the step takes it, made by the reading thread: captions tokenised, uint8 images normalised when
+    """The batch as the step takes it, made by the reading thread: captions tokenised (unless the decode workers
+    did: :class:`SampleDecoder` with a tokenizer), uint8 images normalised when
     ``normalize`` (a CPU stage; a GPU stage leaves that to the step, on the device), images (and tokens) in pinned
     memory when ``pin_memory`` (CUDA: the copy to the GPU is then asynchronous)."""
     if normalize and batch.normalization is not None:
         batch.images, batch.normalization = batch.float_images(), None
-    batch.tokens = tokenizer(batch.texts)
+    if batch.tokens is None:
+        batch.tokens = tokenizer(batch.texts)
     if pin_memory:
         batch.images, batch.tokens = batch.images.pin_memory(), batch.tokens.pin_memory()
     return batch
@@ -256,20 +258,24 @@ class Decoded:
     key: str
     image: torch.Tensor | None
     text: str
+    tokens: torch.Tensor | None = None
 
 
 @dataclass
 class DecodedChunk:
     """The good samples of a chunk of raw samples, in order: keys, captions, images stacked (n, 3, S, S) (uint8 or
-    float; None when n = 0), and the skipped ones as (reason, key, url, detail)."""
+    float; None when n = 0), the captions' int64 (n, context) tokens when the decoder tokenises, and the skipped
+    samples as (reason, key, url, detail)."""
     keys: list[str]
     texts: list[str]
     images: torch.Tensor | None
     skipped: list[tuple[str, str, str, str]]
+    tokens: torch.Tensor | None = None
 
     def samples(self) -> Iterator[Decoded]:
         for index, (key, text) in enumerate(zip(self.keys, self.texts)):
-            yield Decoded(key=key, image=self.images[index], text=text)
+            yield Decoded(key=key, image=self.images[index], text=text,
+                          tokens=None if self.tokens is None else self.tokens[index])
 
 
 class SampleDecoder:
@@ -279,10 +285,13 @@ class SampleDecoder:
     seed: training decoders pass the stage seed, so each sample's augmentation is drawn from (seed, epoch, key)
     (:class:`contrastive.modalities.image_text.keyed_transform.KeyedTransform`), whatever the process that decodes
     it. None (export, evaluation): the transform is deterministic and runs as it is. uint8 (with a seed): images stop
-    before ToTensor + Normalize, uint8; :attr:`normalization` says how to finish them (None: they are floats)."""
+    before ToTensor + Normalize, uint8; :attr:`normalization` says how to finish them (None: they are floats).
+    tokenizer (list[str] -> int64 (n, context)): the captions are tokenised here too, as open_clip's DataLoader
+    workers do, so the reading thread, which shares the GIL with the training thread, does not."""
 
-    def __init__(self, transform: Callable, *, seed: int | None = None, uint8: bool = False):
-        self.transform, self.seed, self.uint8 = transform, seed, uint8
+    def __init__(self, transform: Callable, *, seed: int | None = None, uint8: bool = False,
+                 tokenizer: Callable[[list[str]], torch.Tensor] | None = None):
+        self.transform, self.seed, self.uint8, self.tokenizer = transform, seed, uint8, tokenizer
         self.normalization = None if seed is None else \
             KeyedTransform(transform, seed=seed, epoch=0, uint8=uint8).normalization
         self._keyed: dict[int, KeyedTransform] = {}
@@ -315,7 +324,8 @@ class SampleDecoder:
             keys.append(key)
             texts.append(text)
             images.append(tensor)
-        return DecodedChunk(keys=keys, texts=texts, images=torch.stack(images) if images else None, skipped=skipped)
+        return DecodedChunk(keys=keys, texts=texts, images=torch.stack(images) if images else None, skipped=skipped,
+                            tokens=self.tokenizer(texts) if self.tokenizer is not None and texts else None)
 
 
 class SampleDecodePool:
@@ -382,14 +392,16 @@ def concat_batches(parts: Sequence[ClipBatch]) -> ClipBatch:
         return parts[0]
     if len({p.group for p in parts}) != 1:
         raise ValueError(f"slot batches of one step come from different groups {[p.group for p in parts]}")
+    tokens = None if any(p.tokens is None for p in parts) else torch.cat([p.tokens for p in parts])
     return ClipBatch(images=torch.cat([p.images for p in parts]), texts=[t for p in parts for t in p.texts],
-                     keys=[k for p in parts for k in p.keys], group=parts[0].group,
+                     keys=[k for p in parts for k in p.keys], group=parts[0].group, tokens=tokens,
                      normalization=parts[0].normalization)
 
 
 def collate(items: list[Decoded], *, group: int = -1, normalization: tuple | None = None) -> ClipBatch:
+    tokens = None if any(d.tokens is None for d in items) else torch.stack([d.tokens for d in items])
     return ClipBatch(images=torch.stack([d.image for d in items]), texts=[d.text for d in items],
-                     keys=[d.key for d in items], group=group, normalization=normalization)
+                     keys=[d.key for d in items], group=group, tokens=tokens, normalization=normalization)
 
 
 def batched(decoded: Iterable[Decoded], *, batch_size: int, keep_last: bool = False,

@@ -307,7 +307,7 @@ class GroupedBatchReader:
                 group = groups.popleft()
                 if decoded.images is not None:
                     yield ClipBatch(images=decoded.images, texts=decoded.texts, keys=decoded.keys, group=group,
-                                    normalization=pool.decoder.normalization)
+                                    tokens=decoded.tokens, normalization=pool.decoder.normalization)
         finally:
             if owned:
                 pool.close()

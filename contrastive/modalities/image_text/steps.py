@@ -164,8 +164,11 @@ def _train_stage(spec: ClipStageSpec, *, info: DistInfo, callbacks: list[TrainCa
         bundle.model.set_grad_checkpointing(True)
     counter = SkipCounter(max_skip_fraction=spec.max_skip_fraction, where=f"stage training ({stage.name})")
     decode_workers = resolve_workers(spec.decode_workers)
-    # one decode pool a data slot, kept for the stage (its worker processes start once), the workers split
-    pools = [SampleDecodePool(SampleDecoder(bundle.train_transform, seed=spec.seed, uint8=True),
+    # one decode pool a data slot, kept for the stage (its worker processes start once), the workers split; they
+    # tokenise the captions too (with workers: off the reading thread, which shares the GIL with training)
+    decoder = SampleDecoder(bundle.train_transform, seed=spec.seed, uint8=True,
+                            tokenizer=bundle.tokenizer if decode_workers else None)
+    pools = [SampleDecodePool(decoder,
                               workers=max(1, decode_workers // len(mine)) if decode_workers else 0) for _ in mine]
 
     def step_ready(batch: ClipBatch) -> ClipBatch:  # on the engine's reading thread, off the training thread

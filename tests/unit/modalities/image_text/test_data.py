@@ -130,3 +130,18 @@ def test_an_incomplete_shard_is_read_up_to_the_cut_and_counted(shards, tmp_path)
     assert len([s for s in samples if s["__key__"].startswith("00001")]) == 5
     assert len([s for s in samples if s["__key__"].startswith("00002")]) == 10  # reading goes on
     assert counter.stats()["skipped_tar_error"] >= 1
+
+
+def test_decode_workers_tokenise_and_the_reading_thread_then_does_not(shards, transform):
+    """With a tokenizer the decode workers tokenise each chunk's good captions; the batch reaches the step with
+    the tokens the reading thread would have made, and ready_for_step does not tokenise again."""
+    from contrastive.modalities.image_text.data import ready_for_step
+    tokenizer = create_clip(spec=ClipSpec(model_name=TINY_MODEL, trainable_image_blocks=1)).tokenizer
+    counter = SkipCounter(max_skip_fraction=0.1)
+    with SampleDecodePool(SampleDecoder(transform, seed=1, uint8=True, tokenizer=tokenizer), workers=1) as pool:
+        batch = next(stream_batches(urls=shards["urls"], batch_size=8, transform=transform, counter=counter, seed=1,
+                                    epoch=0, uint8=True, pool=pool))
+    assert batch.tokens is not None and torch.equal(batch.tokens, tokenizer(batch.texts))
+    ready = ready_for_step(batch, tokenizer=lambda texts: (_ for _ in ()).throw(AssertionError("tokenised again")),
+                           pin_memory=False)
+    assert torch.equal(ready.tokens, tokenizer(batch.texts))
