@@ -32,6 +32,7 @@ import webdataset as wds
 from PIL import Image
 
 from contrastive.modalities.image_text.keyed_transform import KeyedTransform, normalize_batch
+from contrastive.data.workers import ClosedOnExit, OrderedWorkers
 from contrastive.data.skips import SkipCounter
 from contrastive.errors import ConfigError, DataError
 
@@ -328,7 +329,7 @@ class SampleDecoder:
                             tokens=self.tokenizer(texts) if self.tokenizer is not None and texts else None)
 
 
-class SampleDecodePool:
+class SampleDecodePool(ClosedOnExit):
     """Decodes raw samples with a :class:`SampleDecoder` in ``workers`` processes
     (:class:`contrastive.data.loading.OrderedWorkers`; 0: in the calling thread), in order, a chunk of samples a
     task; counts the skipped ones in the caller's :class:`SkipCounter`. A stage keeps one for all its epochs (the
@@ -339,7 +340,6 @@ class SampleDecodePool:
     faster than its 4; BENCHMARKS.md)."""
 
     def __init__(self, decoder: SampleDecoder, *, workers: int):
-        from contrastive.data.loading import OrderedWorkers
         self.decoder = decoder
         self.pool = OrderedWorkers(decoder, workers=workers, setting="data.decode_workers")
 
@@ -367,12 +367,6 @@ class SampleDecodePool:
 
     def close(self) -> None:
         self.pool.close()
-
-    def __enter__(self) -> "SampleDecodePool":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def _chunked(items: Iterable, size: int) -> Iterator[list]:
