@@ -38,16 +38,18 @@ def _as_is(item):
     return item
 
 
-_WORKER_MODULES = ["torch", "PIL.Image", "contrastive.data.loading", "contrastive.modalities.image_text.data"]
+_WORKER_MODULES = ("torch", "PIL.Image", "contrastive.data.loading")
 
 
-def _worker_context() -> str:
+def _worker_context(preload: tuple[str, ...] = ()) -> str:
     """Workers start from a forkserver, not a fork of this process: a fork of a process that runs a Prefect flow
-    (its event loop and API log threads) dies on start. The server imports what every worker needs once, so an
-    epoch's workers start in milliseconds instead of re-importing torch (about 1.5 s an epoch)."""
+    (its event loop and API log threads) dies on start. The server imports what every worker needs once, so a
+    pool's workers start in milliseconds instead of re-importing torch (about 1.5 s a pool) or open_clip (about
+    2 s). The first pool of a process starts the server, with its ``preload`` modules beside the common ones; the
+    list has no effect once the server runs (a later pool's extra modules are imported by its workers)."""
     import multiprocessing
 
-    multiprocessing.set_forkserver_preload(_WORKER_MODULES)  # no effect once the server runs: same list anyway
+    multiprocessing.set_forkserver_preload([*_WORKER_MODULES, *preload])
     return "forkserver"
 
 
@@ -80,13 +82,14 @@ class OrderedWorkers(ClosedOnExit):
         prefetch: items each worker computes ahead (``prefetch_factor``): ``workers x prefetch`` in flight.
         pin_memory: pin the results' tensors (the DataLoader's pin thread) for asynchronous copies to a GPU.
         setting: the config setting that sets ``workers``, named by the error.
+        preload: modules ``fn`` needs, imported once by the worker server if this pool starts it.
 
     Raises:
         ConfigError: ``workers`` < 0 or ``prefetch`` < 1.
     """
 
     def __init__(self, fn: Callable[[Any], Any], *, workers: int, prefetch: int = 2, pin_memory: bool = False,
-                 setting: str = "train.workers") -> None:
+                 setting: str = "train.workers", preload: tuple[str, ...] = ()) -> None:
         if workers < 0 or prefetch < 1:
             raise ConfigError(f"reading needs workers >= 0 and prefetch >= 1, got workers={workers}, "
                               f"prefetch={prefetch}: set {setting} to 0 or more")
@@ -94,6 +97,7 @@ class OrderedWorkers(ClosedOnExit):
         self.workers = workers
         self.prefetch = prefetch
         self.pin_memory = pin_memory
+        self.preload = preload
         self._plan = _Plan()
         self._loader: DataLoader | None = None
 
@@ -109,7 +113,7 @@ class OrderedWorkers(ClosedOnExit):
                                       collate_fn=_as_is, pin_memory=self.pin_memory,
                                       prefetch_factor=self.prefetch if workers else None,
                                       persistent_workers=workers > 0,
-                                      multiprocessing_context=_worker_context() if workers else None)
+                                      multiprocessing_context=_worker_context(self.preload) if workers else None)
         return self._loader
 
     def worker_processes(self) -> list:

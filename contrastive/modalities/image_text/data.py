@@ -341,7 +341,8 @@ class SampleDecodePool(ClosedOnExit):
 
     def __init__(self, decoder: SampleDecoder, *, workers: int):
         self.decoder = decoder
-        self.pool = OrderedWorkers(decoder, workers=workers, setting="data.decode_workers")
+        self.pool = OrderedWorkers(decoder, workers=workers, setting="data.decode_workers",
+                                   preload=("open_clip", "contrastive.modalities.image_text.data"))
 
     @property
     def workers(self) -> int:
