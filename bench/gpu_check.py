@@ -408,13 +408,26 @@ class _Windows:
         self.windows: list[dict[str, float]] = []
 
     def on_step(self, *, step, epoch, metrics):
-        self.windows.append(dict(metrics))
+        self.windows.append({**metrics, "epoch": epoch})
 
     def on_epoch_end(self, **_):
         pass
 
     def on_checkpoint(self, **_):
         pass
+
+    def split(self) -> tuple[list[dict], list[dict]]:
+        """(windows inside an epoch, the first window of every epoch): an epoch's first batches wait for the
+        persistent workers to be handed the new epoch's plan (one batch decoded by one worker, not all of them)."""
+        inside, starts, seen = [], [], set()
+        for window in self.windows:
+            (inside if window["epoch"] in seen else starts).append(window)
+            seen.add(window["epoch"])
+        return inside, starts
+
+
+def _mean(windows: list[dict], key: str) -> float:
+    return sum(w[key] for w in windows) / max(len(windows), 1)
 
 
 def input_row(*, device: torch.device, work: Path, workers: tuple[int, ...] = INPUT_WORKERS, batch: int = 256,
@@ -424,7 +437,8 @@ def input_row(*, device: torch.device, work: Path, workers: tuple[int, ...] = IN
     ``epochs`` epochs (workers persist across them), after an unreported warm-up stage (CUDA context, cuDNN's
     autotuning of every convolution shape: it made the first stage of the first H200 run, 4 workers, read 314
     views/s against 2,022 with 8). Per worker count: the steady rate and wait share (the logging windows after the
-    first, which holds the workers' start-up) and the stage's (start-up included)."""
+    first of each epoch: the first holds the workers' start-up, a later epoch's first its hand-over), each epoch's
+    first window's wait, and the stage's (start-up included)."""
     from bench.image_input import write_jpegs
     from contrastive.data.image_folder import prepare_image_folder
     from contrastive.modalities.image.steps import train_stage
@@ -444,13 +458,14 @@ def input_row(*, device: torch.device, work: Path, workers: tuple[int, ...] = IN
                                                workers=count, device=device.type, batch=batch, steps=steps,
                                                arch=arch, precision=precision, epochs=epochs,
                                                log_every_steps=log_every_steps), callbacks=[windows])
-        steady = windows.windows[1:] or windows.windows
-        steady_views = sum(w["train/views_per_s"] for w in steady) / max(len(steady), 1)
-        steady_wait = sum(w["train/data_wait_share"] for w in steady) / max(len(steady), 1)
+        inside, starts = windows.split()
+        steady = inside or windows.windows
+        epoch_starts = ", ".join(f"{100 * w['train/data_wait_share']:.0f}%" for w in starts)
         row.figures[f"{count} workers"] = (
-            f"{steady_views:,.0f} views/s, GPU waited for data {100 * steady_wait:.0f}% steady; "
-            f"{summary['views_per_second']:,.0f} views/s, {100 * summary['data_wait_share']:.0f}% over the stage "
-            f"(start-up included)")
+            f"{_mean(steady, 'train/views_per_s'):,.0f} views/s, GPU waited for data "
+            f"{100 * _mean(steady, 'train/data_wait_share'):.0f}% steady (inside epochs); epochs' first windows "
+            f"waited {epoch_starts}; {summary['views_per_second']:,.0f} views/s, "
+            f"{100 * summary['data_wait_share']:.0f}% over the stage (start-up included)")
     return row
 
 

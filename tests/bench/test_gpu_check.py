@@ -195,10 +195,11 @@ def test_the_input_row_trains_a_stage_from_jpegs_per_worker_count_on_cpu(tmp_pat
                               image_size=32, arch="small_cnn", precision="fp32", epochs=2, log_every_steps=1)
     assert list(row.figures) == ["warm-up stage", "0 workers", "1 workers"] and row.status == "ok"
     for name in ("0 workers", "1 workers"):
-        steady, _, stage = row.figures[name].partition(" steady; ")
+        steady, _, rest = row.figures[name].partition(" steady (inside epochs); epochs' first windows waited ")
         views, _, waited = steady.partition(" views/s, GPU waited for data ")
         assert float(views.replace(",", "")) > 0 and 0 <= int(waited.split("%")[0]) <= 100
-        assert stage.endswith("over the stage (start-up included)")
+        starts, _, stage = rest.partition("; ")
+        assert len(starts.split(", ")) == 2 and stage.endswith("over the stage (start-up included)")
     summary = (tmp_path / "input" / "w1" / "train_summary.json").read_text()
     assert '"steps": 4' in summary and '"epochs": 2' in summary and '"global_batch": 8' in summary
     spec = gpu_check.input_stage_spec(dataset_dir=tmp_path, stage_dir=tmp_path, workers=8, device="cuda", batch=256,
