@@ -7,6 +7,28 @@ here whenever a benchmark drives a change to library code.
 
 CHANGES = [
     {
+        "title": "CLIP decoding in worker processes instead of threads (contrastive/data/workers.py, "
+                 "contrastive/modalities/image_text/data.py), 2026-11-26",
+        "where": "`OrderedWorkers`, `SampleDecoder`, `SampleDecodePool`, `stream_batches(pool=)`, "
+                 "`GroupedBatchReader.batches(pool=)`",
+        "why": "make gpu-check's clip row on an H200 (16 cores), ViT-B-32 batch 128, bf16, ours decoding in N threads "
+               "against open_clip_train in N worker processes: N = 4: 1,137 vs 1,470 samples/s (0.77x); N = 12: "
+               "825 vs 2,001 (0.41x). Our threads read slower with more of them (GIL contention with the reading "
+               "and training threads); open_clip's processes scaled.",
+        "change": "the decoding (and tokenising) runs in DataLoader worker processes kept for the stage, handed "
+                  "chunks of a batch / workers encoded samples by the reading thread, which keeps the tar reading "
+                  "and the seeded shuffle (the order and the keyed augmentation stay the same for any number of "
+                  "workers); the image reader's plan-as-sampler DataLoader became the one pool both readers use; "
+                  "a CLIP pool's forkserver preloads open_clip (a pool's workers start in 0.3 s, not 2.5 s).",
+        "before": "CPU (bench.image_input, 1 worker a side): 1.78x open_clip's samples per CPU-second "
+                  "(2026-11-25); GPU: as above",
+        "after": "CPU: 1.66x (2026-11-26 on a slower day; the processes' IPC costs a little CPU); GPU: not measured "
+                 "yet (next lease: make gpu-check ROWS=clip)",
+        "behaviour": "the same batches, views and losses for 0 and 4 decode workers "
+                     "(tests/unit/modalities/image_text/test_steps_decode_workers.py, test_keyed_transform.py, "
+                     "test_data.py).",
+    },
+    {
         "title": "CLIP shards read to uint8 batches, tokenised off the training thread "
                  "(contrastive/modalities/image_text/), 2026-11-25",
         "where": "`KeyedTransform(uint8=True)`, `normalize_batch`, `ready_for_step`, `in_flight`, "
