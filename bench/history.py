@@ -22,7 +22,7 @@ CHANGES = [
                   "a CLIP pool's forkserver preloads open_clip (a pool's workers start in 0.3 s, not 2.5 s).",
         "before": "CPU (bench.image_input, 1 worker a side): 1.78x open_clip's samples per CPU-second "
                   "(2026-11-25); GPU: as above",
-        "after": "CPU: 1.66x (2026-11-26 on a slower day; the processes' IPC costs a little CPU); GPU: not measured "
+        "after": "CPU: 1.61x in make bench, 1.66x in a bench.image_input run before it (2026-11-26, a slower day); GPU: not measured "
                  "yet (next lease: make gpu-check ROWS=clip)",
         "behaviour": "the same batches, views and losses for 0 and 4 decode workers "
                      "(tests/unit/modalities/image_text/test_steps_decode_workers.py, test_keyed_transform.py, "
