@@ -305,7 +305,8 @@ def test_iter_batches_slices_the_image_array_in_process(tmp_path, monkeypatch):
     def no_loader(*args, **kwargs):
         raise AssertionError("the images.npy fast path must not start a DataLoader")
 
-    monkeypatch.setattr(loading, "DataLoader", no_loader)
+    from contrastive.data import workers as worker_pool
+    monkeypatch.setattr(worker_pool, "DataLoader", no_loader)
     batches = [np.asarray([8, 0, 3]), np.asarray([1])]
     out = list(iter_batches(memory, (b for b in batches), workers=4, prefetch=2))
     assert [r.tolist() for r, _ in out] == [[8, 0, 3], [1]]
