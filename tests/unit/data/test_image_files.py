@@ -12,7 +12,6 @@ import torch
 from PIL import Image
 
 from contrastive.modalities.image_text import data as clip_data
-from contrastive.data import loading
 from contrastive.data.dataset import ImageArrayDataset
 from contrastive.data.image_files import ImageFileDataset
 from contrastive.data.loading import load_dataset
