@@ -157,9 +157,6 @@ class BatchReader(ClosedOnExit):
     def __init__(self, dataset: Dataset, *, workers: int, prefetch: int = 2, max_skip_fraction: float | None = None,
                  counter: SkipCounter | None = None, pin_memory: bool | None = None) -> None:
         self.dataset = dataset
-        self.workers = workers
-        self.prefetch = prefetch
-        self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self.counter = counter
         if counter is None and isinstance(dataset, IndexedImageDataset):
             self.counter = SkipCounter(max_skip_fraction=dataset.max_skip_fraction if max_skip_fraction is None
@@ -167,7 +164,8 @@ class BatchReader(ClosedOnExit):
                                        fix=dataset.skip_fix)
         threads = 1 if workers else min(_IN_PROCESS_THREADS, os.cpu_count() or 1)
         self._workers = OrderedWorkers(_BatchDecoder(dataset, threads=threads) if isinstance(
-            dataset, IndexedImageDataset) else None, workers=workers, prefetch=prefetch, pin_memory=self.pin_memory)
+            dataset, IndexedImageDataset) else None, workers=workers, prefetch=prefetch,
+            pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory)
 
     def read(self, batches: Iterable[np.ndarray]) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
         """Yield ``(rows_kept int64 (b,), uint8 (b, 3, S, S))`` for every batch of dataset rows, in order; rows of

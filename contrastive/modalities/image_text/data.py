@@ -21,6 +21,7 @@ import os
 import shutil
 import tarfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -370,6 +371,21 @@ class SampleDecodePool(ClosedOnExit):
         self.pool.close()
 
 
+@contextmanager
+def decode_pool(pool: SampleDecodePool | None, *, transform: Callable, seed: int | None, uint8: bool,
+                workers: int) -> Iterator[SampleDecodePool]:
+    """``pool`` (a stage's, kept across epochs; it must draw with ``seed`` and ``uint8``), or a pool of ``workers``
+    for this read only, closed when the read ends."""
+    if pool is not None:
+        if pool.decoder.seed != seed or pool.decoder.uint8 != uint8:
+            raise ValueError(f"the decode pool draws with seed {pool.decoder.seed} (uint8 {pool.decoder.uint8}), the "
+                             f"read asks for seed {seed} (uint8 {uint8})")
+        yield pool
+        return
+    with SampleDecodePool(SampleDecoder(transform, seed=seed, uint8=uint8), workers=workers) as owned:
+        yield owned
+
+
 def _chunked(items: Iterable, size: int) -> Iterator[list]:
     chunk: list = []
     for item in items:
@@ -434,26 +450,17 @@ def stream_batches(*, urls: Sequence[str], batch_size: int, transform: Callable,
     mine = [urls[i] for i in order[slot::slots]]
     sample_rng = np.random.default_rng([seed, epoch, slot])
     raw = shuffled(iter_raw_samples(mine, counter=counter), buffer=shuffle_buffer, rng=sample_rng)
-    owned = pool is None
-    if owned:
-        pool = SampleDecodePool(SampleDecoder(transform, seed=seed, uint8=uint8), workers=workers)
-    elif pool.decoder.seed != seed or pool.decoder.uint8 != uint8:
-        raise ValueError(f"the decode pool draws with seed {pool.decoder.seed} (uint8 {pool.decoder.uint8}), the "
-                         f"read asks for seed {seed} (uint8 {uint8})")
-    try:
-        yield from batched(pool.samples(raw, epoch=epoch, counter=counter, batch_size=batch_size),
-                           batch_size=batch_size, normalization=pool.decoder.normalization)
-    finally:
-        if owned:
-            pool.close()
+    with decode_pool(pool, transform=transform, seed=seed, uint8=uint8, workers=workers) as decoding:
+        yield from batched(decoding.samples(raw, epoch=epoch, counter=counter, batch_size=batch_size),
+                           batch_size=batch_size, normalization=decoding.decoder.normalization)
 
 
 def iter_decoded(*, urls: Sequence[str], transform: Callable, counter: SkipCounter, batch_size: int,
                  workers: int = 0) -> Iterator[ClipBatch]:
     """Every good sample of the shards in order, in batches (the last may be shorter): for exports and eval."""
     raw = iter_raw_samples(urls, counter=counter)
-    with SampleDecodePool(SampleDecoder(transform), workers=workers) as pool:
-        yield from batched(pool.samples(raw, epoch=0, counter=counter, batch_size=batch_size),
+    with decode_pool(None, transform=transform, seed=None, uint8=False, workers=workers) as decoding:
+        yield from batched(decoding.samples(raw, epoch=0, counter=counter, batch_size=batch_size),
                            batch_size=batch_size, keep_last=True)
 
 

@@ -43,8 +43,9 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from contrastive.modalities.image_text.data import (TAR_END, ClipBatch, SampleDecodePool, SampleDecoder, SkipCounter,
-                                                    decode_image_text, iter_raw_samples, sample_members, shuffled)
+from contrastive.modalities.image_text.data import (TAR_END, ClipBatch, SampleDecodePool, SkipCounter,
+                                                    decode_image_text, decode_pool, iter_raw_samples, sample_members,
+                                                    shuffled)
 from contrastive.errors import ConfigError, DataError
 from contrastive.mcl.batch_plan import plan_batches
 
@@ -293,24 +294,18 @@ class GroupedBatchReader:
         processes; uint8: the images uint8 with their ``normalization`` (:class:`SampleDecoder`). pool: a stage's
         decode pool kept across epochs (made with this ``transform``, the reader's seed and ``uint8``); None: one
         for this read. A planned batch whose every sample is unreadable is left out."""
-        owned = pool is None
-        if owned:
-            pool = SampleDecodePool(SampleDecoder(transform, seed=self.seed, uint8=uint8), workers=workers)
         groups: deque[int] = deque()  # the planned batches' groups, queued as the workers are handed them
 
         def planned() -> Iterator[list[dict]]:
             for batch in self.raw_batches(epoch=epoch, start=start):
                 groups.append(batch.group)
                 yield batch.samples
-        try:
-            for decoded in pool.chunks(planned(), epoch=epoch, counter=counter):
+        with decode_pool(pool, transform=transform, seed=self.seed, uint8=uint8, workers=workers) as decoding:
+            for decoded in decoding.chunks(planned(), epoch=epoch, counter=counter):
                 group = groups.popleft()
                 if decoded.images is not None:
                     yield ClipBatch(images=decoded.images, texts=decoded.texts, keys=decoded.keys, group=group,
-                                    tokens=decoded.tokens, normalization=pool.decoder.normalization)
-        finally:
-            if owned:
-                pool.close()
+                                    tokens=decoded.tokens, normalization=decoding.decoder.normalization)
 
 
 # ---------------------------------------------------------------------------------------------------- benchmark

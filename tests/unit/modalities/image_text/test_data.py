@@ -145,3 +145,15 @@ def test_decode_workers_tokenise_and_the_reading_thread_then_does_not(shards, tr
     ready = ready_for_step(batch, tokenizer=lambda texts: (_ for _ in ()).throw(AssertionError("tokenised again")),
                            pin_memory=False)
     assert torch.equal(ready.tokens, tokenizer(batch.texts))
+
+
+def test_a_stage_pool_must_draw_as_the_read_asks(shards, transform):
+    """A pool made for another seed or image type would give other augmentations than the read names: refused."""
+    from contrastive.modalities.image_text.data import decode_pool
+    with SampleDecodePool(SampleDecoder(transform, seed=1, uint8=True), workers=0) as pool:
+        with decode_pool(pool, transform=transform, seed=1, uint8=True, workers=3) as same:
+            assert same is pool and same.workers == 0
+        for seed, uint8 in ((2, True), (1, False)):
+            with pytest.raises(ValueError, match="the decode pool draws with seed 1"):
+                with decode_pool(pool, transform=transform, seed=seed, uint8=uint8, workers=0):
+                    pass
