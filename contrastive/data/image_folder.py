@@ -321,9 +321,11 @@ def _jpeg_square(data: bytes, *, size: int) -> np.ndarray | None:
     n = max(1, min(rows, cols, round(side)))
     top = max(0, min(round((rows - side) / 2), rows - n))
     left = max(0, min(round((cols - side) / 2), cols - n))
-    square = image[top:top + n, left:left + n].permute(2, 0, 1).unsqueeze(0)
     # channels_last in and out: torch's vectorised uint8 path (about 2x its strided one), and the result's
-    # (size, size, 3) view is contiguous
+    # (size, size, 3) view is contiguous. unsqueeze before permute: a batch stride of 3 (permute, then unsqueeze)
+    # makes a portrait square look channels-first to interpolate, whose output then needs a transposing copy
+    # (0.25 ms of the ~1.6 ms an image costs; the pixels are the same).
+    square = image[top:top + n, left:left + n].unsqueeze(0).permute(0, 3, 1, 2)
     square = square.contiguous(memory_format=torch.channels_last)
     if n != size:
         square = torch.nn.functional.interpolate(square, size=(size, size), mode="bicubic", antialias=True)
