@@ -32,12 +32,12 @@ from typing import IO, Any, ClassVar
 
 import numpy as np
 import torch
-from torch.utils.data import get_worker_info
 
 from contrastive.data.dataset import (INDEX_FILE, LABEL_PREFIX, MANIFEST_FILE, ImageArrayDataset, SampleIndex,
                                       _as_index_array, _manifest_fields_ok, load_arrays, read_manifest)
 from contrastive.data.image_folder import decode_scale_of, file_index_digest, load_square_rgb
 from contrastive.data.skips import SkipCounter
+from contrastive.data.workers import result_tensor
 from contrastive.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -191,7 +191,7 @@ class IndexedImageDataset(SampleIndex):
             results = [self.decode(int(r)) for r in rows]
         keep = [i for i, result in enumerate(results) if not isinstance(result, str)]
         failures = [(int(rows[i]), result) for i, result in enumerate(results) if isinstance(result, str)]
-        images = _batch_tensor((len(keep), 3, self.image_size, self.image_size))
+        images = result_tensor((len(keep), 3, self.image_size, self.image_size))
         channels_last = images.permute(0, 2, 3, 1).numpy()  # a view: each (S, S, 3) image is written transposed, once
         for out, i in enumerate(keep):
             channels_last[out] = results[i]
@@ -227,15 +227,6 @@ class IndexedImageDataset(SampleIndex):
                 self._pool = ThreadPoolExecutor(max_workers=min(_MAX_THREADS, os.cpu_count() or 1),
                                                 thread_name_prefix="image-decode")
             return self._pool
-
-
-def _batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:
-    """An empty uint8 tensor of ``shape``; in a DataLoader worker it lives in shared memory from the start, so
-    sending it to the training process copies nothing (as the DataLoader's own collate does)."""
-    if get_worker_info() is None:
-        return torch.empty(shape, dtype=torch.uint8)
-    storage = torch.UntypedStorage._new_shared(int(np.prod(shape)))
-    return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
 
 
 class ImageFileDataset(IndexedImageDataset):

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from torch.utils.data import DataLoader
+import torch
+from torch.utils.data import DataLoader, get_worker_info
 from torch.utils.data import Dataset as TorchDataset
 
 from contrastive.errors import ConfigError
@@ -36,6 +37,19 @@ class _Plan:
 def _as_is(item):
     """collate_fn for ``batch_size=None``: keep the item (the default would turn the numpy rows into a tensor)."""
     return item
+
+
+def result_tensor(shape: tuple[int, ...], *, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+    """An empty tensor of ``shape`` for a worker's result: in a worker process it lives in shared memory from the
+    start, so handing it to the reading process copies nothing (as the DataLoader's own collate does; an ordinary
+    tensor would be copied into shared memory on the way out)."""
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=dtype)
+    numel = 1
+    for side in shape:
+        numel *= side
+    storage = torch.UntypedStorage._new_shared(numel * dtype.itemsize)
+    return torch.empty(0, dtype=dtype).set_(storage).view(shape)
 
 
 _WORKER_MODULES = ("torch", "PIL.Image", "contrastive.data.loading")

@@ -33,7 +33,7 @@ import webdataset as wds
 from PIL import Image
 
 from contrastive.modalities.image_text.keyed_transform import KeyedTransform, normalize_batch
-from contrastive.data.workers import ClosedOnExit, OrderedWorkers
+from contrastive.data.workers import ClosedOnExit, OrderedWorkers, result_tensor
 from contrastive.data.skips import SkipCounter
 from contrastive.errors import ConfigError, DataError
 
@@ -326,7 +326,9 @@ class SampleDecoder:
             keys.append(key)
             texts.append(text)
             images.append(tensor)
-        return DecodedChunk(keys=keys, texts=texts, images=torch.stack(images) if images else None, skipped=skipped,
+        stacked = torch.stack(images, out=result_tensor((len(images), *images[0].shape), dtype=images[0].dtype)
+                              ) if images else None
+        return DecodedChunk(keys=keys, texts=texts, images=stacked, skipped=skipped,
                             tokens=self.tokenizer(texts) if self.tokenizer is not None and texts else None)
 
 

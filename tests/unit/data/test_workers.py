@@ -1,7 +1,9 @@
 """The one worker pool: fn over planned items in order, inline or in worker processes that persist across maps."""
 import pytest
 
-from contrastive.data.workers import OrderedWorkers
+import torch
+
+from contrastive.data.workers import OrderedWorkers, result_tensor
 from contrastive.errors import ConfigError
 
 
@@ -36,3 +38,24 @@ def test_results_come_back_in_order_inline_and_from_two_processes():
 def test_a_bad_worker_count_names_the_setting():
     with pytest.raises(ConfigError, match="data.decode_workers"):
         OrderedWorkers(Square(), workers=-1, setting="data.decode_workers")
+
+
+class FilledResult:
+    """Picklable work: a result tensor filled with ``item``, and whether it was in shared memory before it left."""
+
+    def __call__(self, item: int) -> tuple[torch.Tensor, bool]:
+        out = result_tensor((2, 3), dtype=torch.float32 if item % 2 else torch.uint8)
+        out.fill_(item)
+        return out, out.is_shared()
+
+
+def test_a_worker_s_result_tensor_is_in_shared_memory_from_the_start():
+    """In a worker the result lives in shared memory before it is sent (nothing to copy on the way out); inline it
+    is an ordinary tensor. Shape, dtype and contents arrive as written."""
+    with OrderedWorkers(FilledResult(), workers=1) as pool:
+        results = list(pool.map([2, 3]))
+    assert [shared for _, shared in results] == [True, True]
+    assert [t.dtype for t, _ in results] == [torch.uint8, torch.float32]
+    assert all(t.shape == (2, 3) and bool((t == i).all()) for (t, _), i in zip(results, [2, 3]))
+    inline, shared = FilledResult()(5)
+    assert not shared and inline.shape == (2, 3) and bool((inline == 5).all())
