@@ -167,6 +167,16 @@ def is_remote(uri: str) -> bool:
     return uri.startswith(("http://", "https://", "databricks"))
 
 
+DATASET_RACE_TRIES = 3  # log_inputs calls a dataset gets when a concurrent pipeline inserts it first
+_UNIQUE_KEY_ERRORS = ("UNIQUE constraint failed", "duplicate key value violates unique constraint",
+                      "Duplicate entry")  # sqlite, PostgreSQL, MySQL, as the store's IntegrityError reads
+
+
+def _lost_an_insert_race(exc: Exception) -> bool:
+    """True when MLflow's store refused a row because a concurrent writer inserted the same key first."""
+    return any(marker in str(exc) for marker in _UNIQUE_KEY_ERRORS)
+
+
 def ui_base(uri: str) -> str:
     """Where a person opens the MLflow UI of ``uri``: the server itself, or the local UI of `make ui-mlflow`
     (``MCLPIPE_MLFLOW_UI`` when served elsewhere)."""
@@ -406,8 +416,18 @@ class Tracker:
         pseudo_labels, eval), ``profile`` holds its size and split."""
         dataset = Dataset(name=name, digest=digest[:36], source_type="local", source=json.dumps({"uri": source}),
                           profile=json.dumps(profile))
-        self._call("log a dataset", self.client.log_inputs, run_id,
-                   [DatasetInput(dataset, [InputTag("mlflow.data.context", context)])])
+        inputs = [DatasetInput(dataset, [InputTag("mlflow.data.context", context)])]
+        for attempt in range(1, DATASET_RACE_TRIES + 1):
+            try:
+                self._call("log a dataset", self.client.log_inputs, run_id, inputs)
+                return
+            except mlflow.exceptions.MlflowException as exc:
+                # MLflow's store looks the dataset up, then inserts it: two pipelines of one experiment that
+                # log the same dataset at once can both miss it, and the later insert breaks the unique key. The
+                # dataset exists by then, so asking again links it.
+                if attempt == DATASET_RACE_TRIES or not _lost_an_insert_race(exc):
+                    raise
+                time.sleep(0.1 * attempt)
 
     def run_exists(self, run_id: str) -> bool:
         try:

@@ -117,6 +117,33 @@ def test_datasets_descriptions_and_urls(tracker, monkeypatch):
     assert not tracker.run_exists("0" * 32) and tracker.run_exists(run)
 
 
+def test_a_dataset_another_pipeline_inserted_first_is_linked_not_an_error(tracker, monkeypatch):
+    """Two pipelines of one experiment logging the same dataset at once: MLflow's server looks the dataset up, then
+    inserts it, so the later insert can break the unique key (seen with two pipelines on one `mlflow server`). The
+    tracker asks again and the run gets the dataset; any other refusal is still raised."""
+    import mlflow
+    first, second = (tracker.start_run(name=n, tags={}) for n in ("a", "b"))
+    race = mlflow.exceptions.RestException({"error_code": "BAD_REQUEST", "message": (
+        "(sqlite3.IntegrityError) UNIQUE constraint failed: datasets.experiment_id, datasets.name, datasets.digest")})
+    calls, log_inputs = [], tracker.client.log_inputs
+
+    def insert_raced(run_id, datasets):
+        calls.append(run_id)
+        if len(calls) == 1:  # the other pipeline's insert lands between this call's lookup and its insert
+            log_inputs(first, datasets)
+            raise race
+        return log_inputs(run_id, datasets)
+
+    monkeypatch.setattr(tracker.client, "log_inputs", insert_raced)
+    tracker.log_dataset(second, name="trifeature-abc", digest="d" * 64, source="/x", context="train", profile={})
+    assert calls == [second, second]
+    assert [i.dataset.name for i in tracker.client.get_run(second).inputs.dataset_inputs] == ["trifeature-abc"]
+    refused = mlflow.exceptions.RestException({"error_code": "INVALID_PARAMETER_VALUE", "message": "bad digest"})
+    monkeypatch.setattr(tracker.client, "log_inputs", lambda *a: (_ for _ in ()).throw(refused))
+    with pytest.raises(mlflow.exceptions.RestException, match="bad digest"):
+        tracker.log_dataset(second, name="other", digest="e" * 64, source="/y", context="train", profile={})
+
+
 def test_ui_command_works_as_printed(tmp_path, monkeypatch):
     import sys
     from pathlib import Path
