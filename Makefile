@@ -23,8 +23,12 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/mclpipe run $(CONFIG)
 
+# make test runs in pytest-xdist processes: the cores this process may use, at most 4 (each one runs torch and
+# starts its own Prefect test server); TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))")
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
