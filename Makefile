@@ -28,7 +28,7 @@ run: $(STAMP)
 TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))")
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS)
+	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist worksteal
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
