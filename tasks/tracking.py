@@ -167,7 +167,6 @@ def is_remote(uri: str) -> bool:
     return uri.startswith(("http://", "https://", "databricks"))
 
 
-DATASET_RACE_TRIES = 3  # log_inputs calls a dataset gets when a concurrent pipeline inserts it first
 _UNIQUE_KEY_ERRORS = ("UNIQUE constraint failed", "duplicate key value violates unique constraint",
                       "Duplicate entry")  # sqlite, PostgreSQL, MySQL, as the store's IntegrityError reads
 
@@ -249,15 +248,23 @@ class Tracker:
 
     def _attempt(self, what: str, fn: Callable[..., T], args: tuple, kwargs: dict, *, once: bool) -> T:
         """``fn(*args, **kwargs)``, retried with backoff: ``retries`` times for a server that never answered in this
-        process (a wrong URI fails fast), for up to ``outage_grace_seconds`` since an outage began for one that did.
+        process (a wrong URI fails fast), for up to ``outage_grace_seconds`` since an outage began for one that did,
+        and ``retries`` times for a store that refused an insert a concurrent writer made first (other refusals are
+        raised at once).
         ``once``: within the grace, raise :class:`TrackingAway` after one failed try instead of waiting (training
         must not wait for the server)."""
         delay = self.backoff_seconds
         for attempt in itertools.count():
             try:
                 result = fn(*args, **kwargs)
-            except mlflow.exceptions.RestException:
-                raise
+            except mlflow.exceptions.RestException as exc:
+                # The store answered: asking again changes nothing, except after a lost insert race. MLflow looks
+                # a row up, then inserts it (a dataset two pipelines of one experiment log at once), so a concurrent
+                # writer's insert can land between; the row exists by then and the same call now finds it.
+                if attempt >= self.retries or not _lost_an_insert_race(exc):
+                    raise
+                time.sleep(delay)
+                delay *= 2
             except Exception as exc:  # connection errors surface as several exception types
                 if getattr(exc, "error_code", None) in ANSWERS:  # the store answered; asking again changes nothing
                     raise
@@ -416,18 +423,8 @@ class Tracker:
         pseudo_labels, eval), ``profile`` holds its size and split."""
         dataset = Dataset(name=name, digest=digest[:36], source_type="local", source=json.dumps({"uri": source}),
                           profile=json.dumps(profile))
-        inputs = [DatasetInput(dataset, [InputTag("mlflow.data.context", context)])]
-        for attempt in range(1, DATASET_RACE_TRIES + 1):
-            try:
-                self._call("log a dataset", self.client.log_inputs, run_id, inputs)
-                return
-            except mlflow.exceptions.MlflowException as exc:
-                # MLflow's store looks the dataset up, then inserts it: two pipelines of one experiment that
-                # log the same dataset at once can both miss it, and the later insert breaks the unique key. The
-                # dataset exists by then, so asking again links it.
-                if attempt == DATASET_RACE_TRIES or not _lost_an_insert_race(exc):
-                    raise
-                time.sleep(0.1 * attempt)
+        self._call("log a dataset", self.client.log_inputs, run_id,
+                   [DatasetInput(dataset, [InputTag("mlflow.data.context", context)])])
 
     def run_exists(self, run_id: str) -> bool:
         try:

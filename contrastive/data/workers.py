@@ -4,6 +4,7 @@ hands it row arrays to decode, the CLIP reader (``contrastive.modalities.image_t
 of encoded samples."""
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -45,10 +46,7 @@ def result_tensor(shape: tuple[int, ...], *, dtype: torch.dtype = torch.uint8) -
     tensor would be copied into shared memory on the way out)."""
     if get_worker_info() is None:
         return torch.empty(shape, dtype=dtype)
-    numel = 1
-    for side in shape:
-        numel *= side
-    storage = torch.UntypedStorage._new_shared(numel * dtype.itemsize)
+    storage = torch.UntypedStorage._new_shared(math.prod(shape) * dtype.itemsize)
     return torch.empty(0, dtype=dtype).set_(storage).view(shape)
 
 
