@@ -59,3 +59,72 @@ def test_a_worker_s_result_tensor_is_in_shared_memory_from_the_start():
     assert all(t.shape == (2, 3) and bool((t == i).all()) for (t, _), i in zip(results, [2, 3]))
     inline, shared = FilledResult()(5)
     assert not shared and inline.shape == (2, 3) and bool((inline == 5).all())
+
+
+class SegmentResult:
+    """Picklable work: a result tensor of ``rows(item)`` rows filled with ``item``, and the inode of the shared
+    memory segment behind it (the same inode: the worker reused the segment; a fresh one gets a new inode, where an
+    address could be the last one's, unmapped and mapped again)."""
+
+    def __init__(self, *, vary: bool = False) -> None:
+        self.vary = vary
+
+    def rows(self, item: int) -> int:
+        return item % 5 + 1 if self.vary else 3
+
+    def __call__(self, item: int) -> tuple[int, torch.Tensor, int]:
+        out = result_tensor((self.rows(item), 1000))
+        out.fill_(item % 256)
+        import os
+        fd, _ = out.untyped_storage()._share_fd_cpu_()  # the segment's descriptor (already shared: no copy)
+        return item, out, os.fstat(fd).st_ino
+
+
+def _intact(results, work: SegmentResult) -> bool:
+    return all(t.shape == (work.rows(i), 1000) and bool((t == i % 256).all()) for i, t, _ in results)
+
+
+def test_a_worker_reuses_a_result_s_segment_once_the_reader_drops_it():
+    """Results read and dropped one at a time: the worker writes them into a few segments again and again (no fresh
+    shared memory to fault in and zero each time), and every result arrives whole; with sizes that vary too (a
+    smaller result reuses a bigger segment, a bigger one grows it)."""
+    for work in (SegmentResult(), SegmentResult(vary=True)):
+        with OrderedWorkers(work, workers=1, prefetch=2) as pool:
+            addresses, intact = set(), True
+            for item, images, address in pool.map(range(60)):
+                intact &= _intact([(item, images, address)], work)
+                addresses.add(address)
+                del images
+        assert intact
+        if not work.vary:  # prefetch + 4 slots at most; fresh memory every time would give ~60
+            assert len(addresses) <= 2 + 4
+        assert len(addresses) < 30
+
+
+def test_results_the_reader_keeps_are_never_overwritten():
+    """A reader that keeps every result (its slots all lent out) gets fresh memory for the rest: each kept result
+    still holds what its worker wrote, after the map and after a later map on the same workers."""
+    work = SegmentResult(vary=True)
+    with OrderedWorkers(work, workers=2, prefetch=2) as pool:
+        kept = list(pool.map(range(40)))
+        assert _intact(kept, work)
+        later = list(pool.map(range(100, 140)))
+        assert _intact(kept, work) and _intact(later, work)
+
+
+def test_a_map_left_part_way_gives_its_segments_back():
+    """A map abandoned with results still in flight (dropped by the next map): the next maps reuse those slots, so
+    the segments in use stay few however many maps are left part way."""
+    work = SegmentResult()
+    with OrderedWorkers(work, workers=1, prefetch=2) as pool:
+        addresses = set()
+        for start in range(0, 200, 20):
+            partial = pool.map(range(start, start + 20))
+            item, images, address = next(partial)
+            addresses.add(address)
+            del images
+        for item, images, address in pool.map(range(30)):
+            assert _intact([(item, images, address)], work)
+            addresses.add(address)
+            del images
+    assert len(addresses) <= 2 + 4
