@@ -1,4 +1,5 @@
 """The one worker pool: fn over planned items in order, inline or in worker processes that persist across maps."""
+import numpy as np
 import pytest
 
 import torch
@@ -128,3 +129,27 @@ def test_a_map_left_part_way_gives_its_segments_back():
             addresses.add(address)
             del images
     assert len(addresses) <= 2 + 4
+
+
+class _Pinned(torch.Tensor):
+    """A tensor that says it is pinned, as the DataLoader's pin thread's copies are (no CUDA here to pin one)."""
+
+    def is_pinned(self, *args, **kwargs) -> bool:
+        return True
+
+
+def test_a_slot_returns_when_its_result_is_dropped_or_at_once_when_pinned():
+    """The reader's release rule on one worker's two slots: a result whose tensors the reader still holds keeps its
+    slot; dropping them frees it; a pinned result (a copy made by the pin thread) frees its slot at once."""
+    from contrastive.data.workers import _ResultBuffers
+
+    buffers = _ResultBuffers(workers=1, slots=2)
+    buffers.flags[0] = buffers.next_generation()  # the worker lent both slots in this map
+    held, pinned = torch.zeros(4), torch.Tensor._make_subclass(_Pinned, torch.zeros(4))
+    buffers.deliver(worker=0, slots=[0], result=(np.arange(4), held, []))
+    buffers.deliver(worker=0, slots=[1], result=(pinned,))
+    buffers.release_returned()
+    assert buffers.flags[0].tolist() == [1, 0] and pinned.is_pinned()  # the pinned result still held: slot 1 free
+    del held
+    buffers.release_returned()
+    assert buffers.flags[0].tolist() == [0, 0]
