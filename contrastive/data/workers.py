@@ -37,18 +37,20 @@ class _ResultBuffers:
     """
 
     def __init__(self, *, workers: int, slots: int) -> None:
-        self.flags = torch.zeros((workers, slots), dtype=torch.uint8).share_memory_()
-        self.generation = 0
+        self._start(flags=torch.zeros((workers, slots), dtype=torch.uint8).share_memory_(), generation=0)
+
+    def _start(self, *, flags: torch.Tensor, generation: int) -> None:
+        self.flags = flags
+        self.generation = generation
         self._segments: dict[int, torch.UntypedStorage] = {}  # a worker's own: slot -> segment
         self._taken: list[int] = []  # a worker's: the slots lent for the item in progress
         self._delivered: list[tuple[int, list[int], list[StorageWeakRef]]] = []  # the reader's
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"flags": self.flags, "generation": self.generation}
+        return {"flags": self.flags, "generation": self.generation}  # a worker starts with no segments of its own
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(workers=0, slots=0)
-        self.__dict__.update(state)
+        self._start(**state)
 
     # ---------------------------------------------------------------- in a worker
     def start_item(self, generation: int) -> None:
