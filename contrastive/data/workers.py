@@ -33,7 +33,8 @@ class _ResultBuffers:
     a pinned result (the DataLoader's pin thread copies it) is at once, and (:meth:`reclaim`) when a new map begins
     for one lent in an earlier map whose result was never delivered (the DataLoader drops a map's outstanding
     results). With every slot of a worker lent out (a consumer that keeps its batches), the worker uses a fresh,
-    unpooled segment: slower, never wrong, nothing waits.
+    unpooled segment: slower, never wrong, nothing waits. A result the reading process sends on to another process
+    counts as let go once the reading process drops it: copy it first (no reader of mclpipe does that).
     """
 
     def __init__(self, *, workers: int, slots: int) -> None:
