@@ -248,9 +248,8 @@ class OrderedWorkers(ClosedOnExit):
         buffers.reclaim()
         for worker, slots, result in results:
             buffers.deliver(worker=worker, slots=slots, result=result)
-            del slots
             yield result
-            del result
+            del result  # this frame's reference: only the consumer's keep a slot lent now
             buffers.release_returned()
 
     def _data_loader(self) -> DataLoader:
