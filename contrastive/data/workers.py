@@ -132,12 +132,11 @@ class _Apply(TorchDataset):
 
     def __getitem__(self, planned: tuple[int, Any]) -> tuple[int, list[int], Any]:
         generation, item = planned
-        info = get_worker_info()
-        if self.buffers is None or info is None:
+        if self.buffers is None:  # inline: no workers, no segments
             return -1, [], self.fn(item)
         self.buffers.start_item(generation)
         result = self.fn(item)
-        return info.id, self.buffers.taken(), result
+        return get_worker_info().id, self.buffers.taken(), result
 
 
 class _Plan:
@@ -207,8 +206,9 @@ class OrderedWorkers(ClosedOnExit):
     The items are the DataLoader's sampler (``batch_size=None``): the plan stays the caller's and a worker only
     computes ``fn(item)`` on what it is handed (row arrays, a few encoded samples); results come back in order, their
     tensors through shared memory: segments a worker writes its results into again once the reader has dropped
-    (or the pin thread copied) what it sent in them (:func:`result_tensor`, :class:`_ResultBuffers`). ``fn`` must pickle (a module-level class). One map at a time: a new map ends the
-    previous one (the workers' outstanding results are dropped).
+    (or the pin thread copied) what it sent in them (:func:`result_tensor`, :class:`_ResultBuffers`). ``fn`` must
+    pickle (a module-level class). One map at a time: a new map ends the previous one (the workers' outstanding
+    results are dropped).
 
     Args:
         fn: item -> result, run in the workers.
