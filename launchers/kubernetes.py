@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from contrastive.errors import MclpipeError
+from launchers import names
 from launchers.base import JobHandle, JobSpec, JobState, JobStatus
 
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
@@ -42,6 +43,24 @@ class KubernetesSpec:
     backoff_limit: int = 0
     ttl_seconds_after_finished: int | None = 3600
 
+    def __post_init__(self):
+        """Every string that goes into a manifest, against what Kubernetes accepts (the config checked them
+        already; this holds for a spec built any other way)."""
+        key = "launcher.kubernetes."
+        checks = [(names.image_reference, "image", self.image), (names.dns_subdomain, "volume_claim", self.volume_claim),
+                  (names.dns_label, "namespace", self.namespace), (names.absolute_path, "mount_path", self.mount_path),
+                  (names.quantity, "cpu", self.cpu), (names.quantity, "memory", self.memory),
+                  (names.dns_subdomain, "service_account", self.service_account),
+                  (names.dns_subdomain, "image_pull_secret", self.image_pull_secret)]
+        checks += [check for label, value in self.node_selector
+                   for check in ((names.label_key, "node_selector", label), (names.label_value, "node_selector", value))]
+        try:
+            for check, name, value in checks:
+                if value is not None:
+                    check(key + name, value)
+        except ValueError as exc:
+            raise MclpipeError(f"refusing to build the Kubernetes Job: {exc}") from None
+
 
 def _client():
     try:
@@ -60,9 +79,18 @@ def workdir_in_pods(*, job: JobSpec, spec: KubernetesSpec) -> str:
     return str(mount)
 
 
+def _check_name(name: str) -> None:
+    """The Job's and the Service's name (also a label value and the pods' subdomain): an RFC 1123 label."""
+    try:
+        names.dns_label("the Job's name", name)
+    except ValueError as exc:
+        raise MclpipeError(f"refusing to build the Kubernetes Job: {exc}") from None
+
+
 def build_service(*, name: str, job: JobSpec, spec: KubernetesSpec):
     """Headless Service over the Job's pods: DNS for ``<name>-<index>.<name>`` (the rendezvous on index 0)."""
     client = _client()
+    _check_name(name)
     return client.V1Service(
         api_version="v1", kind="Service",
         metadata=client.V1ObjectMeta(name=name, namespace=spec.namespace, labels={"app": "mclpipe", "mclpipe/job": name}),
@@ -76,6 +104,7 @@ def build_job(*, name: str, job: JobSpec, spec: KubernetesSpec):
     """The Indexed Job: ``spec.nodes`` pods, each ``torchrun --nnodes N --nproc-per-node P`` with the c10d
     rendezvous at pod 0 of the headless Service ``name``."""
     client = _client()
+    _check_name(name)
     if spec.nodes != job.nnodes:
         raise MclpipeError(f"job {job.name}: {job.nnodes} nodes of processes but the Kubernetes Job has {spec.nodes} "
                            "pods: set launcher.kubernetes.nodes and distributed.nnodes to the same count")

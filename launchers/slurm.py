@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from contrastive.errors import MclpipeError
+from launchers import names
 from launchers.base import JobHandle, JobSpec, JobState, JobStatus, LogTail
 
 # squeue / sacct / scontrol state names -> ours. CONFIGURING, COMPLETING, SUSPENDED, REQUEUED, RESIZING: not
@@ -70,7 +71,16 @@ def sbatch_directives(*, job: JobSpec, spec: SlurmSpec) -> list[str]:
     if spec.signal_lead_seconds:
         options += ["--requeue", f"--signal=B:USR1@{spec.signal_lead_seconds}"]
     options += list(spec.extra_sbatch)
-    return [f"#SBATCH {option}" for option in options]
+    # sbatch reads these lines itself (no shell): a value with a newline, space or quote would end the option or
+    # add a line, so each is checked again here (the config already checked what it holds)
+    return [f"#SBATCH {_checked(names.sbatch_option, 'an #SBATCH line', option)}" for option in options]
+
+
+def _checked(check, key: str, value: str) -> str:
+    try:
+        return check(key, value)
+    except ValueError as exc:
+        raise MclpipeError(f"refusing to write the batch script: {exc}") from None
 
 
 def torchrun_line(*, job: JobSpec, spec: SlurmSpec) -> str:
@@ -90,9 +100,11 @@ def build_sbatch_script(*, job: JobSpec, spec: SlurmSpec) -> str:
         raise MclpipeError(f"job {job.name}: {job.nnodes} nodes of processes but the Slurm job has {spec.nodes} "
                            "nodes: set launcher.slurm.nodes and distributed.nnodes to the same count")
     port = str(spec.rdzv_port) if spec.rdzv_port else "$((29500 + SLURM_JOB_ID % 10000))"
-    exports = [f"export {name}={shlex.quote(value)}" for name, value in job.env]
+    exports = [f"export {_checked(names.env_name, 'a job variable', name)}={shlex.quote(value)}"
+               for name, value in job.env]
+    setup = [_checked(names.one_line, "launcher.slurm.setup", line) for line in spec.setup]
     lines = ["#!/bin/bash", *sbatch_directives(job=job, spec=spec), "",
-             "# environment (launcher.slurm.setup)", *spec.setup, *exports, "",
+             "# environment (launcher.slurm.setup)", *setup, *exports, "",
              'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', f"port={port}",
              'echo "mclpipe: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST, '
              'rendezvous $head:$port"']

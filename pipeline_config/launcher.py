@@ -14,15 +14,12 @@ the cluster resumes from its checkpoint on the shared storage.
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-# Slurm's --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
-_SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
-_K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+from launchers import names
 
 
 class _Launcher(BaseModel):
@@ -56,28 +53,34 @@ class SlurmLauncherConfig(_Launcher):
     @classmethod
     def _time_format(cls, value) -> str:
         value = str(value) if isinstance(value, int) and not isinstance(value, bool) else value  # YAML: 30 -> int
-        if not isinstance(value, str) or not _SLURM_TIME.match(value.strip()):
-            raise ValueError(f"launcher.slurm.time_limit={value!r} is not a Slurm time: use minutes ('30'), "
-                             "H:M:S ('04:00:00') or D-H:M:S ('1-00:00:00')")
-        return value.strip()
+        return names.slurm_time("", value.strip(" ") if isinstance(value, str) else value)
+
+    # Every string below is written into the batch script: checked against what Slurm accepts (launchers/names.py)
+    @field_validator("partition")
+    @classmethod
+    def _partition(cls, value: str | None) -> str | None:
+        return None if value is None else names.slurm_name("", value, several=True)
+
+    @field_validator("account")
+    @classmethod
+    def _account(cls, value: str | None) -> str | None:
+        return None if value is None else names.slurm_name("", value)
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, value: str | None) -> str | None:
+        return None if value is None else names.script_path("", value)
 
     @field_validator("extra_sbatch")
     @classmethod
     def _options(cls, value: list[str]) -> list[str]:
-        for line in value:
-            text = line.strip().removeprefix("#SBATCH").strip()
-            if not text.startswith("-") or "\n" in text:
-                raise ValueError(f"launcher.slurm.extra_sbatch line {line!r} is not an sbatch option: write one "
-                                 "option a line, e.g. '--constraint=a100'")
-        return [line.strip().removeprefix("#SBATCH").strip() for line in value]
+        options = [line.strip(" ").removeprefix("#SBATCH").strip(" ") for line in value]
+        return [names.sbatch_option("", option) for option in options]
 
     @field_validator("setup")
     @classmethod
     def _one_line_each(cls, value: list[str]) -> list[str]:
-        for line in value:
-            if "\n" in line:
-                raise ValueError(f"launcher.slurm.setup entry {line!r} spans lines: give one shell line an entry")
-        return value
+        return [names.one_line("", line) for line in value]
 
 
 class KubernetesLauncherConfig(_Launcher):
@@ -106,20 +109,40 @@ class KubernetesLauncherConfig(_Launcher):
     kubeconfig: str | None = Field(None, description="kubeconfig file (None: in-cluster config, else ~/.kube/config)")
     context: str | None = Field(None, description="kubeconfig context")
 
+    # Every string below goes into the Job's or the Service's manifest: checked against what Kubernetes accepts
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str | None) -> str | None:
+        return None if value is None else names.image_reference("", value)
+
     @field_validator("namespace")
     @classmethod
     def _dns_name(cls, value: str) -> str:
-        if not _K8S_NAME.match(value) or len(value) > 63:
-            raise ValueError(f"launcher.kubernetes.namespace={value!r} is not a Kubernetes name: lowercase letters, "
-                             "digits and '-', at most 63 characters")
+        return names.dns_label("", value)
+
+    @field_validator("volume_claim", "service_account", "image_pull_secret")
+    @classmethod
+    def _object_name(cls, value: str | None) -> str | None:
+        return None if value is None else names.dns_subdomain("", value)
+
+    @field_validator("cpu", "memory", mode="before")
+    @classmethod
+    def _quantity(cls, value) -> str | None:
+        value = str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value  # YAML: 8
+        return None if value is None else names.quantity("", value)
+
+    @field_validator("node_selector")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, label in value.items():
+            names.label_key("", key)
+            names.label_value("", label)
         return value
 
     @field_validator("mount_path")
     @classmethod
     def _absolute(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError(f"launcher.kubernetes.mount_path={value!r} must be an absolute path, e.g. /shared")
-        return value.rstrip("/") or "/"
+        return names.absolute_path("", value).rstrip("/") or "/"
 
 
 class LauncherConfig(_Launcher):
@@ -179,6 +202,11 @@ def check_launcher(config) -> None:
     if gpus and d.nproc_per_node != gpus:
         raise ConfigError(f"launcher.{kind} gives {gpus} GPUs a node (one process each) but "
                           f"distributed.nproc_per_node={d.nproc_per_node}: set distributed.nproc_per_node={gpus}")
+    if kind == "slurm":  # the step directories are written into the batch script (#SBATCH --output)
+        try:
+            names.script_path("output_dir", str(Path(config.output_dir).absolute()))
+        except ValueError as exc:
+            raise ConfigError(f"{exc} (launcher.kind=slurm writes it into the batch script)") from None
     if d.rdzv_endpoint:
         raise ConfigError(f"distributed.rdzv_endpoint={d.rdzv_endpoint!r} with launcher.kind={kind}: the launcher "
                           "puts the rendezvous on the job's first node; set distributed.rdzv_endpoint=null")

@@ -2,7 +2,7 @@
 import pytest
 
 from contrastive.errors import ConfigError
-from pipeline_config.loader import load_config
+from pipeline_config.loader import config_from_dict, load_config
 
 
 def test_launcher_is_not_part_of_any_content_key():
@@ -40,7 +40,7 @@ def test_slurm_options_are_normalised():
     (["launcher.kind=kubernetes", "launcher.kubernetes.image=img:1"], "launcher.kubernetes.volume_claim"),
     (["launcher.kind=kubernetes", "launcher.kubernetes.image=img:1", "launcher.kubernetes.volume_claim=pvc",
       "output_dir=/elsewhere/runs"], "output_dir=/shared/runs"),
-    (["launcher.kubernetes.namespace=My_NS"], "not a Kubernetes name"),
+    (["launcher.kubernetes.namespace=My_NS"], "a Kubernetes name"),
     (["launcher.concurrency_limit=' '"], "prefect gcl create"),
 ])
 def test_bad_launcher_configs_name_the_fix(overrides, fix):
@@ -55,3 +55,105 @@ def test_kubernetes_config_under_the_mount_is_valid():
                                              "launcher.kubernetes.nodes=2", "distributed.nnodes=2",
                                              "launcher.kubernetes.gpus=2", "distributed.nproc_per_node=2"])
     assert config.launcher.nnodes() == 2 and config.launcher.gpus_per_node() == 2
+
+
+# What an attacker would put into a string that reaches sbatch or a manifest: a new script line, a second
+# command, a command substitution in both shell spellings.
+INJECTIONS = ["gpu\n#SBATCH --wrap=id", "gpu\nid", "gpu;id", "gpu$(id)", "gpu`id`"]
+SLURM = {"kind": "slurm"}
+KUBERNETES = {"kind": "kubernetes", "kubernetes": {"image": "registry.example.org/mclpipe:0.1",
+                                                   "volume_claim": "mclpipe-shared"}}
+
+
+def _set(raw: dict, dotted: str, value) -> dict:
+    node = raw
+    *parents, last = dotted.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+    return raw
+
+
+def _launcher_config(launcher: dict, key: str, value):
+    """trifeature_tiny with ``launcher`` and ``key`` (a dotted path from the top) set to ``value``; built as a dict
+    (a YAML --set would drop what follows a newline as a comment)."""
+    import copy
+    raw = load_config("trifeature_tiny", ["output_dir=/shared/runs"]).model_dump(mode="json")
+    raw["launcher"] = copy.deepcopy(launcher)
+    return config_from_dict(_set(raw, key, value))
+
+
+# Every string of the launcher section that is written into the batch script or a manifest, with a valid value.
+SHELL_REACHING = [
+    (SLURM, "launcher.slurm.partition", "gpu", lambda v: v),
+    (SLURM, "launcher.slurm.account", "lab42", lambda v: v),
+    (SLURM, "launcher.slurm.time_limit", "04:00:00", lambda v: v),
+    (SLURM, "launcher.slurm.python", "/shared/venv/bin/python", lambda v: v),
+    (SLURM, "launcher.slurm.extra_sbatch", ["--qos=high"], lambda v: [f"--qos={v}"]),
+    (KUBERNETES, "launcher.kubernetes.image", "registry.example.org/mclpipe:0.1", lambda v: v),
+    (KUBERNETES, "launcher.kubernetes.namespace", "ml", lambda v: v),
+    (KUBERNETES, "launcher.kubernetes.volume_claim", "mclpipe-shared", lambda v: v),
+    (KUBERNETES, "launcher.kubernetes.service_account", "mclpipe-trainer", lambda v: v),
+    (KUBERNETES, "launcher.kubernetes.image_pull_secret", "registry-login", lambda v: v),
+    (KUBERNETES, "launcher.kubernetes.cpu", "8", lambda v: v),
+    (KUBERNETES, "launcher.kubernetes.memory", "64Gi", lambda v: v),
+    (KUBERNETES, "launcher.kubernetes.mount_path", "/shared", lambda v: "/" + v),
+    (KUBERNETES, "launcher.kubernetes.node_selector", {"accelerator": "a100"}, lambda v: {"accelerator": v}),
+    (KUBERNETES, "launcher.kubernetes.node_selector", {"accelerator": "a100"}, lambda v: {v: "a100"}),
+    (SLURM, "output_dir", "/shared/runs", lambda v: "/shared/" + v),
+]
+
+
+@pytest.mark.parametrize("launcher, key, valid, wrap", SHELL_REACHING, ids=lambda p: p if isinstance(p, str) else "")
+def test_shell_reaching_strings_take_a_valid_value(launcher, key, valid, wrap):
+    config = _launcher_config(launcher, key, valid)
+    node = config
+    for part in key.split("."):
+        node = getattr(node, part)
+    assert str(node) == str(valid) if key == "output_dir" else node == valid
+
+
+@pytest.mark.parametrize("injection", INJECTIONS)
+@pytest.mark.parametrize("launcher, key, valid, wrap", SHELL_REACHING, ids=lambda p: p if isinstance(p, str) else "")
+def test_injection_into_a_shell_reaching_string_is_refused_naming_the_key(launcher, key, valid, wrap, injection):
+    with pytest.raises(ConfigError) as raised:
+        _launcher_config(launcher, key, wrap(injection))
+    message = str(raised.value)
+    assert key in message and "\n" not in message.replace("\\n", "")  # one line, naming the key
+
+
+def test_setup_lines_may_be_shell_but_one_line_each():
+    """``setup`` is shell by design (``source venv/bin/activate && ...``): only a new line is refused there; who may
+    set it at all is the deployment's run policy (operator only)."""
+    config = _launcher_config(SLURM, "launcher.slurm.setup", ["module load cuda/12.4; source /shared/venv/bin/activate"])
+    assert config.launcher.slurm.setup == ["module load cuda/12.4; source /shared/venv/bin/activate"]
+    for line in ("module load cuda\nid", "module load cuda\r", "a\x00b"):
+        with pytest.raises(ConfigError, match="launcher.slurm.setup"):
+            _launcher_config(SLURM, "launcher.slurm.setup", [line])
+
+
+@pytest.mark.parametrize("key, value", [
+    ("launcher.slurm.partition", "gpu,debug"), ("launcher.slurm.time_limit", "1-12"),
+    ("launcher.slurm.extra_sbatch", ["--constraint=a100&nvlink", "--gres=gpu:a100:2", "--mail-user=me@lab.org",
+                                     "--exclusive", "-C", "--mem=0"]),
+    ("launcher.kubernetes.image", "localhost:5000/team/mclpipe:0.1@sha256:" + "a" * 64),
+    ("launcher.kubernetes.image", "mclpipe"), ("launcher.kubernetes.cpu", "500m"),
+    ("launcher.kubernetes.volume_claim", "shared.claims.lab"),
+    ("launcher.kubernetes.node_selector", {"cloud.google.com/gke-accelerator": "nvidia-a100-80gb"}),
+])
+def test_what_each_system_accepts_passes(key, value):
+    launcher = SLURM if ".slurm." in key else KUBERNETES
+    _launcher_config(launcher, key, value)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("launcher.slurm.time_limit", "30\n"), ("launcher.kubernetes.namespace", "ml\n"),
+    ("launcher.kubernetes.namespace", "a" * 64), ("launcher.kubernetes.image", "Registry/MCL:0.1"),
+    ("launcher.kubernetes.image", "mclpipe:0.1 --privileged"), ("launcher.kubernetes.mount_path", "/shared/../etc"),
+    ("launcher.kubernetes.memory", "64 GB"), ("launcher.slurm.extra_sbatch", ["--qos=high --wrap=id"]),
+    ("launcher.slurm.extra_sbatch", ["--output='/tmp/x'"]),
+])
+def test_what_each_system_refuses_is_refused(key, value):
+    launcher = SLURM if ".slurm." in key else KUBERNETES
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        _launcher_config(launcher, key, value)

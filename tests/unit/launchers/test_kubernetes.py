@@ -250,3 +250,23 @@ def test_the_schema_check_catches_what_the_api_would_refuse():
     manifest["spec"]["completions"] = "two"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(manifest, SUPPORTED_VERSIONS[-1], strict=True)
+
+
+@pytest.mark.parametrize("injection", ["ml\nid", "ml;id", "ml$(id)", "ml`id`"])
+@pytest.mark.parametrize("field", ["image", "volume_claim", "namespace", "mount_path", "cpu", "memory",
+                                   "service_account", "image_pull_secret", "node_selector key",
+                                   "node_selector value"])
+def test_a_spec_built_around_the_config_is_still_checked(field, injection):
+    """Defence in depth: a KubernetesSpec built by other code than the config (whose validators refuse these
+    first) is checked when it is made; names are RFC 1123, labels and quantities as Kubernetes accepts them."""
+    value = "/" + injection if field == "mount_path" else injection
+    changes = ({"node_selector": ((value, "a100"),)} if field == "node_selector key" else
+               {"node_selector": (("accelerator", value),)} if field == "node_selector value" else {field: value})
+    with pytest.raises(MclpipeError, match="refusing to build the Kubernetes Job: launcher.kubernetes"):
+        KubernetesSpec(**{**SPEC.__dict__, **changes})
+
+
+def test_the_job_name_is_checked_where_the_manifests_are_built():
+    for build in (build_job, build_service):
+        with pytest.raises(MclpipeError, match="the Job's name"):
+            build(name="mclpipe;id", job=JOB, spec=SPEC)

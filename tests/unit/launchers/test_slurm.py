@@ -155,3 +155,32 @@ def test_a_forgotten_job_is_reported(tmp_path):
     handle = JobHandle(kind="slurm", job_id="9", log=LogTail(tmp_path / "log"))
     with pytest.raises(MclpipeError, match="no longer knows job 9"):
         launcher.poll(handle)
+
+
+@pytest.mark.parametrize("injection", ["gpu\n#SBATCH --wrap=id", "gpu\nid", "gpu;id", "gpu$(id)", "gpu`id`"])
+@pytest.mark.parametrize("field", ["partition", "account", "time_limit", "extra_sbatch", "job name", "log path"])
+def test_a_spec_built_around_the_config_still_cannot_add_a_script_line(field, injection):
+    """Defence in depth: a SlurmSpec or JobSpec built by other code than the config (whose validators refuse these
+    first, tests/unit/test_config_launcher.py) is checked again when the script is written."""
+    spec, job = SlurmSpec(nodes=2, partition="gpu"), JOB
+    if field == "extra_sbatch":
+        spec = SlurmSpec(nodes=2, extra_sbatch=(f"--qos={injection}",))
+    elif field == "job name":
+        job = JobSpec(**{**JOB.__dict__, "name": injection})
+    elif field == "log path":
+        job = JobSpec(**{**JOB.__dict__, "stage_dir": Path("/shared") / injection})
+    else:
+        spec = SlurmSpec(nodes=2, **{field: injection})
+    with pytest.raises(MclpipeError, match="refusing to write the batch script: .* is refused"):
+        build_sbatch_script(job=job, spec=spec)
+
+
+def test_setup_lines_and_variables_cannot_add_a_script_line():
+    with pytest.raises(MclpipeError, match="launcher.slurm.setup"):
+        build_sbatch_script(job=JOB, spec=SlurmSpec(nodes=2, setup=("module load cuda\nid",)))
+    with pytest.raises(MclpipeError, match="a job variable"):
+        build_sbatch_script(job=JobSpec(**{**JOB.__dict__, "env": (("X;id", "1"),)}), spec=SlurmSpec(nodes=2))
+    # a variable's value and the interpreter are quoted for the shell: `$(id)` stays text
+    job = JobSpec(**{**JOB.__dict__, "env": (("NCCL_DEBUG", "$(id)"),), "python": "/opt/my python"})
+    script = build_sbatch_script(job=job, spec=SlurmSpec(nodes=2))
+    assert "export NCCL_DEBUG='$(id)'" in script and "'/opt/my python' -m torch.distributed.run" in script
