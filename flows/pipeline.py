@@ -15,6 +15,7 @@ from __future__ import annotations
 from prefect import flow
 
 from flows.pipeline_run import opened_pipeline, pipeline_dir
+from flows.run_parameters import check_run_parameters
 from flows.runner import StepRunner
 from contrastive.modalities.registry import config_union
 from tasks import steps as t
@@ -31,6 +32,7 @@ def mcl_pipeline(config: PipelineConfigs, rerun_from: int | None = None) -> dict
     Finished steps of earlier runs are reused; ``rerun_from=N`` recomputes stage N and later (MCL and control)
     and every evaluation that includes them.
     """
+    check_run_parameters(config)  # a deployment's run may change only what its run_policy allows
     data = t.prepare_data(config=config)
     with opened_pipeline(StepRunner, config=config, data=data, rerun_from=rerun_from) as runner:
         outputs = runner.run_stages()

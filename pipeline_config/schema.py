@@ -17,6 +17,7 @@ from contrastive.engine.task import LoopSpec
 from contrastive.errors import ConfigError
 from contrastive.mcl.steps import KMeansSpec
 from pipeline_config.launcher import LauncherConfig, check_launcher
+from pipeline_config.run_policy import RunPolicyConfig
 
 
 # A field that never changes a result (log cadence, thread count, worker count): left out of content keys.
@@ -237,6 +238,7 @@ class _PipelineBase(_Section):
     launcher: LauncherConfig = Field(LauncherConfig(), **NOT_IN_KEY)  # where stages run, never what they compute
     tracking: TrackingConfig = Field(TrackingConfig(), **NOT_IN_KEY)
     schedule: ScheduleConfig = Field(ScheduleConfig(), **NOT_IN_KEY)
+    run_policy: RunPolicyConfig = Field(RunPolicyConfig(), **NOT_IN_KEY)  # what a deployment's runs may change
     distributed: DistributedConfig = DistributedConfig()
     eval: EvalConfig = EvalConfig()
 

