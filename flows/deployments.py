@@ -2,7 +2,8 @@
 `mclpipe deploy` (a team's Prefect server and work pool).
 
 The flow's parameter is the typed config itself, so the Prefect UI renders it as a form and enforces the schema
-when someone starts a run by hand.
+when someone starts a run by hand. The config stored here is the operator's: a run may change only the keys its
+``run_policy`` lists, which the flow checks before any compute (``flows/run_parameters.py``).
 """
 from __future__ import annotations
 
@@ -33,6 +34,14 @@ def deployment_name(config: _PipelineBase) -> str:
     return config.name
 
 
+def description_of(config: _PipelineBase, config_name: str) -> str:
+    """What the deployment page shows: the config it runs and what a run of it may change."""
+    allowed = ", ".join(config.run_policy.overridable) or "nothing"
+    return (f"{config.pipeline} pipeline from config {config_name!r} (config hash {config.config_hash()}). A run may "
+            f"change only: {allowed} (paths under {', '.join(config.run_policy.path_roots) or 'no root'}); the rest "
+            "is fixed at deploy time (run_policy, docs/ui.md)")
+
+
 def with_config_form(deployment, config: _PipelineBase):
     """``deployment`` with its parameter schema narrowed to ``config``'s own modality: the flow's ``config`` parameter
     is the union of every modality's config (a oneOf with a discriminator), which Prefect's deployment form shows only
@@ -60,7 +69,7 @@ def build_deployments(config_names: list[str] | None = None, overrides: list[str
         deployments.append(with_config_form(mcl_pipeline.to_deployment(
             name=deployment_name(config), parameters={"config": config.model_dump(mode="json")},
             schedules=schedules_of(config), tags=["mclpipe", config.pipeline],
-            description=f"{config.pipeline} pipeline from config {name!r} (config hash {config.config_hash()})"),
+            description=description_of(config, name)),
             config))
     return deployments
 
@@ -90,7 +99,7 @@ def deploy_to_work_pool(*, config_name: str, work_pool: str, image: str | None =
     deployment = flow.to_deployment(
         name=deployment_name(config), work_pool_name=work_pool, parameters={"config": config.model_dump(mode="json")},
         schedules=schedules_of(config), tags=["mclpipe", config.pipeline],
-        description=f"{config.pipeline} pipeline from config {config_name!r} (config hash {config.config_hash()})")
+        description=description_of(config, config_name))
     return str(with_config_form(deployment, config).apply(work_pool_name=work_pool, image=image))
 
 

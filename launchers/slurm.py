@@ -56,6 +56,10 @@ class SlurmSpec:
 def sbatch_directives(*, job: JobSpec, spec: SlurmSpec) -> list[str]:
     """The ``#SBATCH`` lines: one task (a torchrun agent) per node; its log appends, so a requeued job continues
     the same file."""
+    # the paths first, so a path with a space is reported as the path it is (paths with spaces cannot be written)
+    _checked(names.script_path, "the job's log (under output_dir)", str(job.log_path))
+    if job.workdir is not None:
+        _checked(names.script_path, "the flow's working directory (sbatch --chdir)", str(job.workdir))
     options = [f"--job-name={job.name}", f"--nodes={spec.nodes}", "--ntasks-per-node=1"]
     if spec.gpus_per_node:
         options.append(f"--gpus-per-node={spec.gpus_per_node}")

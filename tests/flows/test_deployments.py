@@ -33,6 +33,7 @@ def test_deployments_carry_schedule_and_typed_parameters():
     assert "ClipPipelineConfig" not in stored.parameter_openapi_schema["definitions"]
     assert stored.parameter_openapi_schema["definitions"]["TrainConfig"]["additionalProperties"] is False
     assert stored.schedules and stored.schedules[0].schedule.cron == "0 3 * * *"
+    assert "A run may change only: seed, train.epochs" in stored.description  # what the deployment page says
 
 
 def test_each_deployment_types_its_config_as_its_own_modality():

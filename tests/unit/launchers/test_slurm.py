@@ -175,6 +175,13 @@ def test_a_spec_built_around_the_config_still_cannot_add_a_script_line(field, in
         build_sbatch_script(job=job, spec=spec)
 
 
+def test_a_working_directory_with_a_space_is_named_as_such():
+    job = JobSpec(**{**JOB.__dict__, "workdir": Path("/home/me/my runs")})
+    with pytest.raises(MclpipeError, match=r"the flow's working directory \(sbatch --chdir\)='/home/me/my runs' is "
+                                           "refused: a path of letters"):
+        build_sbatch_script(job=job, spec=SlurmSpec(nodes=2))
+
+
 def test_setup_lines_and_variables_cannot_add_a_script_line():
     with pytest.raises(MclpipeError, match="launcher.slurm.setup"):
         build_sbatch_script(job=JOB, spec=SlurmSpec(nodes=2, setup=("module load cuda\nid",)))
