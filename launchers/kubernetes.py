@@ -47,13 +47,15 @@ class KubernetesSpec:
         """Every string that goes into a manifest, against what Kubernetes accepts (the config checked them
         already; this holds for a spec built any other way)."""
         key = "launcher.kubernetes."
-        checks = [(names.image_reference, "image", self.image), (names.dns_subdomain, "volume_claim", self.volume_claim),
-                  (names.dns_label, "namespace", self.namespace), (names.absolute_path, "mount_path", self.mount_path),
+        checks = [(names.image_reference, "image", self.image),
+                  (names.dns_subdomain, "volume_claim", self.volume_claim),
+                  (names.dns_label, "namespace", self.namespace),
+                  (names.absolute_path, "mount_path", self.mount_path),
                   (names.quantity, "cpu", self.cpu), (names.quantity, "memory", self.memory),
                   (names.dns_subdomain, "service_account", self.service_account),
                   (names.dns_subdomain, "image_pull_secret", self.image_pull_secret)]
-        checks += [check for label, value in self.node_selector
-                   for check in ((names.label_key, "node_selector", label), (names.label_value, "node_selector", value))]
+        for label, value in self.node_selector:
+            checks += [(names.label_key, "node_selector", label), (names.label_value, "node_selector", value)]
         try:
             for check, name, value in checks:
                 if value is not None:

@@ -125,8 +125,9 @@ def test_injection_into_a_shell_reaching_string_is_refused_naming_the_key(launch
 def test_setup_lines_may_be_shell_but_one_line_each():
     """``setup`` is shell by design (``source venv/bin/activate && ...``): only a new line is refused there; who may
     set it at all is the deployment's run policy (operator only)."""
-    config = _launcher_config(SLURM, "launcher.slurm.setup", ["module load cuda/12.4; source /shared/venv/bin/activate"])
-    assert config.launcher.slurm.setup == ["module load cuda/12.4; source /shared/venv/bin/activate"]
+    line = "module load cuda/12.4; source /shared/venv/bin/activate"
+    config = _launcher_config(SLURM, "launcher.slurm.setup", [line])
+    assert config.launcher.slurm.setup == [line]
     for line in ("module load cuda\nid", "module load cuda\r", "a\x00b"):
         with pytest.raises(ConfigError, match="launcher.slurm.setup"):
             _launcher_config(SLURM, "launcher.slurm.setup", [line])
