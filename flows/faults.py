@@ -48,7 +48,7 @@ def prefect_unreachable(exc: BaseException | None) -> bool:
 
 def explain_failure(exc: BaseException, config) -> str | None:
     """The one line for ``exc`` when it is a failure around the run (module docstring), else None."""
-    from contrastive.engine.checkpoint import disk_full_error, is_disk_full
+    from contrastive.engine.files import disk_full_error, is_disk_full
     from flows.shutdown import resume_command
     if config is None:
         return None

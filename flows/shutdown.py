@@ -43,7 +43,7 @@ def keep_exit_codes_on_closed_pipes() -> None:
 
 def _explained(exc: BaseException | None) -> bool:
     """An exception whose message says everything: what the CLI prints as its one line."""
-    from contrastive.engine.checkpoint import is_disk_full
+    from contrastive.engine.files import is_disk_full
     from flows.faults import prefect_unreachable
     return isinstance(exc, (MclpipeError, KeyboardInterrupt)) or (exc is not None and (
         is_disk_full(exc) or prefect_unreachable(exc)))

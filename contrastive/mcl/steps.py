@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from contrastive.embeddings import load_embeddings
-from contrastive.engine.checkpoint import write_json
+from contrastive.engine.files import write_json
 from contrastive.errors import DataError
 from contrastive.integrate import concat_normalized
 from contrastive.mcl.ids import align_labels_to_ids

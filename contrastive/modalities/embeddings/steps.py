@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from contrastive.embeddings import save_embeddings
-from contrastive.engine.checkpoint import save_torch, write_json
+from contrastive.engine.checkpoint import save_torch
+from contrastive.engine.files import write_json
 from contrastive.engine.distributed import device_for, single_process_info
 from contrastive.engine.launch import EXPORT_SUMMARY
 from contrastive.engine.loop import TrainCallback, release_device_memory, train

@@ -11,7 +11,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from contrastive.engine.task import OptimSpec
 from contrastive.methods.hex import HexSettings, hex_key_content
-from contrastive.data.hierarchical import HierarchySpec
+from contrastive.modalities.image.datasets.hierarchical import HierarchySpec
 from contrastive.methods.moco import MocoSettings
 from contrastive.methods.nnclr import NnclrSettings
 from contrastive.methods.vicreg import VicregSettings
@@ -41,7 +41,7 @@ class TrifeatureConfig(_Section):
     num_textures: int = Field(10, ge=2, le=10)
     seed: int = 0
     hierarchy: HierarchySpec | None = Field(None, description="draw the two-level hierarchy instead "
-                                            "(contrastive.data.hierarchical: families sharing texture and close "
+                                            "(contrastive.modalities.image.datasets.hierarchical: families sharing texture and close "
                                             "hues; labels fine / coarse / shape); num_colors/shapes/textures unused")
 
     ADDED_LATER: ClassVar[tuple[str, ...]] = ("hierarchy",)  # counts only when set
@@ -55,7 +55,7 @@ class ImageFolderConfig(_Section):
     decodes each file when it is read (ImageNet scale). ``split_from_folders``: ImageNet's layout
     ``train/<class>/*.JPEG`` + ``val/<class>/*.JPEG``: the split comes from the top folder (train -> train;
     val / validation / test -> test), the class from the folder below it. ``decode_scale``: how JPEGs are decoded
-    (``contrastive.data.image_folder``'s docstring); part of the prepared dataset's key.
+    (``contrastive.modalities.image.datasets.image_folder``'s docstring); part of the prepared dataset's key.
     """
 
     source: Path | None = None
@@ -96,7 +96,7 @@ class ShardsConfig(_Section):
     @field_validator("train_urls", "test_urls")
     @classmethod
     def _local(cls, value):
-        from contrastive.modalities.image_text.data import is_remote
+        from contrastive.data.urls import is_remote
         patterns = [value] if isinstance(value, str) else list(value or [])
         remote = [p for p in patterns for part in p.split("::") if is_remote(part.strip())]
         if remote:

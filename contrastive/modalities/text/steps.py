@@ -14,7 +14,8 @@ import torch
 
 from contrastive.embeddings import ExportBatch, compute_embeddings, export_ranked, rank_share
 from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
-from contrastive.engine.checkpoint import save_torch, write_json
+from contrastive.engine.checkpoint import save_torch
+from contrastive.engine.files import write_json
 from contrastive.engine.distributed import DistInfo, current_info, device_for, per_rank_batch
 from contrastive.engine.loop import TrainCallback, release_device_memory, train
 from contrastive.engine.rng import seed_everything

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from contrastive.modalities.image import steps as stages
-from contrastive.data.cifar_mnist import prepare_cifar_mnist
+from contrastive.modalities.image.datasets.cifar_mnist import prepare_cifar_mnist
 from contrastive.engine.task import LoopSpec, OptimSpec
 from tests.unit.data.test_cifar_mnist import write_cifar, write_mnist
 
