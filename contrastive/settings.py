@@ -1,8 +1,12 @@
-"""The shared part of mclpipe's typed configuration: the section base (unknown keys rejected, ``content()`` for
-content keys), the training-loop, distributed, MCL clustering, evaluation, tracking and schedule sections, and the
-top of every pipeline config. Each modality's own sections and its pipeline config class live in its package
-(``contrastive/modalities/<name>/config.py``) and build on these; ``pipeline_config.loader`` picks the class by the
-config's ``pipeline:`` key through ``contrastive.modalities.registry``.
+"""The typed config sections every modality's pipeline config builds on: the section base (unknown keys rejected,
+``content()`` for content keys), the training-loop, distributed, MCL clustering, evaluation, tracking and schedule
+sections, and the top of every pipeline config (:class:`_PipelineBase`). Each modality's own sections and its
+pipeline config class (``CONFIG``) live in its package (``contrastive/modalities/<name>/config.py``) and build on
+these, so each setting and its rule is defined once.
+
+Where a stage's processes run (the ``launcher`` section) is the one part of a pipeline config the library does not
+define: its types build the launchers, so ``pipeline_config.schema`` adds it to a modality's ``CONFIG``
+(``pipeline_config.schema.config_class``), and the library never imports ``pipeline_config``.
 """
 from __future__ import annotations
 
@@ -16,7 +20,6 @@ from contrastive.data.dataset import params_hash
 from contrastive.engine.task import LoopSpec
 from contrastive.errors import ConfigError
 from contrastive.mcl.steps import KMeansSpec
-from pipeline_config.launcher import LauncherConfig, check_launcher
 
 
 # A field that never changes a result (log cadence, thread count, worker count): left out of content keys.
@@ -177,12 +180,6 @@ class MclConfig(StageClusteringConfig):
     remainder_policy: Literal["partial", "pool", "drop"] = "partial"
     control: bool = Field(True, description="also train the same number of plain SimCLR stages with random "
                                             "batches and concatenate them, to separate MCL's gain from ensembling")
-    inherit: bool = Field(False, description="naive inheritance (paper Table 5): MCL stage j starts from stage "
-                                             "j-1's trained weights instead of a fresh encoder (an ablation)")
-    cumulative_concat: bool = Field(False, description="also evaluate stages 0..j concatenated for every j "
-                                                       "(learning dynamics, paper Fig. 5)")
-
-    ADDED_LATER: ClassVar[tuple[str, ...]] = ("inherit", "cumulative_concat")  # count only when on
 
 
 class EvalConfig(_Section):
@@ -223,6 +220,12 @@ class ScheduleConfig(_Section):
         return self
 
 
+def in_process_only_message(config) -> str:
+    """The one line for a config whose modality runs its stages in the flow's process but asks for more."""
+    return (f"{config.pipeline} stages ({config.IN_PROCESS_ONLY}) run in one process, in the flow's: set "
+            "distributed.nproc_per_node=1, distributed.nnodes=1 and launcher.kind=local")
+
+
 class _PipelineBase(_Section):
     """The top of every modality's pipeline config and its hash: what every pipeline has whatever its data (seed,
     device, where its files, processes and tracking go, its schedule). Subclasses give ``pipeline`` and ``name``
@@ -234,7 +237,6 @@ class _PipelineBase(_Section):
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     output_dir: Path = Field(Path("runs"), **NOT_IN_KEY)
-    launcher: LauncherConfig = Field(LauncherConfig(), **NOT_IN_KEY)  # where stages run, never what they compute
     tracking: TrackingConfig = Field(TrackingConfig(), **NOT_IN_KEY)
     schedule: ScheduleConfig = Field(ScheduleConfig(), **NOT_IN_KEY)
     distributed: DistributedConfig = DistributedConfig()
@@ -244,11 +246,9 @@ class _PipelineBase(_Section):
     IN_PROCESS_ONLY: ClassVar[str | None] = None
 
     @model_validator(mode="after")
-    def _launcher_fits(self) -> "_PipelineBase":
-        if self.IN_PROCESS_ONLY and (self.distributed.world_size() != 1 or self.launcher.kind != "local"):
-            raise ValueError(f"{self.pipeline} stages ({self.IN_PROCESS_ONLY}) run in one process, in the flow's: "
-                             "set distributed.nproc_per_node=1, distributed.nnodes=1 and launcher.kind=local")
-        check_launcher(self)
+    def _one_process(self) -> "_PipelineBase":
+        if self.IN_PROCESS_ONLY and self.distributed.world_size() != 1:
+            raise ValueError(in_process_only_message(self))
         return self
 
     def for_stage(self, stage: int) -> "_PipelineBase":

@@ -26,8 +26,8 @@ from contrastive.methods.parts import (MethodParts, PatchSettings, check_method_
                                        parts_in_use)
 from contrastive.errors import ConfigError
 from contrastive.modalities.image import dataset_config as ds
-from pipeline_config.schema import (NOT_IN_KEY, LoopSettings, MclConfig, _deep_merge,
-                                    _PipelineBase, _Section)
+from contrastive.settings import (NOT_IN_KEY, LoopSettings, MclConfig, _deep_merge,
+                                  _PipelineBase, _Section)
 
 
 class TrifeatureConfig(_Section):
@@ -360,6 +360,17 @@ class TrainConfig(LoopSettings):
                          warmup_fraction=self.warmup_fraction, momentum=self.momentum)
 
 
+class ImageMclConfig(MclConfig):
+    """MCL's settings and the image pipeline's two ablations of the paper."""
+
+    inherit: bool = Field(False, description="naive inheritance (paper Table 5): MCL stage j starts from stage "
+                                             "j-1's trained weights instead of a fresh encoder (an ablation)")
+    cumulative_concat: bool = Field(False, description="also evaluate stages 0..j concatenated for every j "
+                                                       "(learning dynamics, paper Fig. 5)")
+
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("inherit", "cumulative_concat")  # count only when on
+
+
 class ImagePipelineConfig(_PipelineBase):
     """Everything one MCL pipeline needs. ``name``, ``output_dir``, ``tracking`` and ``schedule`` do not change
     results and are left out of the config hash; everything else is in it."""
@@ -371,7 +382,7 @@ class ImagePipelineConfig(_PipelineBase):
     method: MethodConfig = MethodConfig()
     augment: AugmentConfig = AugmentConfig()
     train: TrainConfig = TrainConfig()
-    mcl: MclConfig = MclConfig()
+    mcl: ImageMclConfig = ImageMclConfig()
     stage_overrides: dict[int, dict[str, Any]] = Field(
         default_factory=dict,
         description="per-stage changes to the model, method, augment and train sections, e.g. "
@@ -442,7 +453,7 @@ class ImagePipelineConfig(_PipelineBase):
             return self
         raw = _deep_merge(self.model_dump(mode="json", exclude={"stage_overrides"}), patch)
         try:
-            return ImagePipelineConfig.model_validate(raw)
+            return type(self).model_validate(raw)
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
             raise ValueError(f"stage_overrides.{stage}: {problems}") from None
