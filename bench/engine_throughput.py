@@ -295,7 +295,7 @@ def _workload(*, num_images: int, steps: int, threads: int, reader: str) -> str:
 
 
 def unimodal(*, quick: bool, work: Path) -> list[Result]:
-    from contrastive.data.image_folder import prepare_image_folder
+    from contrastive.modalities.image.datasets.image_folder import prepare_image_folder
 
     num_images = 1_024 if quick else 2_048
     started = time.perf_counter()

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from contrastive.data.dataset import atomic_dataset_dir, write_dataset_files
-from contrastive.data.trifeature import prepare_trifeature
+from contrastive.modalities.image.datasets.trifeature import prepare_trifeature
 from contrastive.methods import build_method
 from contrastive.modalities.image.config import MethodConfig, ModelConfig
 

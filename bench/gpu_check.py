@@ -440,7 +440,7 @@ def input_row(*, device: torch.device, work: Path, workers: tuple[int, ...] = IN
     first of each epoch: the first holds the workers' start-up, a later epoch's first its hand-over), each epoch's
     first window's wait, and the stage's (start-up included)."""
     from bench.image_input import write_jpegs
-    from contrastive.data.image_folder import prepare_image_folder
+    from contrastive.modalities.image.datasets.image_folder import prepare_image_folder
     from contrastive.modalities.image.steps import train_stage
     folder = write_jpegs(work / "input" / "jpegs", num_images=batch * steps)
     dataset_dir = prepare_image_folder(source=folder, root=work / "input" / "data", image_size=image_size,
@@ -562,7 +562,7 @@ def ddp_row(*, work: Path) -> Row:
     import numpy as np
     import torch.multiprocessing as mp
 
-    from contrastive.data.trifeature import prepare_trifeature
+    from contrastive.modalities.image.datasets.trifeature import prepare_trifeature
     from contrastive.modalities.image.steps import load_dataset
     from contrastive.modalities.image_text.data import write_tiny_shards
     row = Row(name="ddp", baseline="1 process with the same global batch (NCCL, global batch norm, gather_with_grad)")

@@ -1,4 +1,4 @@
-"""HEX vs plain on the hierarchical Trifeature data (contrastive.data.hierarchical): a tiny, honest comparison.
+"""HEX vs plain on the hierarchical Trifeature data (contrastive.modalities.image.datasets.hierarchical): a tiny, honest comparison.
 
     .venv/bin/python -m bench.hex_hierarchy --seeds 0 1 2 --epochs 6 --num-train 1024 --num-test 512 \
         --widths 16 32 64 128 --hue-spread 0.015 --variants simclr simclr+hex_authors
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from contrastive.modalities.image.augment import TwoViewAugment
-from contrastive.data.hierarchical import HierarchySpec, generate_hierarchical
+from contrastive.modalities.image.datasets.hierarchical import HierarchySpec, generate_hierarchical
 from contrastive.engine.distributed import DistInfo
 from contrastive.engine.loop import train
 from contrastive.engine.rng import seed_everything

@@ -30,7 +30,7 @@ CHANGES = [
                      "worker's memory holds at most prefetch + 4 segments",
     },
     {
-        "title": "A portrait JPEG's square resampled channels_last too (contrastive/data/image_folder.py "
+        "title": "A portrait JPEG's square resampled channels_last too (contrastive/modalities/image/datasets/image_folder.py "
                  "`_jpeg_square`), 2026-11-26",
         "where": "`load_square_rgb(decode_scale=\"auto\")`, the decoder of every image-file and shard reader",
         "why": "a profile of the workers' decode (bench.image_input's JPEGs, one process) found one `contiguous` "
@@ -92,7 +92,7 @@ CHANGES = [
     },
     {
         "title": "Image files decoded at a reduced DCT scale, workers from the cores "
-                 "(contrastive/data/image_folder.py, contrastive/data/loading.py), 2026-11-25",
+                 "(contrastive/modalities/image/datasets/image_folder.py, contrastive/data/loading.py), 2026-11-25",
         "where": "`load_square_rgb(decode_scale=)`, `BatchReader`, `default_workers`, "
                  "`IndexedImageDataset.decode_rows`",
         "why": "bench.image_input (new, issue 25): 1,024 JPEGs of 500 x 375 to 224 px batches, 1 worker a side: "

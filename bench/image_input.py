@@ -280,7 +280,7 @@ def _timed_epoch(side: Side) -> dict:
 def run(*, quick: bool) -> list[Result]:
     import torch
 
-    from contrastive.data.image_folder import prepare_image_folder
+    from contrastive.modalities.image.datasets.image_folder import prepare_image_folder
     from contrastive.data.loading import default_workers
 
     torch.set_num_threads(1)  # the reading process: its own thread decodes nothing; one thread crops (host row)

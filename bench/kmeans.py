@@ -65,7 +65,7 @@ def minibatch(x: np.ndarray, *, seed: int):
 
 def pipeline_settings(*, every_point: bool) -> dict:
     """The pipeline's k-means keywords for K clusters (its defaults), Euclidean like MiniBatchKMeans."""
-    from pipeline_config.schema import MclConfig
+    from contrastive.settings import MclConfig
 
     config = MclConfig(clusters=K, kmeans_train_points_per_cluster=0 if every_point else
                        MclConfig.model_fields["kmeans_train_points_per_cluster"].default)

@@ -46,7 +46,7 @@ from bench import fixtures  # noqa: E402
 from bench.common import (Result, fmt_bytes, fmt_seconds, interleaved, log, median, module_main)  # noqa: E402
 from contrastive.modalities.image import steps as stages  # noqa: E402
 from flows.runner import RESULT_STORE, run_step  # noqa: E402
-from contrastive.modalities.image.config import ImagePipelineConfig
+from pipeline_config.schema import ImagePipelineConfig
 from tasks import steps as t  # noqa: E402
 
 TARGET_SECONDS = 40.0

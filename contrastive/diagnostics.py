@@ -9,8 +9,8 @@ anything.
       align = E_{(x, x+)} ||f(x) - f(x+)||^2,   uniform = log E_{x, y} exp(-2 ||f(x) - f(y)||^2);
   alignment needs two augmented views of the same samples, so it is computed only when they are given.
 
-Everything takes numpy arrays; :func:`diagnose_stage` reads a stage's directories (dataset, embeddings,
-clusters, model) the way :mod:`contrastive.modalities.image.steps` does.
+Everything takes numpy arrays; a modality that diagnoses its stages reads a stage's directories and calls
+:func:`diagnose_embeddings` (the image modality: :mod:`contrastive.modalities.image.diagnostics`).
 """
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import torch
 from contrastive.plotting import locked_pyplot, save_figure
 
 MIN_GROUP_SIZE = 2
@@ -185,58 +184,3 @@ def plot_similarity_histograms(*, diagnosis: Diagnosis, path: Path, title: str =
         if title:
             fig.suptitle(title, fontsize=9)
         return save_figure(plt, fig, path, dpi=110)
-
-
-# ---------------------------------------------------------------------------------------------------- stage
-@torch.no_grad()
-def embed_two_views(*, encode: Callable[[torch.Tensor], torch.Tensor], images_uint8: torch.Tensor,
-                    augment: Callable, seed: int, batch_size: int, device: torch.device
-                    ) -> tuple[np.ndarray, np.ndarray]:
-    """Embeddings (V, D) of two augmentations of each of V images (uint8 (V, 3, H, W)), for alignment."""
-    generator = torch.Generator().manual_seed(seed)
-    first, second = [], []
-    for start in range(0, len(images_uint8), batch_size):
-        view1, view2 = augment(images_uint8[start:start + batch_size], generator)
-        first.append(encode(view1.to(device)).float().cpu().numpy())
-        second.append(encode(view2.to(device)).float().cpu().numpy())
-    return np.concatenate(first), np.concatenate(second)
-
-
-def diagnose_stage(*, dataset_dir: Path, embeddings_dir: Path, out_dir: Path, clusters_dir: Path | None = None,
-                   model_path: Path | None = None, augment_kwargs: dict | None = None, device: str = "cpu",
-                   num_pairs: int = 20_000, alignment_samples: int = 1_000, seed: int = 0, title: str = "") -> dict:
-    """Diagnostics of one stage's exported embeddings over the train split; groupings = every attribute with
-    labels, plus the stage's k-means clusters when ``clusters_dir`` is given. With ``model_path`` and
-    ``augment_kwargs``, alignment is measured on ``alignment_samples`` images. Writes ``out_dir/metrics.json`` and
-    ``out_dir/similarity.png``; returns {"metrics", "plot"}."""
-    from contrastive.modalities.image.augment import TwoViewAugment
-    from contrastive.mcl.clustering import load_assignments
-    from contrastive.data.loading import load_dataset
-    from contrastive.embeddings import load_embeddings
-    from contrastive.mcl.ids import align_labels_to_ids
-    from contrastive.modalities.image.steps import load_trained_model, write_json
-    from contrastive.engine.distributed import device_for
-
-    dataset = load_dataset(dataset_dir)
-    ids, embeddings = load_embeddings(directory=embeddings_dir)
-    dataset.verify_ids(ids)
-    train = dataset.indices("train")
-    groupings = {name: labels[train] for name, labels in dataset.labels.items() if (labels[train] >= 0).any()}
-    if clusters_dir is not None:
-        cluster_ids, assignments = load_assignments(directory=clusters_dir)
-        groupings["clusters"] = align_labels_to_ids(label_ids=cluster_ids, labels=assignments,
-                                                    dataset_ids=ids[train])
-    views = None
-    if model_path is not None and augment_kwargs is not None:
-        torch_device = device_for(name=device)
-        model = load_trained_model(model_path=model_path, device=torch_device)
-        chosen = np.sort(np.random.default_rng(seed).permutation(len(train))[:alignment_samples])
-        views = embed_two_views(encode=model.embed, images_uint8=dataset.get_batch(train[chosen]),
-                                augment=TwoViewAugment(**augment_kwargs), seed=seed, batch_size=256,
-                                device=torch_device)
-    diagnosis = diagnose_embeddings(embeddings=embeddings[train], groupings=groupings, views=views,
-                                    num_pairs=num_pairs, seed=seed)
-    out_dir = Path(out_dir)
-    plot = plot_similarity_histograms(diagnosis=diagnosis, path=out_dir / "similarity.png", title=title)
-    write_json(out_dir / "metrics.json", diagnosis.metrics)
-    return {"metrics": diagnosis.metrics, "plot": str(plot)}

@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
-from contrastive.engine.checkpoint import atomic_write_bytes, write_json
+from contrastive.engine.files import atomic_write_bytes, write_json
 from contrastive.engine.distributed import DistInfo
 from contrastive.errors import DataError
 

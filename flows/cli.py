@@ -58,7 +58,7 @@ def interrupted(exc: StageInterrupted, config, *, rerun_from: int | None = None,
 
 def fail_disk_full(exc: OSError, config=None) -> None:
     """A full disk met outside the steps (Prefect's result store, a summary): one line naming the directory."""
-    from contrastive.engine.checkpoint import disk_full_error, is_disk_full
+    from contrastive.engine.files import disk_full_error, is_disk_full
     if not is_disk_full(exc):
         raise exc
     where = Path(exc.filename).parent if exc.filename else Path.cwd()
@@ -128,7 +128,7 @@ def run_and_report(make_config, *, rerun_from: int | None) -> None:
         fail(with_continue_command(exc, cfg, rerun_from=rerun_from), cfg)
         return
     except Exception as exc:  # a disk, store or server around the run failed: one line, else the traceback
-        from contrastive.engine.checkpoint import is_disk_full
+        from contrastive.engine.files import is_disk_full
         if isinstance(exc, OSError) and is_disk_full(exc):
             fail_disk_full(exc, cfg)
         from flows.faults import explain_failure

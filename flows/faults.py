@@ -34,22 +34,10 @@ def full_store(config) -> tuple[str, Path] | None:
     return None
 
 
-def prefect_unreachable(exc: BaseException | None) -> bool:
-    """``exc`` (or what it was raised from) is a connection to the Prefect API that failed."""
-    import httpx
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError, ConnectionRefusedError)):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
-
-
 def explain_failure(exc: BaseException, config) -> str | None:
     """The one line for ``exc`` when it is a failure around the run (module docstring), else None."""
-    from contrastive.engine.checkpoint import disk_full_error, is_disk_full
-    from flows.shutdown import resume_command
+    from contrastive.engine.files import disk_full_error, is_disk_full
+    from flows.shutdown import prefect_unreachable, resume_command
     if config is None:
         return None
     full = full_store(config)

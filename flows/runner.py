@@ -35,7 +35,7 @@ from typing import Any
 from prefect import get_run_logger
 from prefect.runtime import flow_run
 
-from contrastive.engine.checkpoint import is_disk_full, step_disk_full_error
+from contrastive.engine.files import is_disk_full, step_disk_full_error
 from contrastive.errors import StageInterrupted
 from flows.locks import step_lock
 from pipeline_config.schema import digest_of

@@ -43,10 +43,21 @@ def keep_exit_codes_on_closed_pipes() -> None:
 
 def _explained(exc: BaseException | None) -> bool:
     """An exception whose message says everything: what the CLI prints as its one line."""
-    from contrastive.engine.checkpoint import is_disk_full
-    from flows.faults import prefect_unreachable
+    from contrastive.engine.files import is_disk_full
     return isinstance(exc, (MclpipeError, KeyboardInterrupt)) or (exc is not None and (
         is_disk_full(exc) or prefect_unreachable(exc)))
+
+
+def prefect_unreachable(exc: BaseException | None) -> bool:
+    """``exc`` (or what it was raised from) is a connection to the Prefect API that failed."""
+    import httpx
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError, ConnectionRefusedError)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 class _WithoutExplainedTracebacks(logging.Formatter):

@@ -11,8 +11,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from contrastive.errors import ConfigError
-from contrastive.modalities.registry import config_class_for
-from pipeline_config.schema import _PipelineBase
+from pipeline_config.schema import _PipelineBase, config_class
 
 PRESETS_PACKAGE = "pipeline_config.presets"
 
@@ -100,7 +99,7 @@ def format_validation_error(exc: ValidationError, schema: type[BaseModel] | None
 
 def config_schema_for(raw: dict) -> type[_PipelineBase]:
     """The schema named by the top-level ``pipeline`` key (mcl, the image modality, by default)."""
-    return config_class_for(raw.get("pipeline", "mcl"))
+    return config_class(raw.get("pipeline", "mcl"))
 
 
 def config_from_dict(raw: dict) -> _PipelineBase:

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from contrastive.modalities.image import steps as stages  # noqa: E402
 from contrastive.modalities.image.augment import TwoViewAugment  # noqa: E402
 from contrastive.data.loading import iter_batches  # noqa: E402
-from contrastive.data.trifeature import prepare_trifeature  # noqa: E402
+from contrastive.modalities.image.datasets.trifeature import prepare_trifeature  # noqa: E402
 from contrastive.engine.task import LoopSpec, OptimSpec  # noqa: E402
 from contrastive.mcl import steps  # noqa: E402
 

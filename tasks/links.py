@@ -18,7 +18,7 @@ from prefect import task
 from prefect.artifacts import create_link_artifact, create_table_artifact
 from prefect.runtime import flow_run
 
-from contrastive.engine.checkpoint import write_json
+from contrastive.engine.files import write_json
 from pipeline_config.schema import _PipelineBase
 from tasks.steps import modality_of, tracker_for
 from tasks.records import ExportRecord, TrainRecord

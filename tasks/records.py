@@ -8,7 +8,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from contrastive.engine.checkpoint import write_json
+from contrastive.engine.files import write_json
 
 RECORD = "record.json"
 

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.context import TaskRunContext
 
-from contrastive.engine.checkpoint import is_disk_full, step_disk_full_error, write_json
+from contrastive.engine.files import is_disk_full, step_disk_full_error, write_json
 from contrastive.engine.device import check_faiss, check_gpus_usable
 from contrastive.engine.launch import ENCODE_SUMMARY, EXPORT_SUMMARY
 from contrastive.evaluate import plot_cluster_sizes

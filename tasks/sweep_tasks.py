@@ -8,7 +8,7 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
 from contrastive import sweep
-from contrastive.engine.checkpoint import write_json
+from contrastive.engine.files import write_json
 from pipeline_config.schema import _PipelineBase
 from tasks.steps import tracker_for
 

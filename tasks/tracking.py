@@ -27,7 +27,7 @@ import mlflow.pyfunc
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from contrastive.engine.checkpoint import atomic_write_bytes, disk_full_error, is_disk_full
+from contrastive.engine.files import atomic_write_bytes, disk_full_error, is_disk_full
 from contrastive.errors import MclpipeError
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@
 
 Its size grows with the number of ids (O(N) bytes), not with the pixels. :class:`ImageFileDataset` opens it and
 decodes each file with the same function the "memory" storage uses when it fills ``images.npy``
-(:func:`contrastive.data.image_folder.load_square_rgb`: EXIF rotation, RGB, the centre square of side
+(:func:`contrastive.data.image_decode.load_square_rgb`: EXIF rotation, RGB, the centre square of side
 min(width, height) resampled to ``image_size`` x ``image_size``, i.e. the shorter side resized to ``image_size``
 and centre-cropped, in one bicubic resampling), so both storages give the same pixels for the same folder.
 
@@ -35,7 +35,7 @@ import torch
 
 from contrastive.data.dataset import (INDEX_FILE, LABEL_PREFIX, MANIFEST_FILE, ImageArrayDataset, SampleIndex,
                                       _as_index_array, _manifest_fields_ok, load_arrays, read_manifest)
-from contrastive.data.image_folder import decode_scale_of, file_index_digest, load_square_rgb
+from contrastive.data.image_decode import decode_scale_of, file_index_digest, load_square_rgb
 from contrastive.data.skips import SkipCounter
 from contrastive.data.workers import result_tensor
 from contrastive.errors import DataError
@@ -145,7 +145,7 @@ class IndexedImageDataset(SampleIndex):
 
     @property
     def decode_scale(self) -> str:
-        """How JPEGs are decoded ("full" or "auto", :func:`contrastive.data.image_folder.load_square_rgb`): as
+        """How JPEGs are decoded ("full" or "auto", :func:`contrastive.data.image_decode.load_square_rgb`): as
         the dataset was prepared."""
         return decode_scale_of(self.manifest.get("params", {}))
 

@@ -20,7 +20,7 @@ value is an integer, else in text order; a sample without the value is -1.
 
 :class:`ShardDataset` reads row r with one ``pread`` of the recorded byte range (O(1), no scan of the tar, no copy
 of the shard: ``wids.ShardListDataset`` would index every tar's headers again in every worker and copy local
-shards into its cache) and decodes it with the image-folder rule (:func:`contrastive.data.image_folder.
+shards into its cache) and decodes it with the image-folder rule (:func:`contrastive.modalities.image.datasets.image_folder.
 load_square_rgb`: EXIF rotation, RGB, centre square resized to ``image_size``), so an image gives the same pixels
 whether it sits in a folder or in a shard. A broken member decodes to None and is skipped and counted by
 :func:`contrastive.data.loading.iter_batches` like an unreadable file. Tar files are opened lazily in each process
@@ -50,11 +50,11 @@ from typing import Any
 import numpy as np
 from webdataset.tariterators import base_plus_ext
 
-from contrastive.modalities.image_text.data import IMAGE_EXTENSIONS, expand_urls, is_remote
 from contrastive.data.dataset import (INDEX_FILE, MANIFEST_FILE, _array_bytes_for_digest, _build_index,
                                       _write_json_atomic, atomic_dataset_dir, is_index_prepared, params_hash)
 from contrastive.data.image_files import DEFAULT_MAX_SKIP_FRACTION, IndexedImageDataset
 from contrastive.data.skips import SkipCounter
+from contrastive.data.urls import SHARD_IMAGE_EXTENSIONS, expand_urls, is_remote
 from contrastive.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ class _Sample:
     json: bytes | None = None
 
     def image(self) -> tuple[int, int] | None:
-        return next((self.images[e] for e in IMAGE_EXTENSIONS if e in self.images), None)
+        return next((self.images[e] for e in SHARD_IMAGE_EXTENSIONS if e in self.images), None)
 
 
 @dataclass
@@ -159,7 +159,7 @@ def _scan_shard(path: Path, *, label_fields: Sequence[str], counter: SkipCounter
         location = sample.image()
         if location is None:
             counter.skip(reason=NO_IMAGE, key=sample.key, url=str(path),
-                         detail=f"no {'/'.join(IMAGE_EXTENSIONS)} member; not indexed")
+                         detail=f"no {'/'.join(SHARD_IMAGE_EXTENSIONS)} member; not indexed")
             return
         payload: dict = {}
         if sample.json is not None and label_fields:
@@ -196,7 +196,7 @@ def _scan_shard(path: Path, *, label_fields: Sequence[str], counter: SkipCounter
                 if current is None or prefix != current.key:
                     flush(current)
                     current = _Sample(key=prefix)
-                if ext in IMAGE_EXTENSIONS:
+                if ext in SHARD_IMAGE_EXTENSIONS:
                     current.images.setdefault(ext, (int(member.offset_data), int(member.size)))
                 elif ext == CLASS_MEMBER:
                     current.cls = tar.extractfile(member).read()
@@ -334,7 +334,7 @@ def _write_shard_index(tmp: Path, *, shards: list[Path], num_train_shards: int, 
         shard_of += [i] * len(result.keys)
     if "train" not in split:
         raise DataError(f"no sample of the {num_train_shards} training shards (e.g. {shards[0]}) has an image "
-                        f"member ({', '.join(IMAGE_EXTENSIONS)}): are these image shards? Fix data.shards.train_urls")
+                        f"member ({', '.join(SHARD_IMAGE_EXTENSIONS)}): are these image shards? Fix data.shards.train_urls")
     bad_json = sum(r.bad_json for r in scanned)
     if bad_json:
         log.warning("%d sample(s) have a json member that is not a JSON object: their %s labels are unknown (-1)",

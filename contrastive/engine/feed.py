@@ -2,7 +2,7 @@
 mount, a dead decode worker) ends the stage with a message instead of hanging it in silence, a known failure of
 the peers' loaders (open_clip issues #1016, #681, #899).
 
-The source's iterator runs on a background thread (``contrastive.data.prefetch.prefetched``) that hands batches
+The source's iterator runs on a background thread (``contrastive.engine.prefetch.prefetched``) that hands batches
 over through a short queue; the loop waits at most ``seconds`` for each (``first_seconds`` for an epoch's first:
 workers start, shards are listed). Order and content are the source's own; only where it runs changes (sources
 draw randomness from keyed generators, never from the global RNG the training step draws from).
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator, TypeVar
 
-from contrastive.data.prefetch import prefetched
+from contrastive.engine.prefetch import prefetched
 from contrastive.errors import DataError
 
 T = TypeVar("T")

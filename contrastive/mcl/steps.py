@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
+import torch
 
 from contrastive.embeddings import load_embeddings
-from contrastive.engine.checkpoint import write_json
+from contrastive.engine.distributed import DistInfo, per_rank_batch
+from contrastive.engine.files import write_json
+from contrastive.engine.rng import seed_everything
 from contrastive.errors import DataError
 from contrastive.integrate import concat_normalized
 from contrastive.mcl.ids import align_labels_to_ids
@@ -137,3 +140,29 @@ def stage_sampler(*, dataset, pseudo_labels_path: Path | str | None, batch_size:
     sampler = ClusterBatchSampler(groups=groups, num_samples=len(train_ids), batch_size=batch_size, seed=seed,
                                   world_size=world_size, rank=rank, remainder_policy=remainder_policy)
     return StagePlan(train_rows=train_rows, sampler=sampler, groups=groups)
+
+
+class StageStart(NamedTuple):
+    """What a training stage over a prepared dataset starts from (:func:`start_stage`)."""
+    stage_dir: Path
+    dataset: Any
+    batch: int  # this rank's share of the global batch
+    plan: StagePlan
+
+
+def start_stage(spec, *, info: DistInfo, open_dataset: Callable[[str], Any]) -> StageStart:
+    """The start every modality's stage over a dataset shares: torch's CPU threads (``spec.threads``, 0 = torch's
+    default), the dataset at ``spec.dataset_dir`` (opened by ``open_dataset``), this rank's share of the global
+    ``spec.batch_size``, the stage's batch plan (cluster-pure with ``spec.pseudo_labels_path``) and every RNG seeded
+    with ``spec.seed``, last, so the model the caller builds next starts from the same weights on every rank.
+
+    ``spec``: a ``StageSpec`` with ``dataset_dir``, ``pseudo_labels_path``, ``batch_size`` and ``remainder_policy``.
+    """
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    dataset = open_dataset(spec.dataset_dir)
+    batch = per_rank_batch(global_batch_size=spec.batch_size, world_size=info.world_size)
+    plan = stage_sampler(dataset=dataset, pseudo_labels_path=spec.pseudo_labels_path, batch_size=batch, seed=spec.seed,
+                         remainder_policy=spec.remainder_policy, world_size=info.world_size, rank=info.rank)
+    seed_everything(spec.seed)
+    return StageStart(stage_dir=Path(spec.stage_dir), dataset=dataset, batch=batch, plan=plan)

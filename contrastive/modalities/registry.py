@@ -36,13 +36,3 @@ def modality_for(pipeline: str) -> Modality:
 def config_class_for(pipeline: str) -> type:
     """The pipeline config class (pydantic) of ``pipeline: <key>``."""
     return import_module(f"contrastive.modalities.{_package(pipeline)}.config").CONFIG
-
-
-def config_union():
-    """Every modality's pipeline config as one type, told apart by ``pipeline``: what the one pipeline flow
-    takes, so Prefect validates a deployment's parameters against the right class (and its UI shows the form)."""
-    from typing import Annotated, Union
-
-    from pydantic import Field
-    classes = tuple(config_class_for(key) for key in PACKAGES)
-    return Annotated[Union[classes], Field(discriminator="pipeline")]

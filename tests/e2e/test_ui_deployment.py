@@ -10,7 +10,7 @@ screenshots go to $MCLPIPE_UI_SCREENSHOTS (`make ui-check`) or the test's tmp di
 import pytest
 from mlflow.tracking import MlflowClient
 
-from contrastive.modalities.image.config import ImagePipelineConfig
+from pipeline_config.schema import ImagePipelineConfig
 from tasks.tracking import TRAINING_VIEW
 from tests.e2e.test_ui_browser import WAIT_MS, open_page
 from tests.e2e.worker import PIPELINE, api, flow_run

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import torch
 
-from contrastive.data.trifeature import prepare_trifeature
+from contrastive.modalities.image.datasets.trifeature import prepare_trifeature
 
 
 def tiny_trifeature(root: Path) -> Path:

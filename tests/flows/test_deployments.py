@@ -6,7 +6,7 @@ import pytest
 from prefect.client.orchestration import get_client
 
 from flows.deployments import build_deployments
-from contrastive.modalities.image.config import ImagePipelineConfig
+from pipeline_config.schema import ImagePipelineConfig
 
 
 def test_deployments_carry_schedule_and_typed_parameters():

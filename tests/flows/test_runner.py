@@ -3,7 +3,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from flows.runner import StageRun, StepRunner
-from contrastive.modalities.image.config import ImagePipelineConfig
+from pipeline_config.schema import ImagePipelineConfig
 from tasks.steps import tracker_for
 
 

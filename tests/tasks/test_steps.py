@@ -1,6 +1,5 @@
 """Pure helpers of tasks/steps.py (no Prefect run needed)."""
-from contrastive.modalities.image_text.config import ClipPipelineConfig
-from contrastive.modalities.image.config import ImagePipelineConfig
+from pipeline_config.schema import ClipPipelineConfig, ImagePipelineConfig
 from tasks.steps import stage_seed
 
 

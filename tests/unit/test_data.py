@@ -11,10 +11,12 @@ import pytest
 import torch
 from PIL import Image
 
-from contrastive.data import (COLOR_NAMES, COLOR_PALETTE, SHAPE_NAMES, TEXTURE_NAMES, ImageArrayDataset,
-                              generate_trifeature, prepare_image_folder, prepare_trifeature)
+from contrastive.data import ImageArrayDataset
 from contrastive.data import dataset as dataset_module
-from contrastive.data import trifeature as trifeature_module
+from contrastive.modalities.image.datasets import trifeature as trifeature_module
+from contrastive.modalities.image.datasets.image_folder import prepare_image_folder
+from contrastive.modalities.image.datasets.trifeature import (COLOR_NAMES, COLOR_PALETTE, SHAPE_NAMES, TEXTURE_NAMES,
+                                                              generate_trifeature, prepare_trifeature)
 from contrastive.errors import ConfigError, DataError
 
 N_TRAIN, N_TEST = 900, 300
@@ -350,7 +352,7 @@ def test_image_folder_missing_source_and_no_images(tmp_path):
 
 def test_library_does_not_import_orchestration():
     import contrastive.data.dataset as d
-    import contrastive.data.image_folder as f
+    import contrastive.modalities.image.datasets.image_folder as f
     for module in (d, f, trifeature_module, dataset_module):
         source = open(module.__file__).read()
         assert "import prefect" not in source and "import mlflow" not in source

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from contrastive import diagnostics as d
+from contrastive.modalities.image.diagnostics import diagnose_stage
 
 
 def test_pair_samplers_respect_groups():
@@ -52,7 +53,7 @@ def test_diagnose_separated_groups_and_plot(tmp_path):
 def test_diagnose_stage_reads_a_stage(tmp_path):
     from contrastive.mcl.clustering import KMeansResult, save_clusters
     from contrastive.data.dataset import ImageArrayDataset
-    from contrastive.data.trifeature import prepare_trifeature
+    from contrastive.modalities.image.datasets.trifeature import prepare_trifeature
     from contrastive.embeddings import save_embeddings
     from contrastive.methods import build_method
 
@@ -72,7 +73,7 @@ def test_diagnose_stage_reads_a_stage(tmp_path):
     save_clusters(result=KMeansResult(assignments=assignments, centroids=np.zeros((3, 8), np.float32),
                                       sizes=np.bincount(assignments), inertia=0.0, k=3, seed=0),
                   ids=dataset.ids[train], directory=tmp_path / "clusters")
-    result = d.diagnose_stage(dataset_dir=dataset_dir, embeddings_dir=tmp_path / "emb", out_dir=tmp_path / "out",
+    result = diagnose_stage(dataset_dir=dataset_dir, embeddings_dir=tmp_path / "emb", out_dir=tmp_path / "out",
                               clusters_dir=tmp_path / "clusters", model_path=tmp_path / "model.pt",
                               augment_kwargs=dict(crop_scale=(0.3, 1.0), crop_ratio=(0.75, 1.33), hflip=False,
                                                   color_jitter=0.0), num_pairs=500, alignment_samples=20)

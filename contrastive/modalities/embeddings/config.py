@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 
 from contrastive.engine.task import OptimSpec
 from contrastive.errors import ConfigError
-from pipeline_config.schema import NOT_IN_KEY, LoopSettings, MclConfig, _PipelineBase, _Section
+from contrastive.settings import NOT_IN_KEY, LoopSettings, MclConfig, _PipelineBase, _Section
 
 
 class SyntheticFeaturesConfig(_Section):

@@ -12,15 +12,15 @@ import numpy as np
 import torch
 
 from contrastive.embeddings import save_embeddings
-from contrastive.engine.checkpoint import save_torch, write_json
+from contrastive.engine.checkpoint import save_torch
+from contrastive.engine.files import write_json
 from contrastive.engine.distributed import device_for, single_process_info
 from contrastive.engine.launch import EXPORT_SUMMARY
 from contrastive.engine.loop import TrainCallback, release_device_memory, train
-from contrastive.engine.rng import seed_everything
 from contrastive.engine.task import StageSpec
 from contrastive.errors import DataError
 from contrastive.integrate import concat_normalized
-from contrastive.mcl.steps import stage_sampler
+from contrastive.mcl.steps import start_stage
 from contrastive.modalities.embeddings.adapter import FeatureBatchSource, FeatureSimCLR, FeatureViewTask
 from contrastive.modalities.embeddings.data import load_feature_dataset
 
@@ -49,19 +49,15 @@ def train_feature_stage(spec: FeatureStageSpec, *, callbacks: list[TrainCallback
                         stop_after_steps: int | None = None) -> dict:
     """Train a FRESH MLP encoder for one stage; writes ``checkpoints/last.pt`` (resumable), ``model/model.pt`` and
     ``train_summary.json`` into ``spec.stage_dir``."""
-    dataset = load_feature_dataset(spec.dataset_dir)
     info = single_process_info(threads=spec.threads, what="embeddings")
-    plan = stage_sampler(dataset=dataset, pseudo_labels_path=spec.pseudo_labels_path, batch_size=spec.batch_size,
-                         seed=spec.seed, remainder_policy=spec.remainder_policy)
+    stage_dir, dataset, _, plan = start_stage(spec, info=info, open_dataset=load_feature_dataset)
     features = np.asarray(dataset.features[plan.train_rows], dtype=np.float32)
-    seed_everything(spec.seed)
     model = build_model(in_dim=dataset.dim, encoder=spec.encoder, temperature=spec.views["temperature"])
     if spec.init_model_path is not None:  # a resume's checkpoint still wins: the engine loads it over these
         model.load_state_dict(torch.load(spec.init_model_path, map_location="cpu", weights_only=True)["state_dict"])
     task = FeatureViewTask(model=model, feature_std=features.std(axis=0),
                            feature_dropout=spec.views["feature_dropout"], noise=spec.views["noise"], seed=spec.seed)
     torch_device = device_for(name=spec.device, info=info)
-    stage_dir = Path(spec.stage_dir)
     result = train(task=task, source=FeatureBatchSource(sampler=plan.sampler, features=features,
                                                         ids=dataset.ids[plan.train_rows]),
                    optim=spec.optim, loop=spec.loop, device=torch_device,

@@ -3,7 +3,7 @@
 A batch plan (``contrastive.mcl.sampler.ClusterBatchSampler``: cluster-pure batches for MCL stages >= 1, random
 batches otherwise) gives this rank its rows of every global batch; the images are read as uint8 (from the
 in-memory array, or decoded from files in DataLoader workers) and augmented: on a GPU in the training step, on
-the CPU by a background thread a batch or two ahead of it (``contrastive.data.prefetch``), so the augmentation
+the CPU by a background thread a batch or two ahead of it (``contrastive.engine.prefetch``), so the augmentation
 overlaps the step on another core. Every random draw of the augmentation is made for the GLOBAL batch and the
 rank applies its own rows, so W ranks reproduce the crops of one process on the whole batch; the draws come from a
 generator keyed by (seed, epoch, batch index), so they do not depend on when or on which thread they are made, and
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from contrastive.data.prefetch import prefetched
+from contrastive.engine.prefetch import prefetched
 from contrastive.engine.distributed import DistInfo
 from contrastive.engine.task import StageTask
 from contrastive.methods.base import step_input

@@ -11,7 +11,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from contrastive.engine.task import OptimSpec
 from contrastive.methods.hex import HexSettings, hex_key_content
-from contrastive.data.hierarchical import HierarchySpec
+from contrastive.modalities.image.datasets.hierarchical import HierarchySpec
 from contrastive.methods.moco import MocoSettings
 from contrastive.methods.nnclr import NnclrSettings
 from contrastive.methods.vicreg import VicregSettings
@@ -26,8 +26,8 @@ from contrastive.methods.parts import (MethodParts, PatchSettings, check_method_
                                        parts_in_use)
 from contrastive.errors import ConfigError
 from contrastive.modalities.image import dataset_config as ds
-from pipeline_config.schema import (NOT_IN_KEY, LoopSettings, MclConfig, _deep_merge,
-                                    _PipelineBase, _Section)
+from contrastive.settings import (NOT_IN_KEY, LoopSettings, MclConfig, _deep_merge,
+                                  _PipelineBase, _Section)
 
 
 class TrifeatureConfig(_Section):
@@ -41,7 +41,7 @@ class TrifeatureConfig(_Section):
     num_textures: int = Field(10, ge=2, le=10)
     seed: int = 0
     hierarchy: HierarchySpec | None = Field(None, description="draw the two-level hierarchy instead "
-                                            "(contrastive.data.hierarchical: families sharing texture and close "
+                                            "(contrastive.modalities.image.datasets.hierarchical: families sharing texture and close "
                                             "hues; labels fine / coarse / shape); num_colors/shapes/textures unused")
 
     ADDED_LATER: ClassVar[tuple[str, ...]] = ("hierarchy",)  # counts only when set
@@ -55,7 +55,7 @@ class ImageFolderConfig(_Section):
     decodes each file when it is read (ImageNet scale). ``split_from_folders``: ImageNet's layout
     ``train/<class>/*.JPEG`` + ``val/<class>/*.JPEG``: the split comes from the top folder (train -> train;
     val / validation / test -> test), the class from the folder below it. ``decode_scale``: how JPEGs are decoded
-    (``contrastive.data.image_folder``'s docstring); part of the prepared dataset's key.
+    (``contrastive.modalities.image.datasets.image_folder``'s docstring); part of the prepared dataset's key.
     """
 
     source: Path | None = None
@@ -96,7 +96,7 @@ class ShardsConfig(_Section):
     @field_validator("train_urls", "test_urls")
     @classmethod
     def _local(cls, value):
-        from contrastive.modalities.image_text.data import is_remote
+        from contrastive.data.urls import is_remote
         patterns = [value] if isinstance(value, str) else list(value or [])
         remote = [p for p in patterns for part in p.split("::") if is_remote(part.strip())]
         if remote:
@@ -360,6 +360,17 @@ class TrainConfig(LoopSettings):
                          warmup_fraction=self.warmup_fraction, momentum=self.momentum)
 
 
+class ImageMclConfig(MclConfig):
+    """MCL's settings and the image pipeline's two ablations of the paper."""
+
+    inherit: bool = Field(False, description="naive inheritance (paper Table 5): MCL stage j starts from stage "
+                                             "j-1's trained weights instead of a fresh encoder (an ablation)")
+    cumulative_concat: bool = Field(False, description="also evaluate stages 0..j concatenated for every j "
+                                                       "(learning dynamics, paper Fig. 5)")
+
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("inherit", "cumulative_concat")  # count only when on
+
+
 class ImagePipelineConfig(_PipelineBase):
     """Everything one MCL pipeline needs. ``name``, ``output_dir``, ``tracking`` and ``schedule`` do not change
     results and are left out of the config hash; everything else is in it."""
@@ -371,7 +382,7 @@ class ImagePipelineConfig(_PipelineBase):
     method: MethodConfig = MethodConfig()
     augment: AugmentConfig = AugmentConfig()
     train: TrainConfig = TrainConfig()
-    mcl: MclConfig = MclConfig()
+    mcl: ImageMclConfig = ImageMclConfig()
     stage_overrides: dict[int, dict[str, Any]] = Field(
         default_factory=dict,
         description="per-stage changes to the model, method, augment and train sections, e.g. "
@@ -442,7 +453,7 @@ class ImagePipelineConfig(_PipelineBase):
             return self
         raw = _deep_merge(self.model_dump(mode="json", exclude={"stage_overrides"}), patch)
         try:
-            return ImagePipelineConfig.model_validate(raw)
+            return type(self).model_validate(raw)
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
             raise ValueError(f"stage_overrides.{stage}: {problems}") from None

@@ -106,24 +106,24 @@ def preflight_paths(kind: str, section: _Dataset) -> None:
 def prepare(kind: str, section: _Dataset, *, cache_dir: Path) -> Path:
     """Prepare (or find) the dataset of ``kind`` under ``cache_dir``; returns its directory."""
     if kind == "cifar_mnist":
-        from contrastive.data.cifar_mnist import prepare_cifar_mnist
+        from contrastive.modalities.image.datasets.cifar_mnist import prepare_cifar_mnist
         return prepare_cifar_mnist(cifar_root=section.cifar_root, mnist_root=section.mnist_root, root=cache_dir,
                                    num_train=section.num_train, num_test=section.num_test, seed=section.seed)
     if kind == "celeba":
-        from contrastive.data.celeba import prepare_celeba
+        from contrastive.modalities.image.datasets.celeba import prepare_celeba
         return prepare_celeba(source=section.root, root=cache_dir, image_size=section.image_size,
                               attributes=section.attributes, resample=section.resample,
                               max_per_combination=section.max_per_combination, seed=section.seed)
     if kind == "stl10":
-        from contrastive.data.stl10 import prepare_stl10
+        from contrastive.modalities.image.datasets.stl10 import prepare_stl10
         return prepare_stl10(source=section.root, root=cache_dir, use_unlabeled=section.use_unlabeled,
                              max_unlabeled=section.max_unlabeled)
     if kind == "imagenet":
-        from contrastive.data.imagenet import prepare_imagenet
+        from contrastive.modalities.image.datasets.imagenet import prepare_imagenet
         return prepare_imagenet(source=section.root, root=cache_dir, image_size=section.image_size,
                                 class_list=section.class_list)
     if kind == "trifeature_paper":
-        from contrastive.data.trifeature_paper import prepare_trifeature_paper
+        from contrastive.modalities.image.datasets.trifeature_paper import prepare_trifeature_paper
         return prepare_trifeature_paper(root=cache_dir, per_combination=section.per_combination,
                                         test_per_combination=section.test_per_combination,
                                         image_size=section.image_size, seed=section.seed)

@@ -94,7 +94,7 @@ class ImageModality(Modality):
 
     def diagnose(self, config, *, stage: int, model_path: str, embeddings_dir: str, clusters_dir: str | None,
                  data: dict, out_dir: str, title: str) -> dict:
-        from contrastive.diagnostics import diagnose_stage
+        from contrastive.modalities.image.diagnostics import diagnose_stage
         return diagnose_stage(dataset_dir=data["dir"], embeddings_dir=embeddings_dir, out_dir=Path(out_dir),
                               clusters_dir=clusters_dir, model_path=model_path,
                               augment_kwargs=config.for_stage(stage).augment.model_dump(), device=config.device,
@@ -140,12 +140,12 @@ def prepare_image_data(data) -> Path:
     """Write (or find) the dataset of ``data`` (the config's data section) in the cache; returns its directory."""
     from contrastive.modalities.image import dataset_config
     if data.kind == "trifeature" and data.trifeature.hierarchy is not None:  # families for HEX (docs/hex.md)
-        from contrastive.data.hierarchical import prepare_hierarchical
+        from contrastive.modalities.image.datasets.hierarchical import prepare_hierarchical
         t = data.trifeature
         return prepare_hierarchical(root=data.cache_dir, num_train=t.num_train, num_test=t.num_test,
                                     spec=t.hierarchy, image_size=t.image_size, seed=t.seed)
     if data.kind == "trifeature":
-        from contrastive.data.trifeature import prepare_trifeature
+        from contrastive.modalities.image.datasets.trifeature import prepare_trifeature
         t = data.trifeature
         return prepare_trifeature(root=data.cache_dir, num_train=t.num_train, num_test=t.num_test,
                                   image_size=t.image_size, num_colors=t.num_colors, num_shapes=t.num_shapes,
@@ -158,7 +158,7 @@ def prepare_image_data(data) -> Path:
                               max_skip_fraction=s.max_skip_fraction)
     if data.kind in dataset_config.KINDS:  # CIFAR-MNIST, CelebA, STL-10, ImageNet, balanced Trifeature
         return dataset_config.prepare(data.kind, getattr(data, data.kind), cache_dir=data.cache_dir)
-    from contrastive.data.image_folder import prepare_image_folder
+    from contrastive.modalities.image.datasets.image_folder import prepare_image_folder
     f = data.image_folder
     return prepare_image_folder(source=f.source, root=data.cache_dir, image_size=f.image_size,
                                 labels_csv=f.labels_csv, test_fraction=f.test_fraction, seed=f.seed,

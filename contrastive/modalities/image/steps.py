@@ -17,14 +17,14 @@ from contrastive.modalities.image.augment import TwoViewAugment
 from contrastive.data.loading import BatchReader, iter_batches, load_dataset, resolve_workers
 from contrastive.embeddings import ExportBatch, compute_embeddings, export_ranked, rank_share
 from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
-from contrastive.engine.checkpoint import save_torch, write_json
-from contrastive.engine.distributed import DistInfo, current_info, device_for, per_rank_batch
+from contrastive.engine.checkpoint import save_torch
+from contrastive.engine.files import write_json
+from contrastive.engine.distributed import DistInfo, current_info, device_for
 from contrastive.engine.loop import TrainCallback, release_device_memory, train
-from contrastive.engine.rng import seed_everything
 from contrastive.engine.task import StageSpec
 from contrastive.errors import DataError
 from contrastive.integrate import concat_normalized
-from contrastive.mcl.steps import stage_sampler
+from contrastive.mcl.steps import start_stage
 from contrastive.methods import build_method
 from contrastive.modalities.image.adapter import ImageBatchSource, ImageContrastiveTask
 
@@ -60,15 +60,8 @@ def train_stage(spec: ImageStageSpec, *, info: DistInfo | None = None, callbacks
     (resumable), ``stage_dir/model/model.pt`` and ``train_summary.json``.
     """
     info = info or current_info()
-    if spec.threads:
-        torch.set_num_threads(spec.threads)
-    stage_dir = Path(spec.stage_dir)
-    dataset = load_dataset(spec.dataset_dir)
-    batch = per_rank_batch(global_batch_size=spec.batch_size, world_size=info.world_size)
-    train_indices, sampler, groups = stage_sampler(
-        dataset=dataset, pseudo_labels_path=spec.pseudo_labels_path, batch_size=batch, seed=spec.seed,
-        remainder_policy=spec.remainder_policy, world_size=info.world_size, rank=info.rank)
-    seed_everything(spec.seed)
+    stage_dir, dataset, batch, (train_indices, sampler, groups) = start_stage(spec, info=info,
+                                                                              open_dataset=load_dataset)
     method = build_method(model_kwargs=spec.model, method_kwargs=spec.method)
     if spec.init_model_path is not None:  # a resume's checkpoint still wins: the engine loads it over these
         method.load_state_dict(torch.load(spec.init_model_path, map_location="cpu", weights_only=False)["state_dict"])

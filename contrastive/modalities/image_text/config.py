@@ -10,8 +10,8 @@ from pydantic import Field, model_validator
 
 from contrastive.engine.task import OptimSpec
 from contrastive.errors import ConfigError
-from pipeline_config.schema import (NOT_IN_KEY, DistributedConfig, LoopSettings, StageClusteringConfig, _PipelineBase,
-                                    _Section)
+from contrastive.settings import (NOT_IN_KEY, DistributedConfig, LoopSettings, StageClusteringConfig, _PipelineBase,
+                                  _Section)
 
 
 class ClipSyntheticConfig(_Section):

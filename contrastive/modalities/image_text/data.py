@@ -26,58 +26,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-import braceexpand
 import numpy as np
 import torch
 import webdataset as wds
 from PIL import Image
 
 from contrastive.modalities.image_text.keyed_transform import KeyedTransform, normalize_batch
+from contrastive.data.urls import SHARD_IMAGE_EXTENSIONS, is_remote, to_webdataset_url
 from contrastive.data.workers import ClosedOnExit, OrderedWorkers, result_tensor
 from contrastive.data.skips import SkipCounter
 from contrastive.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
-IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 CAPTION_EXTENSION = "txt"
 SIZES_FILE = "sizes.json"
 STATS_SUFFIX = "_stats.json"
-REMOTE_PREFIXES = ("pipe:", "http://", "https://", "s3://", "gs://", "sftp://", "ais://", "hf://")
-
-
-# ---------------------------------------------------------------------------------------------------- URLs
-def is_remote(url: str) -> bool:
-    return url.startswith(REMOTE_PREFIXES)
-
-
-def expand_urls(spec: str | Sequence[str], *, check_local: bool = True) -> list[str]:
-    """Brace-expand one pattern, several joined by ``::``, or a list of them, into shard URLs (in order).
-
-    Local paths must exist when ``check_local`` (remote URLs are only checked when opened).
-    """
-    patterns = [spec] if isinstance(spec, str) else list(spec)
-    urls: list[str] = []
-    for pattern in patterns:
-        for part in str(pattern).split("::"):
-            if part.strip():
-                urls.extend(braceexpand.braceexpand(part.strip()))
-    if not urls:
-        raise ConfigError(f"no shard URLs in {spec!r}: set data.shards to a pattern such as "
-                          "/data/cc12m/{00000..01242}.tar")
-    if check_local:
-        missing = [u for u in urls if not is_remote(u) and not Path(u.removeprefix("file:")).is_file()]
-        if missing:
-            raise DataError(f"{len(missing)} of {len(urls)} shards do not exist (e.g. {missing[0]}): download them "
-                            "with img2dataset (see docs/clip.md) or fix data.shards")
-    return urls
-
-
-def to_webdataset_url(url: str) -> str:
-    """webdataset has no s3 opener; read s3 objects through the AWS CLI like open_clip's docs do."""
-    if url.startswith("s3://"):
-        return f"pipe:aws s3 cp {url} -"
-    return url
 
 
 # ---------------------------------------------------------------------------------------------------- counts
@@ -155,7 +119,7 @@ class BadSample(Exception):
 
 def decode_image_text(sample: dict) -> tuple[Image.Image, str]:
     """(RGB PIL image, caption) of a raw webdataset sample; BadSample for a missing/undecodable image or caption."""
-    image_bytes = next((sample[e] for e in IMAGE_EXTENSIONS if e in sample), None)
+    image_bytes = next((sample[e] for e in SHARD_IMAGE_EXTENSIONS if e in sample), None)
     if image_bytes is None:
         raise BadSample("no_image", f"members {sorted(k for k in sample if not k.startswith('__'))}")
     caption = sample.get(CAPTION_EXTENSION)
@@ -522,7 +486,7 @@ def write_tiny_shards(*, directory: Path, num_samples: int, samples_per_shard: i
     stats, as img2dataset would: they break only when decoded). Idempotent: an existing finished directory
     (``_done.json``) is reused. Returns {"pattern", "urls", "num_samples", "corrupt_keys", "dir"}.
     """
-    from contrastive.data.trifeature import COLOR_NAMES, SHAPE_NAMES, TEXTURE_NAMES, generate_trifeature
+    from contrastive.modalities.image.datasets.trifeature import COLOR_NAMES, SHAPE_NAMES, TEXTURE_NAMES, generate_trifeature
 
     directory = Path(directory)
     if (directory / DONE_MARKER).is_file():

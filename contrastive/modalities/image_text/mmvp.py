@@ -174,7 +174,7 @@ def write_tiny_mmvp(*, directory: Path, pairs_per_category: int = 2, image_size:
     """Write a synthetic MMVP directory in pairs.csv format: 9 categories x ``pairs_per_category`` pairs of
     Trifeature images that differ in exactly one attribute, each with its caption as statement. Idempotent."""
     from contrastive.modalities.image_text.data import caption_for
-    from contrastive.data.trifeature import COLOR_NAMES, SHAPE_NAMES, TEXTURE_NAMES, generate_trifeature
+    from contrastive.modalities.image.datasets.trifeature import COLOR_NAMES, SHAPE_NAMES, TEXTURE_NAMES, generate_trifeature
 
     directory = Path(directory)
     if (directory / PAIRS_FILE).is_file():

@@ -33,7 +33,8 @@ class ImageTextModality(Modality):
         """Resolve (or write the synthetic) shards, the held-out set and the MMVP directory; check K^N <= M/B and
         that the init weights resolve, before any training."""
         from contrastive.modalities.image_text.config import check_clip_feasible, check_clip_pretrained
-        from contrastive.modalities.image_text.data import count_samples, data_fingerprint, expand_urls
+        from contrastive.data.urls import expand_urls
+        from contrastive.modalities.image_text.data import count_samples, data_fingerprint
         from contrastive.modalities.image_text.model import file_fingerprint, resolve_pretrained
         from contrastive.modalities.image_text.steps import prepare_synthetic_data
         from contrastive.data.dataset import params_hash

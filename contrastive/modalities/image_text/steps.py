@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from contrastive.engine.checkpoint import write_json
+from contrastive.engine.files import write_json
 from contrastive.data.loading import resolve_workers
 from contrastive.modalities.image_text.data import (ClipBatch, SampleDecodePool, SampleDecoder, concat_batches,
                                                     count_samples, iter_decoded, ready_for_step, stream_batches,

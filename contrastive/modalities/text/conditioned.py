@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from contrastive.engine.checkpoint import write_json
+from contrastive.engine.files import write_json
 from contrastive.engine.distributed import device_for
 from contrastive.engine.task import LoopSpec, OptimSpec
 from contrastive.errors import ConfigError, DataError

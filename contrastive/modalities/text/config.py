@@ -16,8 +16,8 @@ from contrastive.engine.distributed import per_rank_batch
 from contrastive.engine.task import OptimSpec
 from contrastive.errors import ConfigError
 from contrastive.modalities.text.encoders import TextEncoderSpec
-from pipeline_config.schema import (NOT_IN_KEY, LoopSettings, MclConfig, _PipelineBase,
-                                    _Section)
+from contrastive.settings import (NOT_IN_KEY, LoopSettings, MclConfig, _PipelineBase,
+                                  _Section)
 
 
 class TextGeneratorConfig(_Section):
@@ -162,12 +162,6 @@ class TextPipelineConfig(_PipelineBase):
             per_rank_batch(global_batch_size=self.train.batch_size, world_size=self.distributed.world_size())
         except ConfigError as exc:
             raise ValueError(f"train.batch_size={self.train.batch_size}: {exc}") from None
-        return self
-
-    @model_validator(mode="after")
-    def _fresh_stages(self) -> "TextPipelineConfig":
-        if getattr(self.mcl, "inherit", False):
-            raise ValueError("mcl.inherit is not supported by the text pipeline: its stages always start fresh")
         return self
 
     def encoder_spec(self) -> TextEncoderSpec:

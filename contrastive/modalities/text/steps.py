@@ -14,15 +14,15 @@ import torch
 
 from contrastive.embeddings import ExportBatch, compute_embeddings, export_ranked, rank_share
 from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
-from contrastive.engine.checkpoint import save_torch, write_json
-from contrastive.engine.distributed import DistInfo, current_info, device_for, per_rank_batch
+from contrastive.engine.checkpoint import save_torch
+from contrastive.engine.files import write_json
+from contrastive.engine.distributed import DistInfo, current_info, device_for
 from contrastive.engine.loop import TrainCallback, release_device_memory, train
-from contrastive.engine.rng import seed_everything
 from contrastive.engine.task import StageSpec
 from contrastive.errors import ConfigError, DataError
 from contrastive.evaluate import read_stage_embeddings, score_attributes
 from contrastive.integrate import concat_normalized
-from contrastive.mcl.steps import stage_sampler
+from contrastive.mcl.steps import start_stage
 from contrastive.modalities.text.adapter import IsotropyProbe, TextBatchSource, TextContrastiveTask, TokenArrays, encode_tokens
 from contrastive.modalities.text.dataset import TextDataset, load_text_dataset, triples_for
 from contrastive.modalities.text.encoders import TextEncoderSpec, build_encoder, resolve_hf_path
@@ -96,16 +96,8 @@ def train_text_stage(spec: TextStageSpec, *, info: DistInfo | None = None, callb
     the loss of the one global batch. Without dropout that is the single-process training exactly; with it, rank
     0 keeps the single process's dropout stream and every other rank draws its own. Rank 0 writes the files."""
     info = info or current_info()
-    if spec.threads:
-        torch.set_num_threads(spec.threads)
-    stage_dir = Path(spec.stage_dir)
-    dataset = load_text_dataset(spec.dataset_dir)
-    batch = per_rank_batch(global_batch_size=spec.batch_size, world_size=info.world_size)
-    train_rows, sampler, groups = stage_sampler(dataset=dataset, pseudo_labels_path=spec.pseudo_labels_path,
-                                                batch_size=batch, seed=spec.seed,
-                                                remainder_policy=spec.remainder_policy,
-                                                world_size=info.world_size, rank=info.rank)
-    seed_everything(spec.seed)
+    stage_dir, dataset, batch, (train_rows, sampler, groups) = start_stage(spec, info=info,
+                                                                           open_dataset=load_text_dataset)
     encoder = TextEncoderSpec(**spec.encoder)
     vocab = dataset.tokenizer().vocab if encoder.kind == "tiny" else None
     model, tokenizer = build_text_method(encoder=spec.encoder, method=spec.method, vocab=vocab)

@@ -15,11 +15,13 @@ from contrastive.modalities.image_text import data as clip_data
 from contrastive.data.dataset import ImageArrayDataset
 from contrastive.data.image_files import ImageFileDataset
 from contrastive.data.loading import load_dataset
-from contrastive.data import image_folder
-from contrastive.data.image_folder import load_square_rgb, prepare_image_folder
+from contrastive.data import image_decode
+from contrastive.modalities.image.datasets import image_folder
+from contrastive.data.image_decode import load_square_rgb
+from contrastive.modalities.image.datasets.image_folder import prepare_image_folder
 from contrastive.data.loading import iter_batches
 from contrastive.data.skips import SkipCounter
-from contrastive.data.trifeature import prepare_trifeature
+from contrastive.modalities.image.datasets.trifeature import prepare_trifeature
 from contrastive.errors import ConfigError, DataError
 from contrastive.modalities.image.config import DataConfig, ImageFolderConfig
 
@@ -473,12 +475,12 @@ def test_the_exif_segment_is_found_by_walking_the_header(tmp_path):
     Image.open(_photo_jpeg(tmp_path / "a.jpg")).save(buffer, format="JPEG")  # no exif= : no EXIF segment
     plain = buffer.getvalue()
     tagged = _photo_jpeg(tmp_path / "b.jpg", exif_orientation=6).read_bytes()
-    assert not image_folder._has_exif_segment(plain) and image_folder._has_exif_segment(tagged)
+    assert not image_decode._has_exif_segment(plain) and image_decode._has_exif_segment(tagged)
     icc = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
     exif = Image.Exif()
     exif[0x0112] = 3
     with_icc = io.BytesIO()
     Image.open(io.BytesIO(plain)).save(with_icc, format="JPEG", icc_profile=icc, exif=exif.tobytes())
-    assert image_folder._has_exif_segment(with_icc.getvalue())
-    assert image_folder._jpeg_orientation(with_icc.getvalue()) == 3
-    assert not image_folder._has_exif_segment(tagged[:5]) and not image_folder._has_exif_segment(b"\xff\xd8")
+    assert image_decode._has_exif_segment(with_icc.getvalue())
+    assert image_decode._jpeg_orientation(with_icc.getvalue()) == 3
+    assert not image_decode._has_exif_segment(tagged[:5]) and not image_decode._has_exif_segment(b"\xff\xd8")

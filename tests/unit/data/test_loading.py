@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from contrastive.data import loading
-from contrastive.data.image_folder import prepare_image_folder
+from contrastive.modalities.image.datasets.image_folder import prepare_image_folder
 from contrastive.data.loading import BatchReader, default_workers, load_dataset, resolve_workers
 
 

@@ -15,7 +15,8 @@ from PIL import Image
 
 from contrastive.modalities.image import steps as stages
 from contrastive.data.image_files import ImageFileDataset, IndexedImageDataset
-from contrastive.data.image_folder import load_square_rgb, prepare_image_folder
+from contrastive.data.image_decode import load_square_rgb
+from contrastive.modalities.image.datasets.image_folder import prepare_image_folder
 from contrastive.data.loading import iter_batches, load_dataset
 from contrastive.data.shards import ShardDataset, prepare_shards
 from contrastive.data.skips import SkipCounter

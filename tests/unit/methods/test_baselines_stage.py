@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from contrastive.modalities.image import steps as stages
-from contrastive.data.cifar_mnist import prepare_cifar_mnist
+from contrastive.modalities.image.datasets.cifar_mnist import prepare_cifar_mnist
 from contrastive.engine.task import LoopSpec, OptimSpec
-from tests.unit.data.test_cifar_mnist import write_cifar, write_mnist
+from tests.unit.modalities.image.datasets.test_cifar_mnist import write_cifar, write_mnist
 
 MODEL = {"encoder": "small_cnn", "widths": [4, 8], "projection_hidden": 8, "projection_dim": 4, "in_channels": 4}
 AUGMENT = {"crop_scale": (0.5, 1.0), "crop_ratio": (0.75, 1.33), "hflip": False, "color_jitter": 0.0}

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from contrastive.modalities.image import steps as stages
-from contrastive.data.trifeature import prepare_trifeature
+from contrastive.modalities.image.datasets.trifeature import prepare_trifeature
 from contrastive.engine.distributed import DistInfo
 from tests.distributed import run_gloo_ranks
 from tests.unit.methods.test_zoo_stages import METHODS, _spec

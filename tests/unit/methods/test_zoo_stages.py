@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from contrastive.modalities.image import steps as stages
-from contrastive.data.trifeature import prepare_trifeature
+from contrastive.modalities.image.datasets.trifeature import prepare_trifeature
 from contrastive.engine.task import LoopSpec, OptimSpec
 
 TINY_AMDIM = {"image_size": 32, "width": 4, "rkhs_dim": 16}

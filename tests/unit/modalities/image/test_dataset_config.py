@@ -5,16 +5,16 @@ from contrastive.errors import ConfigError
 from contrastive.modalities.image.modality import MODALITY as IMAGE
 from contrastive.modalities.image import dataset_config as ds
 from pipeline_config.loader import load_config, preset_names
-from contrastive.modalities.image.config import DataConfig, preflight
-from pipeline_config.schema import MclConfig, digest_of
+from contrastive.modalities.image.config import DataConfig, ImageMclConfig, preflight
+from contrastive.settings import digest_of
 from tasks import steps as t
 
 
 def test_new_sections_stay_out_of_existing_content_keys():
     content = DataConfig().content()
     assert not set(ds.KINDS) & set(content)
-    assert "inherit" not in MclConfig().content()
-    assert MclConfig(inherit=True).content()["inherit"] is True
+    assert "inherit" not in ImageMclConfig().content()
+    assert ImageMclConfig(inherit=True).content()["inherit"] is True
     chosen = DataConfig(kind="celeba", celeba={"root": "/x"}).content()
     assert chosen["celeba"]["root"] == "/x" and "stl10" not in chosen
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from contrastive.modalities.image import steps as stages
-from contrastive.data.trifeature import prepare_trifeature
+from contrastive.modalities.image.datasets.trifeature import prepare_trifeature
 from contrastive.engine.distributed import DistInfo
 from contrastive.engine.task import OptimSpec
 from tests.distributed import run_gloo_ranks

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from contrastive.modalities.image import steps as stages
-from contrastive.data.image_folder import prepare_image_folder
-from contrastive.data.trifeature import prepare_trifeature
+from contrastive.modalities.image.datasets.image_folder import prepare_image_folder
+from contrastive.modalities.image.datasets.trifeature import prepare_trifeature
 from contrastive import embeddings
 from contrastive.embeddings import load_embeddings
 from contrastive.engine.distributed import DistInfo

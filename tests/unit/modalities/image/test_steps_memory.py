@@ -4,7 +4,7 @@ import gc
 import weakref
 
 from contrastive.modalities.image import steps as stages
-from contrastive.data.trifeature import prepare_trifeature
+from contrastive.modalities.image.datasets.trifeature import prepare_trifeature
 from tests.faults.train_tiny_stage import tiny_spec
 
 

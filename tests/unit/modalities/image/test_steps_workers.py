@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from contrastive.data.image_folder import prepare_image_folder
+from contrastive.modalities.image.datasets.image_folder import prepare_image_folder
 from contrastive.modalities.image import steps as stages
 from tests.faults.train_tiny_stage import tiny_spec
 

@@ -5,9 +5,10 @@ import tarfile
 import pytest
 import torch
 
+from contrastive.data.urls import expand_urls, to_webdataset_url
 from contrastive.modalities.image_text.data import (SampleDecodePool, SampleDecoder, SkipCounter, count_samples,
-                                                    expand_urls, iter_decoded, iter_raw_samples, stream_batches,
-                                                    tar_member, to_webdataset_url, write_tiny_shards)
+                                                    iter_decoded, iter_raw_samples, stream_batches, tar_member,
+                                                    write_tiny_shards)
 from contrastive.modalities.image_text.model import TINY_MODEL, ClipSpec, create_clip
 from contrastive.errors import ConfigError, DataError
 

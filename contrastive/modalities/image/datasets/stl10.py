@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from contrastive.data.dataset import IMAGES_FILE, atomic_dataset_dir, is_prepared, params_hash, write_dataset_files
-from contrastive.data.sources import files_fingerprint, find_in, missing_data
+from contrastive.modalities.image.datasets.sources import files_fingerprint, find_in, missing_data
 from contrastive.errors import DataError
 
 KIND = "stl10"

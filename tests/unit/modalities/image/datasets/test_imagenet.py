@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from contrastive.data.imagenet import prepare_imagenet
+from contrastive.modalities.image.datasets.imagenet import prepare_imagenet
 from contrastive.data.loading import load_dataset
 from contrastive.errors import ConfigError, DataError
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from contrastive.data.loading import load_dataset
-from contrastive.data.stl10 import prepare_stl10, read_images
+from contrastive.modalities.image.datasets.stl10 import prepare_stl10, read_images
 from contrastive.errors import DataError
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from contrastive.data.sources import files_fingerprint, find_in, missing_data, prepared_dir, subsample, write_prepared
+from contrastive.modalities.image.datasets.sources import files_fingerprint, find_in, missing_data, prepared_dir, subsample, write_prepared
 from contrastive.errors import DataError
 
 KIND = "cifar_mnist"

@@ -10,7 +10,7 @@ easy (colour family + texture), and the fine label needs the subtle features the
 representation that collapses locally inside a family keeps the coarse label and loses the fine one.
 
 Labels: ``fine`` (families x members classes), ``coarse`` (families), ``shape`` (member). Rendering, geometry and
-textures are Trifeature's (:mod:`contrastive.data.trifeature`); only the label -> (colour, shape, texture) map and
+textures are Trifeature's (:mod:`contrastive.modalities.image.datasets.trifeature`); only the label -> (colour, shape, texture) map and
 the palette differ.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from contrastive.data.dataset import atomic_dataset_dir, is_prepared, params_hash, write_dataset_files
-from contrastive.data.trifeature import (_CHUNK, SHAPE_NAMES, TEXTURE_NAMES, _draw_scenes, _render, _subset)
+from contrastive.modalities.image.datasets.trifeature import (_CHUNK, SHAPE_NAMES, TEXTURE_NAMES, _draw_scenes, _render, _subset)
 from contrastive.errors import ConfigError
 
 GENERATOR_VERSION = 1

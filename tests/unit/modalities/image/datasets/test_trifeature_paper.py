@@ -2,7 +2,7 @@
 import numpy as np
 
 from contrastive.data.loading import load_dataset
-from contrastive.data.trifeature_paper import balanced_labels, prepare_trifeature_paper
+from contrastive.modalities.image.datasets.trifeature_paper import balanced_labels, prepare_trifeature_paper
 
 
 def test_balanced_labels_cover_every_combination_equally():

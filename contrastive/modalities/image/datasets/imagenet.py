@@ -19,8 +19,8 @@ import numpy as np
 
 from contrastive.data.dataset import INDEX_FILE, MANIFEST_FILE, _build_index, _write_json_atomic, atomic_dataset_dir, \
     is_index_prepared, params_hash
-from contrastive.data.image_folder import IMAGE_EXTENSIONS, _files_fingerprint, file_index_digest
-from contrastive.data.sources import missing_data
+from contrastive.data.image_decode import IMAGE_EXTENSIONS, _files_fingerprint, file_index_digest
+from contrastive.modalities.image.datasets.sources import missing_data
 from contrastive.errors import ConfigError, DataError
 
 KIND = "imagenet"

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from contrastive.data.celeba import balanced_rows, prepare_celeba
+from contrastive.modalities.image.datasets.celeba import balanced_rows, prepare_celeba
 from contrastive.data.loading import load_dataset
 from contrastive.errors import ConfigError, DataError
 

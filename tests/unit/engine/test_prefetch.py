@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from contrastive.data.prefetch import prefetched
+from contrastive.engine.prefetch import prefetched
 
 
 def test_results_arrive_in_order_and_are_computed_off_the_consumer_thread():

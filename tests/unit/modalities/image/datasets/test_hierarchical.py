@@ -4,7 +4,7 @@ import colorsys
 import numpy as np
 import pytest
 
-from contrastive.data.hierarchical import HierarchySpec, generate_hierarchical, prepare_hierarchical
+from contrastive.modalities.image.datasets.hierarchical import HierarchySpec, generate_hierarchical, prepare_hierarchical
 from contrastive.data.loading import load_dataset
 from contrastive.errors import ConfigError
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from contrastive.data.image_folder import _decode_all
-from contrastive.data.sources import files_fingerprint, find_in, missing_data, prepared_dir, write_prepared
+from contrastive.data.image_decode import _decode_all
+from contrastive.modalities.image.datasets.sources import files_fingerprint, find_in, missing_data, prepared_dir, write_prepared
 from contrastive.errors import ConfigError, DataError
 
 KIND = "celeba"

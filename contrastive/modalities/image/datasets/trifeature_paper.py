@@ -1,6 +1,6 @@
 """Trifeature as Hermann & Lampinen (2020) specify it: every one of the 10 shapes x 10 textures x 10 colours
 combinations appears exactly ``per_combination`` times (100: 100 000 images), each at its own random position,
-rotation and size. The default Trifeature source (:mod:`contrastive.data.trifeature`) draws the three attributes
+rotation and size. The default Trifeature source (:mod:`contrastive.modalities.image.datasets.trifeature`) draws the three attributes
 independently per image, which is faster to set up at any size; this one is balanced exactly, as the paper's.
 
 The test split holds ``test_per_combination`` further images of every combination (so it is balanced too). Pixels
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from contrastive.data import trifeature as tf
-from contrastive.data.sources import prepared_dir, write_prepared
+from contrastive.modalities.image.datasets import trifeature as tf
+from contrastive.modalities.image.datasets.sources import prepared_dir, write_prepared
 from contrastive.errors import ConfigError
 
 KIND = "trifeature_paper"

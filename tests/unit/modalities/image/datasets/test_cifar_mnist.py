@@ -6,7 +6,7 @@ import struct
 import numpy as np
 import pytest
 
-from contrastive.data.cifar_mnist import pair_indices, prepare_cifar_mnist, read_cifar10, read_idx, read_mnist
+from contrastive.modalities.image.datasets.cifar_mnist import pair_indices, prepare_cifar_mnist, read_cifar10, read_idx, read_mnist
 from contrastive.data.loading import load_dataset
 from contrastive.errors import DataError
 

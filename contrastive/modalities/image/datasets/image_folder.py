@@ -27,58 +27,32 @@ Two storages (``storage``):
   is read, with the same decoder (:func:`load_square_rgb`), so both storages give identical pixels. Nothing is
   decoded while preparing, so unreadable files stay in the index and are skipped (and counted) when read.
 
-Two decodings (``decode_scale``), the same for both storages:
-
-- ``full``: PIL decodes the whole image (JPEGs at a power-of-two reduction only where that still leaves the
-  square >= ``image_size``, which ImageNet-size photos at 224 px never allow) and one bicubic resampling makes the
-  square.
-- ``auto``: JPEGs are decoded by libjpeg-turbo (``simplejpeg``), at the smallest of its fast DCT scales (1, 1/2,
-  1/4, 1/8) whose shorter side is still >= ``image_size`` (a 500 x 375 photo at 224 px: whole; a 1000 x 750 one:
-  1/2), and torch's antialiased bicubic uint8 kernel makes the square; other formats, and JPEGs libjpeg-turbo will
-  not decode (CMYK), as ``full``. Where the whole image is decoded the pixels equal ``full``'s to rounding (mean
-  absolute difference about 0.01 of 255 on the benchmark's 500 x 375 photos; both kernels are Keys' a = -0.5
-  cubic); a reduced scale holds the same detail at a few levels' difference
-  (``tests/unit/data/test_image_files.py`` bounds both), so the choice is part of the prepared dataset's key
-  (with the revision ``AUTO_DECODER``). About 1.6x the images per CPU-second of ``full`` through the reader
-  (BENCHMARKS.md).
+Two decodings (``decode_scale``), the same for both storages: see :mod:`contrastive.data.image_decode`.
 """
 from __future__ import annotations
 
 import csv
 import hashlib
-import io
 import json
 import os
 import warnings
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 import numpy as np
-from PIL import Image, ImageOps
 
-from contrastive.data.dataset import (IMAGES_FILE, INDEX_FILE, MANIFEST_FILE, _array_bytes_for_digest, _build_index,
-                                      _write_json_atomic, atomic_dataset_dir, is_index_prepared, is_prepared,
-                                      params_hash, write_dataset_files)
+from contrastive.data.dataset import (IMAGES_FILE, INDEX_FILE, MANIFEST_FILE, _build_index, _write_json_atomic,
+                                      atomic_dataset_dir, is_index_prepared, is_prepared, params_hash,
+                                      write_dataset_files)
+from contrastive.data.image_decode import (AUTO_DECODER, DECODE_SCALES, IMAGE_EXTENSIONS, _decode_all,
+                                           _files_fingerprint, decode_scale_of, file_index_digest)
 from contrastive.errors import ConfigError, DataError
 
 KIND = "image_folder"
 FORMAT_VERSION = 1
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 MAX_CORRUPT_FRACTION = 0.01  # skip (and warn about) at most this share of unreadable files, else stop
 STORAGES = ("memory", "files")
-DECODE_SCALES = ("auto", "full")  # see the module docstring
-# The "auto" decoder's revision, in the key of every folder prepared with it: 2 = power-of-two DCT scales and torch's
-# resampling (1, which nothing reuses: any n/8 scale and PIL's, pixels about 1.7 levels off "full").
-AUTO_DECODER = 2
-_ORIENTATION = 0x0112
-_JPEG_SOI = b"\xff\xd8"
-_EXIF_HEADER = b"Exif\x00\x00"  # the APP1 segment that holds EXIF, within the first segments of a JPEG
-_JPEG_DATA_MARKERS = (0xDA, 0xD9)  # start of scan, end of image: the header segments are over
-_TURBO_FAST_DIVISORS = (8, 4, 2)  # 1/8, 1/4, 1/2: libjpeg-turbo's vectorised reduced IDCTs
-_TURBO_COLOURSPACES = ("RGB", "YCbCr", "Gray")  # libjpeg-turbo converts these to RGB; CMYK / YCCK go to PIL
 # Top-level folder name (lower case) -> split, for split_from_folders (ImageNet: train/ and val/).
 SPLIT_FOLDERS = {"train": "train", "val": "test", "valid": "test", "validation": "test", "test": "test"}
 ID_COLUMNS = ("id", "path")
@@ -100,15 +74,6 @@ def find_images(source: Path) -> list[str]:
             if not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS):
                 found.append((Path(dirpath) / name).relative_to(source).as_posix())
     return sorted(found)
-
-
-def _files_fingerprint(source: Path, rel_paths: Sequence[str]) -> str:
-    """sha256 over (path, size, mtime) of every file: any added, removed or edited image changes it."""
-    digest = hashlib.sha256()
-    for rel in rel_paths:
-        stat = (source / rel).stat()
-        digest.update(f"{rel}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-    return digest.hexdigest()
 
 
 # --------------------------------------------------------------------------------------------- labels CSV
@@ -254,140 +219,6 @@ def _labels_and_split(ids: Sequence[str], *, csv_labels: CsvLabels | None, param
     return attributes, labels, folder_split
 
 
-# --------------------------------------------------------------------------------------------- decoding
-def load_square_rgb(path: Path | IO[bytes], *, size: int, decode_scale: str = "full") -> np.ndarray:
-    """Decode one image: EXIF-rotate, RGB, centre square crop, resize -> uint8 (size, size, 3).
-
-    ``path``: a file or a binary file object. ``decode_scale``: "full" (PIL) or "auto" (JPEGs decoded at a reduced
-    DCT scale that keeps the shorter side >= ``size``); see the module docstring for what "auto" changes.
-    """
-    if decode_scale == "auto":
-        data = _read_bytes(path)
-        square = _jpeg_square(data, size=size) if data[:2] == _JPEG_SOI else None
-        if square is not None:
-            return square
-        path = io.BytesIO(data)  # not a JPEG, or one libjpeg-turbo will not decode: PIL decides
-    with Image.open(path) as img:
-        img.draft("RGB", (size, size))  # JPEG: decode at a power-of-two scale that is still >= size
-        img = ImageOps.exif_transpose(img).convert("RGB")
-        return _square(img, size=size)
-
-
-def _square(img: Image.Image, *, size: int) -> np.ndarray:
-    """The centre square of side min(width, height) of the PIL image ``img``, resampled (bicubic) to uint8
-    (size, size, 3)."""
-    width, height = img.size
-    side = min(width, height)
-    left, top = (width - side) // 2, (height - side) // 2
-    img = img.resize((size, size), Image.Resampling.BICUBIC, box=(left, top, left + side, top + side))
-    return np.asarray(img, dtype=np.uint8)
-
-
-def _read_bytes(path: Path | IO[bytes]) -> bytes:
-    if hasattr(path, "read"):
-        path.seek(0)
-        return path.read()
-    with open(path, "rb") as handle:
-        return handle.read()
-
-
-def _jpeg_square(data: bytes, *, size: int) -> np.ndarray | None:
-    """The JPEG ``data`` as :func:`load_square_rgb` "auto" gives it: libjpeg-turbo decodes it at the smallest of
-    its fast scales (1, 1/2, 1/4, 1/8) whose shorter side is still >= ``size``, the EXIF rotation is undone, and
-    the centre square is resampled to ``size`` by torch's antialiased bicubic uint8 kernel (vectorised: about 4x
-    faster than PIL's here). None when libjpeg-turbo will not decode it (CMYK, a damaged stream): PIL then decides.
-
-    Only the power-of-two scales: libjpeg-turbo has vectorised IDCTs for those alone, and its other n/8 scales
-    decode slower than full size (5/8: 0.84 ms vs 0.76 ms for a 500 x 375 photo here), so a 500 x 375 photo at
-    224 px is decoded whole and a 1000 x 750 one at 1/2.
-    """
-    import simplejpeg
-    import torch
-
-    try:
-        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-        if colorspace not in _TURBO_COLOURSPACES:
-            return None
-        shorter = min(width, height)
-        divisor = next((d for d in _TURBO_FAST_DIVISORS if shorter >= size * d), 1)
-        # libjpeg-turbo decodes at the largest reduction that leaves both sides at least these: exactly 1/divisor.
-        array = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=-(-height // divisor),
-                                       min_width=-(-width // divisor))
-    except ValueError:
-        return None
-    image = _exif_upright(torch.from_numpy(array), orientation=_jpeg_orientation(data))  # (H, W, 3), a view
-    # The square's box scaled by 1/divisor itself (a reduced side is rounded up), to the nearest pixel.
-    side, rows, cols = shorter / divisor, image.shape[0], image.shape[1]
-    n = max(1, min(rows, cols, round(side)))
-    top = max(0, min(round((rows - side) / 2), rows - n))
-    left = max(0, min(round((cols - side) / 2), cols - n))
-    # channels_last in and out: torch's vectorised uint8 path (about 2x its strided one), and the result's
-    # (size, size, 3) view is contiguous. unsqueeze before permute: a batch stride of 3 (permute, then unsqueeze)
-    # makes a portrait square look channels-first to interpolate, whose output then needs a transposing copy
-    # (0.25 ms of the ~1.6 ms an image costs; the pixels are the same).
-    square = image[top:top + n, left:left + n].unsqueeze(0).permute(0, 3, 1, 2)
-    square = square.contiguous(memory_format=torch.channels_last)
-    if n != size:
-        square = torch.nn.functional.interpolate(square, size=(size, size), mode="bicubic", antialias=True)
-    return square[0].permute(1, 2, 0).contiguous().numpy()  # contiguous already: no copy
-
-
-def _jpeg_orientation(data: bytes) -> int:
-    """The EXIF orientation (1..8) of JPEG ``data``; 1 when it has no EXIF block (most, and parsed only then)."""
-    if not _has_exif_segment(data):
-        return 1
-    with Image.open(io.BytesIO(data)) as img:
-        return int(img.getexif().get(_ORIENTATION, 1))
-
-
-def _has_exif_segment(data: bytes) -> bool:
-    """Whether an APP1 "Exif" segment precedes the JPEG's image data: walks the header's segment lengths (a few
-    steps) instead of searching the bytes (tens of microseconds an image)."""
-    at = 2  # after SOI
-    while at + 4 <= len(data) and data[at] == 0xFF:
-        marker = data[at + 1]
-        if marker == 0xFF:  # fill byte
-            at += 1
-            continue
-        if marker in _JPEG_DATA_MARKERS:
-            return False
-        if marker == 0xE1 and data[at + 4:at + 4 + len(_EXIF_HEADER)] == _EXIF_HEADER:
-            return True
-        at += 2 + int.from_bytes(data[at + 2:at + 4], "big")
-    return False
-
-
-def _exif_upright(image: "torch.Tensor", *, orientation: int) -> "torch.Tensor":
-    """(H, W, 3) as it is to be shown, for EXIF ``orientation`` (the operations of PIL's exif_transpose)."""
-    if orientation in (5, 6, 7, 8):  # stored on its side: transpose first
-        image = image.transpose(0, 1)
-    flip_rows = orientation in (3, 4, 7, 8)
-    flip_cols = orientation in (2, 3, 6, 7)
-    dims = [d for d, flip in ((0, flip_rows), (1, flip_cols)) if flip]
-    return image.flip(dims) if dims else image
-
-
-def _try_load(path: Path, size: int, decode_scale: str) -> np.ndarray | str:
-    try:
-        return load_square_rgb(path, size=size, decode_scale=decode_scale)
-    except Exception as err:  # PIL raises many types (OSError, SyntaxError, DecompressionBombError, ...)
-        return f"{type(err).__name__}: {err}"
-
-
-def _decode_all(source: Path, rel_paths: Sequence[str], *, out: np.ndarray, size: int,
-                decode_scale: str = "full") -> dict[str, str]:
-    """Decode into ``out`` (N, size, size, 3) row by row; returns rel path -> error for unreadable files."""
-    failures = {}
-    workers = min(8, os.cpu_count() or 1)  # PIL decodes outside the GIL, so threads give real parallelism
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for row, (rel, result) in enumerate(zip(rel_paths, pool.map(lambda r: _try_load(source / r, size, decode_scale),
-                                                                    rel_paths))):
-            if isinstance(result, str):
-                failures[rel] = result
-            else:
-                out[row] = result
-    return failures
-
 
 def _check_failures(failures: dict[str, str], *, total: int, source: Path,
                     max_fraction: float = MAX_CORRUPT_FRACTION) -> None:
@@ -411,11 +242,6 @@ def _compact_rows(directory: Path, *, keep: np.ndarray) -> None:
     dst.flush()
     del src, dst
     os.replace(tmp_path, directory / IMAGES_FILE)
-
-
-def decode_scale_of(params: dict) -> str:
-    """The decoding a prepared folder's params ask for ("full" for folders prepared before the setting)."""
-    return str(params.get("decode_scale", "full"))
 
 
 # --------------------------------------------------------------------------------------------- prepare
@@ -525,24 +351,6 @@ def _write_image_folder(tmp: Path, *, source: Path, rel_paths: list[str], csv_la
     attributes, labels, split = _labels_and_split(ids, csv_labels=csv_labels, params=params, source=source)
     write_dataset_files(tmp, kind=KIND, ids=ids, split=split, labels=labels, attributes=attributes,
                         params=params)
-
-
-# --------------------------------------------------------------------------------------------- storage "files"
-def file_index_digest(*, index: dict[str, np.ndarray], params: dict) -> str:
-    """sha256 hex identifying a file-backed dataset without reading a pixel.
-
-    Covers the index arrays (ids, split, labels), the output size and the source's fingerprint (every file's
-    path, size and mtime, ``params["files_sha256"]``) and the decoding (``decode_scale``): an edited image, a new
-    label, a new split or another decoding all change it.
-    """
-    digest = hashlib.sha256()
-    digest.update(f"files|{params['image_size']}|{params['source']}|{params['files_sha256']}".encode())
-    if decode_scale_of(params) != "full":  # other pixels (absent for "full": earlier digests stay as they were)
-        digest.update(f"|decode_scale={decode_scale_of(params)}".encode())
-    for name in sorted(index):
-        digest.update(f"|{name}|".encode())
-        digest.update(_array_bytes_for_digest(np.asarray(index[name])))
-    return digest.hexdigest()
 
 
 def _write_file_index(tmp: Path, *, source: Path, rel_paths: list[str], csv_labels: CsvLabels | None,
