@@ -15,11 +15,12 @@ def seed_everything(seed: int) -> None:
 
 def capture_rng(generators: dict[str, torch.Generator] | None = None) -> dict:
     """python, numpy and torch's global states plus the named explicit generators (e.g. the augmentation's).
-    Tensors and plain data only (numpy's key as a tensor), so a checkpoint holding it loads without unpickling
-    code (contrastive.engine.safe_load)."""
+    Tensors and plain data only (numpy's uint32 key as an int64 tensor: a uint32 tensor does not survive the
+    plain pickle of ``all_gather_object``), so a checkpoint holding it loads without unpickling code
+    (contrastive.engine.safe_load)."""
     kind, key, position, has_gauss, cached_gaussian = np.random.get_state()
     state = {"python": random.getstate(), "torch": torch.get_rng_state(),
-             "numpy": (kind, torch.from_numpy(key.copy()), position, has_gauss, cached_gaussian),
+             "numpy": (kind, torch.from_numpy(key.astype(np.int64)), position, has_gauss, cached_gaussian),
              "generators": {name: g.get_state() for name, g in (generators or {}).items()}}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()

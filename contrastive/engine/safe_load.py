@@ -86,6 +86,8 @@ def plain_copy(value: Any, *, what: str, where: str = "") -> Any:
     if isinstance(value, np.ndarray):
         if value.dtype.kind in "OUS":
             return [plain_copy(item, what=what, where=f"{where}[{i}]") for i, item in enumerate(value.tolist())]
+        if value.dtype == np.uint32:  # numpy's RNG key: as capture_rng stores it now
+            value = value.astype(np.int64)
         return torch.from_numpy(np.array(value, copy=True))
     if isinstance(value, np.generic):
         return value.item()
