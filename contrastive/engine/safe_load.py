@@ -17,6 +17,7 @@ command that converts a file the user trusts (``mclpipe convert-checkpoint PATH`
 """
 from __future__ import annotations
 
+import codecs
 import collections
 import dataclasses
 import pickle
@@ -38,14 +39,15 @@ class UnsafeFileError(DataError):
     """A file holds Python objects that loading it would have to run (a pickle beyond tensors and plain data)."""
 
 
-def unsafe_file_error(path: Path | str, *, what: str, exc: BaseException) -> UnsafeFileError:
-    """The one line for a file torch's restricted unpickler refused: the file, the object it names, the fix."""
+def unsafe_file_error(path: Path | str, *, what: str, exc: BaseException, fix: str | None = None) -> UnsafeFileError:
+    """The one line for a file a restricted unpickler refused: the file, the object it names, the fix (by default
+    the conversion of a file an earlier mclpipe wrote)."""
     found = re.search(r"GLOBAL (\S+)", str(exc))
     holding = f"a pickled {found.group(1)}" if found else "pickled Python objects"
-    return UnsafeFileError(
-        f"{what} {path} holds {holding} that loading would have to run, so it was not loaded (mclpipe reads only "
-        f"tensors and plain data). If an earlier mclpipe wrote it and you trust where it came from, convert it "
-        f"once with `mclpipe convert-checkpoint {path}`; otherwise delete it and rerun the step that writes it")
+    fix = fix or (f"If an earlier mclpipe wrote it and you trust where it came from, convert it once with "
+                  f"`mclpipe convert-checkpoint {path}`; otherwise delete it and rerun the step that writes it")
+    return UnsafeFileError(f"{what} {path} holds {holding} that loading would have to run, so it was not loaded "
+                           f"(mclpipe reads only tensors, arrays and plain data). {fix}")
 
 
 def load_torch_file(source: Path | str | BinaryIO, *, what: str, path: Path | str | None = None,
@@ -58,6 +60,34 @@ def load_torch_file(source: Path | str | BinaryIO, *, what: str, path: Path | st
         return torch.load(source, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         raise unsafe_file_error(path if path is not None else source, what=what, exc=exc) from None
+
+
+#: What :func:`load_array_pickle` rebuilds: numpy arrays (the function ``ndarray.__reduce__`` names, under numpy
+#: 1's and 2's module names), their dtypes, and bytes as Python 3 pickles them at protocol 2.
+_ARRAY_GLOBALS = {("numpy.core.multiarray", "_reconstruct"): np.ndarray.__reduce__(np.zeros(1))[0],
+                  ("numpy._core.multiarray", "_reconstruct"): np.ndarray.__reduce__(np.zeros(1))[0],
+                  ("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype,
+                  ("_codecs", "encode"): codecs.encode}
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        found = _ARRAY_GLOBALS.get((module, name))
+        if found is None:
+            raise pickle.UnpicklingError(f"Unsupported global: GLOBAL {module}.{name}")
+        return found
+
+
+def load_array_pickle(handle: BinaryIO, *, path: Path | str, what: str, fix: str, encoding: str = "ASCII") -> Any:
+    """A plain pickle (a dataset's own format, e.g. CIFAR-10's python batches) that may hold only plain data and
+    numpy arrays: any other global is refused before it is called (:class:`UnsafeFileError` naming ``path`` and
+    ``fix``)."""
+    try:
+        return _ArrayUnpickler(handle, encoding=encoding).load()
+    except pickle.UnpicklingError as exc:
+        if "GLOBAL" not in str(exc):
+            raise
+        raise unsafe_file_error(path, what=what, exc=exc, fix=fix) from None
 
 
 def check_plain(value: Any, *, what: str, where: str = "") -> None:

@@ -276,3 +276,22 @@ def test_a_file_that_is_not_mclpipe_s_cannot_be_converted(tmp_path, sentinel):
     torch.save({"state_dict": torch.nn.Linear(2, 2)}, path)
     with pytest.raises(DataError, match="torch.nn.modules.linear.Linear"):
         ckpt.convert_to_safe_format(path)
+
+
+# ---------------------------------------------------------------------------------------------------- datasets
+def test_a_planted_cifar_batch_is_refused_and_real_ones_still_read(tmp_path, sentinel):
+    """CIFAR-10's python version is a pickle by design: read with an unpickler that rebuilds only numpy arrays
+    and plain data."""
+    from contrastive.data.cifar_mnist import read_cifar10
+    from tests.unit.data.test_cifar_mnist import write_cifar
+    truth = write_cifar(tmp_path)
+    images, labels, _ = read_cifar10(tmp_path, split="test")
+    np.testing.assert_array_equal(images, truth["test_batch"][0])
+    batch = tmp_path / "cifar-10-batches-py" / "test_batch"
+    with open(batch, "wb") as handle:
+        pickle.dump({b"data": np.zeros((1, 3072), np.uint8), b"labels": [Planted(sentinel)]}, handle, protocol=2)
+    with pytest.raises(UnsafeFileError) as refused:
+        read_cifar10(tmp_path, split="test")
+    message = str(refused.value)
+    assert "\n" not in message and str(batch) in message and "_create_sentinel" in message
+    assert "cifar-10-python.tar.gz" in message
