@@ -535,12 +535,13 @@ def _free_port() -> int:
 def stage_difference(*, single: Path, double: Path) -> dict[str, float]:
     """Max |loss difference| over the recorded steps and max |weight difference| of the saved models of one
     process and of 2 ranks (rank 0's record)."""
+    from contrastive.engine.safe_load import load_torch_file
     import json as json_module
     one = json_module.loads((single / "keys_rank0.json").read_text())["losses"]
     two = json_module.loads((double / "keys_rank0.json").read_text())["losses"]
     if len(one) != len(two) or not one:
         raise RuntimeError(f"{len(one)} steps in one process, {len(two)} under DDP")
-    weights = [_tensors(torch.load(run / "model" / "model.pt", map_location="cpu", weights_only=False))
+    weights = [_tensors(load_torch_file(run / "model" / "model.pt", what="trained model"))
                for run in (single, double)]
     shared = [key for key in weights[0] if key in weights[1] and weights[0][key].is_floating_point()]
     return {"steps": len(one), "loss": max(abs(a - b) for a, b in zip(one, two)),

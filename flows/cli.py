@@ -363,6 +363,17 @@ def show_config(config: ConfigArg, overrides: SetOpt = None) -> None:
     console.print(f"# config_hash: {cfg.config_hash()}")
 
 
+@app.command("convert-checkpoint")
+def convert_checkpoint(path: Annotated[Path, typer.Argument(help="a checkpoint or model file you trust")]) -> None:
+    """Rewrite a checkpoint or model file written by an earlier mclpipe in the format that loads without running
+    code. Loading the old file runs whatever it holds: convert only files you trust (docs/operating.md)."""
+    from contrastive.engine.checkpoint import convert_to_safe_format
+    try:
+        console.print(convert_to_safe_format(path), highlight=False, markup=False, soft_wrap=True)
+    except MclpipeError as exc:
+        fail(str(exc))
+
+
 @app.command()
 def presets() -> None:
     """List the bundled config presets."""

@@ -25,6 +25,7 @@ from contrastive.modalities.image import steps as stages  # noqa: E402
 from contrastive.modalities.image.augment import TwoViewAugment  # noqa: E402
 from contrastive.data.loading import iter_batches  # noqa: E402
 from contrastive.modalities.image.datasets.trifeature import prepare_trifeature  # noqa: E402
+from contrastive.engine.safe_load import load_torch_file  # noqa: E402
 from contrastive.engine.task import LoopSpec, OptimSpec  # noqa: E402
 from contrastive.mcl import steps  # noqa: E402
 
@@ -70,14 +71,14 @@ def batch_composition_ratio(*, model_path, dataset_dir, groups, batch, seed, bat
         rows = rng.choice(np.flatnonzero(groups == big[number % len(big)]), size=batch, replace=False)
         view1, view2 = augment(read(rows), torch.Generator().manual_seed(number))
         loss_pure, _ = method.training_loss(view1, view2, step=0)
-        method.load_state_dict(torch.load(model_path, weights_only=False)["state_dict"])  # undo queue updates
+        method.load_state_dict(load_torch_file(model_path, what="trained model")["state_dict"])  # undo queue updates
         # A random batch of the training split, crops drawn with the same generator seed.
         random_rows = rng.choice(len(groups), size=batch, replace=False)
         r1, r2 = augment(read(random_rows), torch.Generator().manual_seed(number))
         loss_mixed, _ = method.training_loss(r1, r2, step=0)
         pure.append(float(loss_pure))
         mixed.append(float(loss_mixed))
-        method.load_state_dict(torch.load(model_path, weights_only=False)["state_dict"])  # undo queue updates
+        method.load_state_dict(load_torch_file(model_path, what="trained model")["state_dict"])  # undo queue updates
     return float(np.mean(pure)), float(np.mean(mixed))
 
 

@@ -14,8 +14,13 @@ def seed_everything(seed: int) -> None:
 
 
 def capture_rng(generators: dict[str, torch.Generator] | None = None) -> dict:
-    """python, numpy and torch's global states plus the named explicit generators (e.g. the augmentation's)."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+    """python, numpy and torch's global states plus the named explicit generators (e.g. the augmentation's).
+    Tensors and plain data only (numpy's uint32 key as an int64 tensor: a uint32 tensor does not survive the
+    plain pickle of ``all_gather_object``), so a checkpoint holding it loads without unpickling code
+    (contrastive.engine.safe_load)."""
+    kind, key, position, has_gauss, cached_gaussian = np.random.get_state()
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
+             "numpy": (kind, torch.from_numpy(key.astype(np.int64)), position, has_gauss, cached_gaussian),
              "generators": {name: g.get_state() for name, g in (generators or {}).items()}}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -24,7 +29,9 @@ def capture_rng(generators: dict[str, torch.Generator] | None = None) -> dict:
 
 def restore_rng(state: dict, generators: dict[str, torch.Generator] | None = None) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, key, position, has_gauss, cached_gaussian = state["numpy"]
+    key = key.numpy() if isinstance(key, torch.Tensor) else key
+    np.random.set_state((kind, np.asarray(key, dtype=np.uint32), position, has_gauss, cached_gaussian))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(state["cuda"])

@@ -97,13 +97,18 @@ def flow_run_process(deployment, flow_run_id: str) -> psutil.Process:
     raise AssertionError("the worker never recorded the flow run's process id")
 
 
-def wait_for_file(pattern: str, root, *, seconds: float, deployment) -> None:
+def wait_for_resumable(stage_dir: Path, *, seconds: float, deployment) -> Path:
+    """What a resume of the stage needs: a checkpoint whose digest verifies, the one ``load_checkpoint`` would
+    load (issue 37: a checkpoint once appeared before its digest, and a kill in between lost it)."""
+    from contrastive.engine.checkpoint import verified_checkpoint
+    checkpoint = stage_dir / "checkpoints" / "last.pt"
     deadline = time.time() + seconds
     while time.time() < deadline:
-        if list(root.glob(pattern)):
-            return
+        found = verified_checkpoint(checkpoint)
+        if found is not None:
+            return found
         time.sleep(0.05)
-    raise AssertionError(f"no {pattern} under {root} within {seconds} s; worker log:\n"
+    raise AssertionError(f"no checkpoint under {stage_dir} that verifies within {seconds} s; worker log:\n"
                          f"{deployment.log.read_text()[-6000:]}")
 
 
@@ -152,7 +157,7 @@ def crash_in_stage1(deployment, parameters: dict | None = None) -> Crash:
     deployment.wait(flow_run_id, {"RUNNING"}, seconds=180)
     process = flow_run_process(deployment, flow_run_id)
     stage1 = wait_for_new_dir("train1-*", steps, earlier, seconds=300, deployment=deployment)
-    wait_for_file("checkpoints/last.pt", stage1, seconds=300, deployment=deployment)
+    wait_for_resumable(stage1, seconds=300, deployment=deployment)
     os.kill(process.pid, signal.SIGKILL)
     crashed = deployment.wait(flow_run_id, {"CRASHED"}, seconds=120)
     # The worker reports the crash twice: its flow-run executor at once, then (about 10 s later, when its run()

@@ -21,7 +21,7 @@ STARTUP = 600  # seconds for the CLI to reach training on a loaded 2-core machin
 
 
 def model_weights(steps: Path) -> dict[str, dict]:
-    return {p.parent.parent.name: torch.load(p, weights_only=False)["state_dict"]
+    return {p.parent.parent.name: torch.load(p, weights_only=True)["state_dict"]
             for p in sorted(steps.glob("train*/model/model.pt"))}
 
 
@@ -54,7 +54,7 @@ def test_ctrl_c_in_a_terminal_stops_cleanly_and_the_printed_command_resumes(tmp_
     states = prefect_states(workdir)
     assert [state for _, state in states["flow_runs"]] == ["CRASHED"]
     assert sum(state == "CRASHED" for name, state in states["task_runs"] if name.startswith("train stage")) == 1
-    stopped_at = torch.load(checkpoint, weights_only=False)["step"]
+    stopped_at = torch.load(checkpoint, weights_only=True)["step"]
     assert 0 < stopped_at < 32  # mid-stage: 4 epochs of 8 or 9 steps
 
     resume = shlex.split(line.split("Resume with: ", 1)[1])
@@ -91,7 +91,7 @@ def test_sigterm_writes_a_checkpoint_records_crashed_and_leaves_no_server(tmp_pa
     checkpoint = checkpoint_of(tmp_path, "train0")
     assert f"stopped by SIGTERM during the train step of stage 0 after step" in line
     step = int(line.split("after step ", 1)[1].split(";", 1)[0])
-    assert torch.load(checkpoint, weights_only=False)["step"] == step  # the step in progress was kept
+    assert torch.load(checkpoint, weights_only=True)["step"] == step  # the step in progress was kept
     assert "Resume with: mclpipe resume" in line and "Traceback" not in cli.output
     assert gone([p for p in processes if p is not None], timeout=10) == []
     assert [state for _, state in prefect_states(tmp_path)["flow_runs"]] == ["CRASHED"]

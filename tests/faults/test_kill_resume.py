@@ -39,7 +39,7 @@ def test_sigkill_mid_stage_then_resume_equals_uninterrupted(dataset_dir, tmp_pat
     checkpoint = victim_dir / "checkpoints" / "last.pt"
     deadline = time.time() + 120
     while time.time() < deadline:
-        if checkpoint.exists() and torch.load(checkpoint, weights_only=False)["step"] >= 5:
+        if checkpoint.exists() and torch.load(checkpoint, weights_only=True)["step"] >= 5:
             break
         time.sleep(0.05)
     os.killpg(victim.pid, signal.SIGKILL)  # every rank and the torchrun agent at once, as a lost node

@@ -15,7 +15,7 @@ def tiny_trifeature(root: Path) -> Path:
 
 def stage_weights(stage_dir: Path | str) -> dict:
     """The state_dict of the model a stage saved at its end (stage_dir/model/model.pt)."""
-    return torch.load(Path(stage_dir) / "model" / "model.pt", weights_only=False)["state_dict"]
+    return torch.load(Path(stage_dir) / "model" / "model.pt", weights_only=True)["state_dict"]
 
 
 def assert_same_weights(stage_dir: Path | str, expected: dict) -> None:

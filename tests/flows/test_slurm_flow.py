@@ -29,8 +29,8 @@ def test_one_stage_pipeline_on_slurm_equals_the_local_run(tiny_config, tmp_path)
     args = json.loads((stage_dir / "train_summary_args.json").read_text())
     spec = stages.ImageStageSpec.from_json({**args["kwargs"]["spec"], "stage_dir": str(tmp_path / "local")})
     stages.train_stage(spec)
-    local = torch.load(tmp_path / "local" / "model" / "model.pt", weights_only=False)["state_dict"]
-    remote = torch.load(stage_dir / "model" / "model.pt", weights_only=False)["state_dict"]
+    local = torch.load(tmp_path / "local" / "model" / "model.pt", weights_only=True)["state_dict"]
+    remote = torch.load(stage_dir / "model" / "model.pt", weights_only=True)["state_dict"]
     for name, value in local.items():
         assert torch.equal(remote[name], value), name
 

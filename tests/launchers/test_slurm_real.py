@@ -49,7 +49,7 @@ def launcher(**changes) -> SlurmLauncher:
 
 def step_of(checkpoint: Path) -> int:
     try:
-        return torch.load(checkpoint, weights_only=False)["step"]
+        return torch.load(checkpoint, weights_only=True)["step"]
     except Exception:  # being written (atomic rename) or not there yet
         return -1
 

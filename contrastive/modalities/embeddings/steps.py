@@ -14,6 +14,7 @@ import torch
 from contrastive.embeddings import save_embeddings
 from contrastive.engine.checkpoint import save_torch
 from contrastive.engine.files import write_json
+from contrastive.engine.safe_load import load_torch_file
 from contrastive.engine.distributed import device_for, single_process_info
 from contrastive.engine.launch import EXPORT_SUMMARY
 from contrastive.engine.loop import TrainCallback, release_device_memory, train
@@ -54,7 +55,8 @@ def train_feature_stage(spec: FeatureStageSpec, *, callbacks: list[TrainCallback
     features = np.asarray(dataset.features[plan.train_rows], dtype=np.float32)
     model = build_model(in_dim=dataset.dim, encoder=spec.encoder, temperature=spec.views["temperature"])
     if spec.init_model_path is not None:  # a resume's checkpoint still wins: the engine loads it over these
-        model.load_state_dict(torch.load(spec.init_model_path, map_location="cpu", weights_only=True)["state_dict"])
+        model.load_state_dict(load_torch_file(spec.init_model_path, what="init model (init_model_path)")
+                              ["state_dict"])
     task = FeatureViewTask(model=model, feature_std=features.std(axis=0),
                            feature_dropout=spec.views["feature_dropout"], noise=spec.views["noise"], seed=spec.seed)
     torch_device = device_for(name=spec.device, info=info)
@@ -78,7 +80,7 @@ def load_feature_model(*, model_path: Path | str, device: torch.device) -> Featu
     """A trained stage's model (eval mode) on ``device``."""
     if not Path(model_path).exists():
         raise DataError(f"trained model {model_path} is missing: rerun the pipeline to retrain this stage")
-    saved = torch.load(model_path, map_location="cpu", weights_only=False)
+    saved = load_torch_file(model_path, what="trained model")
     model = build_model(in_dim=saved["in_dim"], encoder=saved["encoder"], temperature=saved["views"]["temperature"])
     model.load_state_dict(saved["state_dict"])
     return model.to(device).eval()

@@ -19,6 +19,7 @@ from contrastive.embeddings import ExportBatch, compute_embeddings, export_ranke
 from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
 from contrastive.engine.checkpoint import save_torch
 from contrastive.engine.files import write_json
+from contrastive.engine.safe_load import load_torch_file
 from contrastive.engine.distributed import DistInfo, current_info, device_for
 from contrastive.engine.loop import TrainCallback, release_device_memory, train
 from contrastive.engine.task import StageSpec
@@ -64,7 +65,8 @@ def train_stage(spec: ImageStageSpec, *, info: DistInfo | None = None, callbacks
                                                                               open_dataset=load_dataset)
     method = build_method(model_kwargs=spec.model, method_kwargs=spec.method)
     if spec.init_model_path is not None:  # a resume's checkpoint still wins: the engine loads it over these
-        method.load_state_dict(torch.load(spec.init_model_path, map_location="cpu", weights_only=False)["state_dict"])
+        method.load_state_dict(load_torch_file(spec.init_model_path, what="init model (init_model_path)")
+                               ["state_dict"])
     torch_device = device_for(name=spec.device, info=info)
     task = ImageContrastiveTask(method=method, augment=TwoViewAugment(**spec.augment), seed=spec.seed,
                                 channels_last=spec.loop.channels_last, epochs=spec.loop.epochs)
@@ -127,7 +129,7 @@ def read_trained_model(*, model_path: Path, device: torch.device) -> tuple[torch
     was built with (``in_channels``, absent in models saved before it existed: 3)."""
     if not Path(model_path).exists():
         raise DataError(f"trained model {model_path} is missing: rerun the pipeline to retrain this stage")
-    saved = torch.load(model_path, map_location=device, weights_only=False)
+    saved = load_torch_file(model_path, what="trained model", map_location=device)
     method = build_method(model_kwargs=saved["model_kwargs"], method_kwargs=saved["method_kwargs"])
     method.load_state_dict(saved["state_dict"])
     return method.to(device).eval(), saved["model_kwargs"]

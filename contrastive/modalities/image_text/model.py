@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import pickle
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -26,6 +27,8 @@ import open_clip
 import torch
 from torch import nn
 
+from contrastive.engine.checkpoint import save_torch
+from contrastive.engine.safe_load import load_torch_file, unsafe_file_error
 from contrastive.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -202,6 +205,9 @@ def create_clip(*, spec: ClipSpec, device: torch.device | str = "cpu") -> ClipBu
     (:func:`freeze_for_finetuning`).
     """
     register_model_configs()
+    if {"weights_only", "jit"} & set(spec.extra):
+        raise ConfigError("model.extra may not set weights_only or jit: mclpipe loads weights only as tensors "
+                          "(weights_only=True), never as code; remove them from model.extra")
     weights, extra = resolve_pretrained(model_name=spec.model_name, pretrained=spec.pretrained,
                                         cache_dir=spec.cache_dir)
     try:
@@ -209,8 +215,12 @@ def create_clip(*, spec: ClipSpec, device: torch.device | str = "cpu") -> ClipBu
             # the CPU generator alone: open_clip builds the model on the CPU and then moves it, and
             # torch.manual_seed would reseed (or queue a reseed of) every GPU's generator, outside the fork
             torch.default_generator.manual_seed(spec.init_seed)
+            # open_clip reads .bin/.pt weights with torch.load(weights_only=True) (.safetensors with safetensors):
+            # said here too, so that no change of its default reads a weights file as code
             model, train_tf, eval_tf = open_clip.create_model_and_transforms(
-                spec.model_name, pretrained=weights, device=device, **extra, **spec.extra)
+                spec.model_name, pretrained=weights, device=device, weights_only=True, **extra, **spec.extra)
+    except pickle.UnpicklingError as exc:
+        raise unsafe_file_error(weights or spec.model_name, what="pretrained weights file", exc=exc) from None
     except RuntimeError as exc:
         if "not found" in str(exc) or "Unknown model" in str(exc):
             raise ConfigError(f"open_clip has no model {spec.model_name!r} ({exc}); use one of "
@@ -298,11 +308,8 @@ def save_stage_model(*, model: nn.Module, spec: ClipSpec, path: Path, weights_fi
     """Write ``{spec, trainable_state, weights_fingerprint}``: the init is rebuilt from the spec and only the
     trained parameters are stored (for ViT-L-14 with 6 trainable blocks about a quarter of the full model)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save({"spec": spec.to_dict(), "trainable_state": trainable_state_dict(model),
-                "weights_fingerprint": file_fingerprint(weights_file)}, tmp)
-    tmp.replace(path)
+    save_torch({"spec": spec.to_dict(), "trainable_state": trainable_state_dict(model),
+                "weights_fingerprint": file_fingerprint(weights_file)}, path, what="the stage's model")
     return path
 
 
@@ -311,7 +318,7 @@ def load_stage_model(*, path: Path, device: torch.device | str = "cpu") -> ClipB
     path = Path(path)
     if not path.is_file():
         raise DataError(f"stage model {path} is missing: rerun the pipeline to retrain that stage")
-    saved = torch.load(path, map_location="cpu", weights_only=False)
+    saved = load_torch_file(path, what="stage model")
     bundle = create_clip(spec=ClipSpec.from_dict(saved["spec"]), device="cpu")
     fingerprint = file_fingerprint(bundle.weights_file)
     if saved.get("weights_fingerprint") != fingerprint:
@@ -328,7 +335,7 @@ def load_stage_states(paths: list[Path]) -> tuple[dict, list[dict[str, torch.Ten
     for path in paths:
         if not Path(path).is_file():
             raise DataError(f"stage model {path} is missing: rerun the pipeline to retrain that stage")
-        saved = torch.load(path, map_location="cpu", weights_only=False)
+        saved = load_torch_file(path, what="stage model (a soup's input)")
         specs.append(saved["spec"])
         states.append(saved["trainable_state"])
     if any(s != specs[0] for s in specs[1:]):

@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from contrastive.engine.checkpoint import save_torch
+from contrastive.engine.safe_load import load_torch_file
 from contrastive.modalities.image_text.model import ClipBundle, ClipSpec, create_clip, load_stage_model
 
 
@@ -26,13 +28,13 @@ def write_serving_file(model_path: str, *, out_dir: Path) -> str:
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"{Path(model_path).parent.parent.name or 'stage'}-{len(list(out_dir.iterdir()))}.pt"
     spec = {**bundle.spec.to_dict(), "pretrained": None, "cache_dir": None}
-    torch.save({"spec": spec, "state_dict": bundle.model.state_dict()}, target)
+    save_torch({"spec": spec, "state_dict": bundle.model.state_dict()}, target, what="the serving model")
     return str(target)
 
 
 def load_encoder(path: str) -> ClipBundle:
     """A stage's model for embedding: a serving file (full weights) or a stage ``model.pt`` (init + trained)."""
-    saved = torch.load(path, map_location="cpu", weights_only=False)
+    saved = load_torch_file(path, what="serving model")
     if "state_dict" not in saved:
         return load_stage_model(path=Path(path), device="cpu")
     bundle = create_clip(spec=ClipSpec.from_dict(saved["spec"]), device="cpu")

@@ -22,6 +22,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from contrastive.engine.checkpoint import save_torch
 from contrastive.engine.files import write_json
 from contrastive.data.loading import resolve_workers
 from contrastive.modalities.image_text.data import (ClipBatch, SampleDecodePool, SampleDecoder, concat_batches,
@@ -317,10 +318,8 @@ def make_soup(*, model_paths: list[str], out_path: str) -> str:
     spec, states = load_stage_states([Path(p) for p in model_paths])
     soup = average_state_dicts(states)
     out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    torch.save({"spec": spec, "trainable_state": soup, "weights_fingerprint": None, "soup_of": model_paths}, tmp)
-    tmp.replace(out)
+    save_torch({"spec": spec, "trainable_state": soup, "weights_fingerprint": None,
+                "soup_of": [str(p) for p in model_paths]}, out, what="the model soup")
     return str(out)
 
 

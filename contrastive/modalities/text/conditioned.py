@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from contrastive.engine.checkpoint import save_torch
 from contrastive.engine.files import write_json
 from contrastive.engine.distributed import device_for
 from contrastive.engine.task import LoopSpec, OptimSpec
@@ -97,7 +98,7 @@ def run_hyper_cl(*, dataset_dir: Path | str, model_paths: list[str], out_dir: Pa
         reencoding = timed(lambda: encode([f"{condition} : {s}" for s in test_sentences]), repeat=1)
         metrics["csts/reencode_over_project_time"] = reencoding / max(projecting, 1e-9)
     out_dir.mkdir(parents=True, exist_ok=True)
-    torch.save({"hyper": model.state_dict(), "linear": linear.state_dict(), "spec": asdict(spec),
-                "conditions": conditions, "condition_names": names}, out_dir / "hyper.pt")
+    save_torch({"hyper": model.state_dict(), "linear": linear.state_dict(), "spec": asdict(spec),
+                "conditions": conditions, "condition_names": names}, out_dir / "hyper.pt", what="the Hyper-CL model")
     write_json(out_dir / "metrics.json", metrics)
     return metrics

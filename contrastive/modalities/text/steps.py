@@ -16,6 +16,7 @@ from contrastive.embeddings import ExportBatch, compute_embeddings, export_ranke
 from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
 from contrastive.engine.checkpoint import save_torch
 from contrastive.engine.files import write_json
+from contrastive.engine.safe_load import load_torch_file
 from contrastive.engine.distributed import DistInfo, current_info, device_for
 from contrastive.engine.loop import TrainCallback, release_device_memory, train
 from contrastive.engine.task import StageSpec
@@ -72,7 +73,7 @@ def load_text_model(*, model_path: Path | str, device: torch.device) -> tuple[Si
     """(model in eval mode, tokenizer, encoder spec) of a trained stage."""
     if not Path(model_path).exists():
         raise DataError(f"trained model {model_path} is missing: rerun the pipeline to retrain this stage")
-    saved = torch.load(model_path, map_location="cpu", weights_only=False)
+    saved = load_torch_file(model_path, what="trained model")
     model, tokenizer = build_text_method(encoder=saved["encoder"], method=saved["method"], vocab=saved["vocab"])
     model.load_state_dict(saved["state_dict"])
     return model.to(device).eval(), tokenizer, TextEncoderSpec(**saved["encoder"])

@@ -45,7 +45,7 @@ def _worker(rank: int, out: str) -> None:
 
 def test_two_ranks_reproduce_the_single_process_loss_and_gradients(tmp_path):
     run_gloo_ranks(_worker, str(tmp_path), world=WORLD)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
     x, weights = _data()
     x = x.clone().requires_grad_(True)
     norm = nn.BatchNorm2d(4)

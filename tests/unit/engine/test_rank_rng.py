@@ -72,7 +72,7 @@ def _resumed(rank: int, out: str) -> None:
 def test_two_ranks_resume_their_own_draws(tmp_path):
     run_gloo_ranks(_uninterrupted, str(tmp_path))
     run_gloo_ranks(_stopped, str(tmp_path))
-    checkpoint = torch.load(tmp_path / "resumed" / "last.pt", weights_only=False)
+    checkpoint = torch.load(tmp_path / "resumed" / "last.pt", weights_only=True)
     assert len(checkpoint["rng_by_rank"]) == 2
     assert not torch.equal(checkpoint["rng_by_rank"][0]["torch"], checkpoint["rng_by_rank"][1]["torch"])
     assert torch.equal(rng_of_rank(checkpoint, rank=1, world_size=2)["torch"], checkpoint["rng_by_rank"][1]["torch"])

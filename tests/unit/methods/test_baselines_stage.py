@@ -45,7 +45,7 @@ def test_baseline_stage_on_four_channel_data(tmp_path, cifar_mnist, method):
 def test_inheritance_starts_from_the_earlier_stage(tmp_path, cifar_mnist, monkeypatch):
     method = {"name": "simclr", "temperature": 0.5}
     first = stages.train_stage(spec(tmp_path, cifar_mnist, "s0", method))
-    saved = torch.load(first["model_path"], weights_only=False)["state_dict"]
+    saved = torch.load(first["model_path"], weights_only=True)["state_dict"]
     started_from = {}
 
     class Stop(Exception):

@@ -14,7 +14,6 @@ independent features: attributes ``cifar`` (10 classes) and ``digit`` (10 classe
 from __future__ import annotations
 
 import gzip
-import pickle
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from contrastive.modalities.image.datasets.sources import files_fingerprint, find_in, missing_data, prepared_dir, subsample, write_prepared
+from contrastive.engine.safe_load import UnsafeFileError, load_array_pickle
 from contrastive.errors import DataError
 
 KIND = "cifar_mnist"
@@ -54,8 +54,11 @@ def cifar_dir(root: Path) -> Path:
 
 def _unpickle(path: Path) -> dict:
     try:
-        with open(path, "rb") as handle:
-            return pickle.load(handle, encoding="bytes")
+        with open(path, "rb") as handle:  # numpy arrays and plain data only: a planted pickle runs nothing
+            return load_array_pickle(handle, path=path, what="CIFAR-10 python batch", encoding="bytes",
+                                     fix="Re-extract cifar-10-python.tar.gz from cs.toronto.edu/~kriz/cifar.html")
+    except UnsafeFileError:
+        raise
     except Exception as err:  # truncated download, wrong file
         raise DataError(f"{path} is not a CIFAR-10 python batch ({type(err).__name__}: {err}): re-extract "
                         "cifar-10-python.tar.gz") from err

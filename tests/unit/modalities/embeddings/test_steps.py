@@ -51,8 +51,8 @@ def test_a_stopped_stage_resumes_to_the_same_weights(tmp_path, data_dir):
     train_feature_stage(_spec(tmp_path / "killed", data_dir), stop_after_steps=5)
     resumed = train_feature_stage(_spec(tmp_path / "killed", data_dir))
     assert resumed["resumed_from_step"] == 5 and resumed["steps"] == full["steps"] == 16
-    a = torch.load(full["model_path"], weights_only=False)["state_dict"]
-    b = torch.load(resumed["model_path"], weights_only=False)["state_dict"]
+    a = torch.load(full["model_path"], weights_only=True)["state_dict"]
+    b = torch.load(resumed["model_path"], weights_only=True)["state_dict"]
     for name in a:
         torch.testing.assert_close(a[name], b[name], msg=name)
 

@@ -45,7 +45,7 @@ def runs(tmp_path_factory):
 
 
 def _weights(stage_dir) -> dict:
-    return torch.load(stage_dir / "model" / "model.pt", weights_only=False)["state_dict"]
+    return torch.load(stage_dir / "model" / "model.pt", weights_only=True)["state_dict"]
 
 
 def test_two_ranks_match_one_process_with_the_same_global_batch(runs):

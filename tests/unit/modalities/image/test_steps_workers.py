@@ -24,7 +24,7 @@ def _jpeg_folder(tmp_path):
 
 
 def _weights(stage_dir) -> dict:
-    return torch.load(stage_dir / "model" / "model.pt", weights_only=False)["state_dict"]
+    return torch.load(stage_dir / "model" / "model.pt", weights_only=True)["state_dict"]
 
 
 def test_a_stage_from_files_trains_the_same_with_0_1_and_3_workers(tmp_path):

@@ -143,7 +143,7 @@ def test_stage_model_file_stores_only_trained_parameters(tmp_path, tiny):
     with torch.no_grad():
         tiny.model.visual.proj.add_(1.0)
     path = save_stage_model(model=tiny.model, spec=TINY, path=tmp_path / "model.pt", weights_file=None)
-    saved = torch.load(path, weights_only=False)
+    saved = torch.load(path, weights_only=True)
     assert set(saved["trainable_state"]) == set(trainable_names(tiny.model))
     loaded = load_stage_model(path=path)
     state, original = loaded.model.state_dict(), tiny.model.state_dict()

@@ -49,8 +49,8 @@ def test_supervised_stage_resumes_to_the_same_weights(tmp_path, data_dir):
     train_text_stage(_spec(tmp_path / "killed", data_dir, method="simcse_sup", every=0), stop_after_steps=5)
     resumed = train_text_stage(_spec(tmp_path / "killed", data_dir, method="simcse_sup", every=0))
     assert resumed["resumed_from_step"] == 5 and resumed["steps"] == full["steps"]
-    a = torch.load(full["model_path"], weights_only=False)["state_dict"]
-    b = torch.load(resumed["model_path"], weights_only=False)["state_dict"]
+    a = torch.load(full["model_path"], weights_only=True)["state_dict"]
+    b = torch.load(resumed["model_path"], weights_only=True)["state_dict"]
     for name in a:
         torch.testing.assert_close(a[name], b[name], msg=name)
 

@@ -66,8 +66,8 @@ def test_two_ranks_match_one_process_with_the_same_global_batch(runs, kind):
             assert len({group_of[k] for k in batch}) == 1
     assert two[0]["losses"] == pytest.approx(two[1]["losses"], rel=1e-6)  # one global loss on every rank
     assert two[0]["losses"] == pytest.approx(one["losses"], rel=1e-5, abs=1e-5)
-    weights_one = torch.load(tmp / f"one-{kind}" / "model" / "model.pt", weights_only=False)["state_dict"]
-    weights_two = torch.load(tmp / f"two-{kind}" / "model" / "model.pt", weights_only=False)["state_dict"]
+    weights_one = torch.load(tmp / f"one-{kind}" / "model" / "model.pt", weights_only=True)["state_dict"]
+    weights_two = torch.load(tmp / f"two-{kind}" / "model" / "model.pt", weights_only=True)["state_dict"]
     for name, value in weights_one.items():
         other = weights_two[name]
         if name.endswith("in_proj_bias"):
