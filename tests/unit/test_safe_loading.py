@@ -283,7 +283,7 @@ def test_a_planted_cifar_batch_is_refused_and_real_ones_still_read(tmp_path, sen
     """CIFAR-10's python version is a pickle by design: read with an unpickler that rebuilds only numpy arrays
     and plain data."""
     from contrastive.modalities.image.datasets.cifar_mnist import read_cifar10
-    from tests.unit.data.test_cifar_mnist import write_cifar
+    from tests.unit.modalities.image.datasets.test_cifar_mnist import write_cifar
     truth = write_cifar(tmp_path)
     images, labels, _ = read_cifar10(tmp_path, split="test")
     np.testing.assert_array_equal(images, truth["test_batch"][0])
