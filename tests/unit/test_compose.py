@@ -97,3 +97,12 @@ def test_every_variable_is_in_env_example_with_a_placeholder():
 def test_dot_env_is_never_committed():
     ignored = subprocess.run(["git", "check-ignore", "-q", ".env"], cwd=REPO)
     assert ignored.returncode == 0, ".env must be in .gitignore"
+
+
+def test_mlflow_answers_the_host_names_its_clients_use():
+    """MLflow refuses a Host header outside its allowed hosts (DNS-rebinding protection; by default localhost and
+    private IPs): the worker reaches it as mlflow:5000."""
+    allowed = env_of("mlflow")["MLFLOW_SERVER_ALLOWED_HOSTS"].split(",")
+    worker_host = env_of("worker")["MLFLOW_TRACKING_URI"].split("://")[1]
+    assert worker_host in allowed and "localhost:5000" in allowed
+    assert "*" not in allowed
