@@ -53,7 +53,8 @@ ui-mlflow: $(STAMP)
 ui-prefect: $(STAMP)
 	$(BIN)/prefect server start
 
-# The team stack without Docker: PostgreSQL + an MLflow server and a Prefect server on it (docs/tracking.md).
+# The team stack without Docker: PostgreSQL + an MLflow server (basic-auth app) and a Prefect server (basic auth) on
+# it, on 127.0.0.1; secrets in .env, written with random values when missing (docs/tracking.md, docs/operating.md).
 stack: $(STAMP)
 	bash .ci/stack.sh start
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A PostgreSQL server for the team stack (Prefect + MLflow on PostgreSQL) without Docker. Idempotent: installs
 # Debian's postgresql when missing, creates a cluster in $MCLPIPE_PG_DIR on first use, starts it if it is not
-# running, and creates the role and the two databases when missing. Listens on 127.0.0.1:$MCLPIPE_PG_PORT only.
-#   bash .ci/setup-postgres.sh      # then: postgresql://mclpipe:mclpipe@127.0.0.1:55432/{prefect,mlflow}
+# running, and creates the role and the databases (Prefect's, MLflow's and its basic-auth app's) when missing. Listens on 127.0.0.1:$MCLPIPE_PG_PORT only.
+#   bash .ci/setup-postgres.sh      # then: postgresql://mclpipe:mclpipe@127.0.0.1:55432/{prefect,mlflow,mlflow_auth}
 set -euo pipefail
 PG_DIR=${MCLPIPE_PG_DIR:-/tmp/mclpipe-postgres}
 PG_PORT=${MCLPIPE_PG_PORT:-55432}
@@ -35,14 +35,15 @@ psql_pg() { as_pg "$BIN/psql" -h 127.0.0.1 -p "$PG_PORT" -U postgres -v ON_ERROR
 if [ "$(psql_pg -c "SELECT 1 FROM pg_roles WHERE rolname='mclpipe'")" != 1 ]; then
   psql_pg -c "CREATE ROLE mclpipe LOGIN PASSWORD 'mclpipe'"
 fi
-for db in prefect mlflow; do
+for db in prefect mlflow mlflow_auth; do
   if [ "$(psql_pg -c "SELECT 1 FROM pg_database WHERE datname='$db'")" != 1 ]; then
     psql_pg -c "CREATE DATABASE $db OWNER mclpipe"
   fi
 done
-echo "postgresql://mclpipe:mclpipe@127.0.0.1:$PG_PORT/{prefect,mlflow} (data in $PG_DIR)"
-# The MLflow server's PostgreSQL driver (the `stack` extra) in the project's venv, when there is one.
+echo "postgresql://mclpipe:mclpipe@127.0.0.1:$PG_PORT/{prefect,mlflow,mlflow_auth} (data in $PG_DIR)"
+# The MLflow server's PostgreSQL driver and its basic-auth app's Flask-WTF (the `stack` extra) in the project's
+# venv, when there is one.
 VENV_PIP="$(cd "$(dirname "$0")/.." && pwd)/${VENV:-.venv}/bin/pip"
-if [ -x "$VENV_PIP" ] && ! "${VENV_PIP%pip}python" -c "import psycopg2" 2>/dev/null; then
-  "$VENV_PIP" install -q "psycopg2-binary>=2.9"
+if [ -x "$VENV_PIP" ] && ! "${VENV_PIP%pip}python" -c "import psycopg2, flask_wtf" 2>/dev/null; then
+  "$VENV_PIP" install -q "psycopg2-binary>=2.9" "mlflow[auth]>=3.17,<3.18"
 fi

@@ -16,6 +16,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from contrastive.credentials import refuse_credentials_in_uri
 from contrastive.data.dataset import params_hash
 from contrastive.engine.task import LoopSpec
 from contrastive.errors import ConfigError
@@ -190,6 +191,9 @@ class EvalConfig(_Section):
 
 
 class TrackingConfig(_Section):
+    # a refused uri holds a password: keep it out of the error's text
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, hide_input_in_errors=True)
+
     uri: str | None = Field(None, description="MLflow tracking URI; None = $MLFLOW_TRACKING_URI or "
                                               "sqlite:///mlflow.db in the working directory")
     experiment: str = "mclpipe"
@@ -202,6 +206,11 @@ class TrackingConfig(_Section):
                                                                  "may be away (restarted, redeployed) before the run "
                                                                  "stops: training goes on meanwhile and its metrics "
                                                                  "wait in the stage's step directory")
+
+    @field_validator("uri")
+    @classmethod
+    def _no_credentials(cls, uri: str | None) -> str | None:
+        return refuse_credentials_in_uri(uri, name="tracking.uri")
 
 
 class ScheduleConfig(_Section):

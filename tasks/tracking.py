@@ -29,6 +29,7 @@ from mlflow.tracking import MlflowClient
 
 from contrastive.engine.files import atomic_write_bytes, disk_full_error, is_disk_full
 from contrastive.errors import MclpipeError
+from contrastive.credentials import refuse_credentials_in_uri
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +233,7 @@ class Tracker:
     def __init__(self, *, uri: str | None, experiment: str, artifact_root: Path | None = None,
                  retries: int = 4, backoff_seconds: float = 0.5,
                  outage_grace_seconds: float = OUTAGE_GRACE_SECONDS):
-        self.uri = uri or default_tracking_uri()
+        self.uri = refuse_credentials_in_uri(uri or default_tracking_uri(), name="MLFLOW_TRACKING_URI")
         self.retries = retries
         self.backoff_seconds = backoff_seconds
         self.outage_grace_seconds = outage_grace_seconds

@@ -10,10 +10,13 @@ WORKER_STAGE1 = "stage_overrides.1.train.epochs=30"
 
 @pytest.fixture(scope="session")
 def team_stack(tmp_path_factory):
-    """The team stack (tests/e2e/stack.py), one for the session's slow stack, worker and UI tests."""
-    from tests.e2e.stack import team_stack
+    """The team stack (tests/e2e/stack.py), one for the session's slow stack, worker and UI tests. When they are
+    done, no secret of the stack's .env may be in its databases, logs or artifacts (issue 36)."""
+    from tests.e2e.stack import credentials_found, team_stack
     with team_stack(tmp_path_factory.mktemp("stack")) as stack:
         yield stack
+        found = credentials_found(stack)
+        assert not found, f"a credential of the stack's .env was written to: {found}"
 
 
 @pytest.fixture(scope="session")

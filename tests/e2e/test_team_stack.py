@@ -1,6 +1,10 @@
 """The team stack without Docker (issue 16): `mclpipe run` against an MLflow server and a Prefect server, both on
-PostgreSQL, then the run tree, the registered model and the links between the two UIs read back from the servers."""
+PostgreSQL, then the run tree, the registered model and the links between the two UIs read back from the servers.
+Closed by default (issue 36): both servers refuse a request without the credentials of the stack's .env, and no
+credential lands in their databases, the logs or the artifacts."""
+import base64
 import json
+import urllib.error
 import urllib.request
 
 import mlflow
@@ -9,13 +13,15 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.tracking import TRAINING_VIEW
+from tests.e2e.stack import credentials_found
 
 pytestmark = pytest.mark.slow
 
 
 def prefect_api(stack, path: str, body: dict | None = None):
     request = urllib.request.Request(f"{stack.prefect_url}/api{path}", data=json.dumps(body or {}).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+                                     headers={"Content-Type": "application/json", **stack.prefect_headers()},
+                                     method="POST")
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read())
 
@@ -59,3 +65,45 @@ def test_tiny_pipeline_on_the_postgres_stack(team_stack_run):
     # the end-of-run report printed the server's URL whole
     assert f"{stack.mlflow_url}/#/experiments/{experiment.experiment_id}/runs/{parent.info.run_id}{TRAINING_VIEW}" in \
         result.stdout.splitlines()
+
+
+def status_of(url: str, *, auth: str | None = None, body: dict | None = None) -> int:
+    """The HTTP status of one request, with ``auth`` ("user:password") as basic authentication when given."""
+    headers = {"Content-Type": "application/json"}
+    if auth is not None:
+        headers["Authorization"] = "Basic " + base64.b64encode(auth.encode()).decode()
+    data = None if body is None else json.dumps(body).encode()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=120) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_both_servers_refuse_requests_without_the_credentials(team_stack):
+    stack = team_stack
+    prefect_auth = stack.secrets["PREFECT_API_AUTH_STRING"]
+    user, password = stack.secrets["MLFLOW_TRACKING_USERNAME"], stack.secrets["MLFLOW_TRACKING_PASSWORD"]
+    flow_runs = f"{stack.prefect_url}/api/flow_runs/filter"
+    # Prefect's API: nothing without the auth string; its health probe stays open (what a load balancer polls)
+    assert status_of(flow_runs, body={}) == 401
+    assert status_of(flow_runs, body={}, auth=prefect_auth.split(":")[0] + ":wrong") == 401
+    assert status_of(flow_runs, body={}, auth=prefect_auth) == 200
+    assert status_of(f"{stack.prefect_url}/api/health") == 200
+    # MLflow: the REST API, the artifact proxy and the UI ask for a login; MLflow's old default admin password
+    # (password1234) is never accepted, the admin's password is the one from .env
+    search = f"{stack.mlflow_url}/api/2.0/mlflow/experiments/search?max_results=1"
+    for url in (search, f"{stack.mlflow_url}/api/2.0/mlflow-artifacts/artifacts", f"{stack.mlflow_url}/"):
+        assert status_of(url) == 401, url
+    assert status_of(search, auth=f"{user}:password1234") == 401
+    assert status_of(search, auth=f"{user}:{password}x") == 401
+    assert status_of(search, auth=f"{user}:{password}") == 200
+
+
+def test_no_credential_in_the_databases_logs_or_artifacts(team_stack_run):
+    """After `mclpipe run` on the stack: pg_dump of the MLflow and Prefect databases, the artifact store, the run
+    directory and the servers' logs hold none of .env's secrets (tests/e2e/conftest.py checks again once every
+    test of the session, the worker's flow runs included, is done)."""
+    stack, result = team_stack_run
+    assert credentials_found(stack) == []
+    assert not [secret for secret in stack.credentials() if secret in result.stdout + result.stderr]

@@ -5,6 +5,9 @@ Prefect flow run -> its artifacts -> the link to the MLflow pipeline run -> the 
 a stage run (metrics, datasets, description) -> its artifacts (clusters, pseudo-labels, embeddings) -> the
 experiment in the training view -> the logged models -> the registered model and its alias.
 
+The browser signs in to both UIs as a person does (issue 36): Prefect's login page takes the stack's
+PREFECT_API_AUTH_STRING, MLflow's basic-auth app the user and password of its .env.
+
 Screenshots go to $MCLPIPE_UI_SCREENSHOTS (`make ui-check`) or the test's tmp dir; docs/tracking.md shows them.
 No browser is downloaded: .ci/setup-browser.sh installs chromium from Debian.
 """
@@ -26,6 +29,28 @@ def summary_of(stack) -> dict:
     return json.loads(next((stack.root / "runs" / "pipelines").glob("*/summary.json")).read_text())
 
 
+def prefect_login(page, stack, auth_string: str) -> None:
+    """Prefect's login page (what its UI shows every page until the auth string is given): type it, press Login."""
+    page.goto(f"{stack.prefect_url}/dashboard")
+    field = page.get_by_placeholder("admin:pass")
+    field.wait_for(timeout=WAIT_MS)
+    field.fill(auth_string)
+    page.get_by_role("button", name="Login").click()
+
+
+def signed_in_page(browser, stack, *, viewport: dict):
+    """A new browser (its own cookies and storage) signed in to both UIs with the credentials of the stack's .env:
+    MLflow's basic-auth challenge answered with its user and password (for MLflow's address only), Prefect's login
+    page given its auth string."""
+    context = browser.new_context(viewport=viewport, http_credentials={
+        "username": stack.secrets["MLFLOW_TRACKING_USERNAME"], "password": stack.secrets["MLFLOW_TRACKING_PASSWORD"],
+        "origin": stack.mlflow_url})
+    page = context.new_page()
+    prefect_login(page, stack, stack.secrets["PREFECT_API_AUTH_STRING"])
+    page.get_by_placeholder("admin:pass").wait_for(state="detached", timeout=WAIT_MS)
+    return page
+
+
 def open_page(page, url: str, *, expect: str, shot: Path) -> str:
     """Go to ``url``, wait until ``expect`` is on the page, save a screenshot; returns the page's text."""
     page.goto(url)
@@ -38,7 +63,7 @@ def open_page(page, url: str, *, expect: str, shot: Path) -> str:
 def test_from_prefect_to_mlflow_to_the_model(team_stack_run, browser, shots):
     stack, _ = team_stack_run
     summary = summary_of(stack)
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page = signed_in_page(browser, stack, viewport={"width": 1400, "height": 1000})
     parent_url = summary["mlflow_url"]
 
     # Prefect: the flow run carries link artifacts to its MLflow runs
@@ -85,16 +110,32 @@ def test_from_prefect_to_mlflow_to_the_model(team_stack_run, browser, shots):
     registry_url = parent_url.split("/#/")[0] + "/#/models/stack_tiny"
     text = open_page(page, registry_url, expect="current", shot=shots / "09-mlflow-registered-model.png")
     assert "Version 1" in text
-    page.close()
+    page.context.close()
 
 
 def test_screenshots_are_pictures(team_stack_run, browser, shots):
     """The screenshots of the previous test exist and are real PNGs of a rendered page (not blank)."""
     stack, _ = team_stack_run
-    page = browser.new_page(viewport={"width": 800, "height": 600})
+    page = signed_in_page(browser, stack, viewport={"width": 800, "height": 600})
     open_page(page, summary_of(stack)["mlflow_url"], expect="MCL concat", shot=shots / "pipeline-run-small.png")
     png = (shots / "pipeline-run-small.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
-    page.close()
+    page.context.close()
     with urllib.request.urlopen(f"{stack.prefect_url}/api/health", timeout=10) as response:
         assert response.status == 200
+
+
+def test_both_uis_ask_for_a_login(team_stack, browser, shots):
+    """A browser without the credentials gets no MLflow page (its 401 challenge goes unanswered: Chromium ends the
+    navigation with ERR_INVALID_AUTH_CREDENTIALS) and Prefect's login page, which refuses a wrong auth string."""
+    stack = team_stack
+    context = browser.new_context(viewport={"width": 1000, "height": 700})
+    page = context.new_page()
+    with pytest.raises(Exception, match="ERR_INVALID_AUTH_CREDENTIALS"):
+        page.goto(f"{stack.mlflow_url}/")
+    assert context.request.get(f"{stack.mlflow_url}/").status == 401
+    prefect_login(page, stack, stack.secrets["PREFECT_API_AUTH_STRING"].split(":")[0] + ":wrong")
+    page.get_by_text("Authentication failed.").first.wait_for(timeout=WAIT_MS)
+    page.screenshot(path=str(shots / "00-prefect-login.png"))
+    assert page.get_by_placeholder("admin:pass").is_visible()
+    context.close()

@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 
 from pipeline_config.schema import ImagePipelineConfig
 from tasks.tracking import TRAINING_VIEW
-from tests.e2e.test_ui_browser import WAIT_MS, open_page
+from tests.e2e.test_ui_browser import WAIT_MS, open_page, signed_in_page
 from tests.e2e.worker import PIPELINE, api, flow_run
 
 pytestmark = pytest.mark.slow
@@ -29,7 +29,7 @@ def form_field(page, label: str):
 
 def test_custom_run_from_the_deployment_form(worker_deployment, browser, shots):
     stack = worker_deployment.stack
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page = signed_in_page(browser, stack, viewport={"width": 1400, "height": 1000})
 
     # the deployment `mclpipe deploy` registered for the process pool
     text = open_page(page, f"{stack.prefect_url}/deployments/deployment/{worker_deployment.deployment_id}",
@@ -101,7 +101,7 @@ def test_custom_run_from_the_deployment_form(worker_deployment, browser, shots):
     registry_url = stack.mlflow_url + f"/#/models/{PIPELINE}"
     text = open_page(page, registry_url, expect="current", shot=shots / "15-mlflow-registered-model.png")
     assert f"Version {version.version}" in text
-    page.close()
+    page.context.close()
 
 
 def test_the_retry_button_of_a_crashed_flow_run(worker_deployment, browser, shots):
@@ -113,7 +113,7 @@ def test_the_retry_button_of_a_crashed_flow_run(worker_deployment, browser, shot
     stack = worker_deployment.stack
     deployed = api(stack, f"/deployments/{worker_deployment.deployment_id}", method="GET")["parameters"]["config"]
     crash = crash_in_stage1(worker_deployment, parameters={"config": {**deployed, "seed": 1}})
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page = signed_in_page(browser, stack, viewport={"width": 1400, "height": 1000})
     url = f"{stack.prefect_url}/runs/flow-run/{crash.flow_run_id}"
     text = open_page(page, url, expect="Crashed", shot=shots / "16-prefect-crashed-flow-run.png")
     assert crash.crashed["name"] in text
@@ -131,4 +131,4 @@ def test_the_retry_button_of_a_crashed_flow_run(worker_deployment, browser, shot
     assert ("SCHEDULED", "AwaitingRetry", "Retry from the UI") in history, history
     text = open_page(page, url, expect="Completed", shot=shots / "18-prefect-retried-flow-run.png")
     assert crash.crashed["name"] in text
-    page.close()
+    page.context.close()

@@ -1,6 +1,8 @@
 """A tiny pipeline deployed to a process work pool of the team stack (tests/e2e/stack.py) and a real
 `prefect worker start --pool <pool> --type process` executing its flow runs, as docs/operating.md tells a team to
-run it: for the retry test (tests/e2e/test_worker_retry.py) and the browser's custom run (test_ui_browser.py).
+run it, signed in to both servers with the credentials of the stack's .env (PREFECT_API_AUTH_STRING,
+MLFLOW_TRACKING_USERNAME/PASSWORD in its environment): for the retry test (tests/e2e/test_worker_retry.py) and the
+browser's custom run (test_ui_deployment.py).
 
 The worker is a subprocess with the stack's environment; it and every process it started (the flow runs'
 processes) are ended by their ids when the fixture ends, however the test ended.
@@ -28,7 +30,7 @@ def api(stack: Stack, path: str, body: dict | None = None, *, method: str | None
     """One call to the stack's Prefect REST API (what the UI calls); JSON in, JSON out."""
     data = None if body is None and method in ("GET", "DELETE") else json.dumps(body or {}).encode()
     request = urllib.request.Request(f"{stack.prefect_url}/api{path}", data=data, method=method or "POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **stack.prefect_headers()})
     with urllib.request.urlopen(request, timeout=30) as response:
         text = response.read()
     return json.loads(text) if text else None
