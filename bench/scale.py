@@ -71,13 +71,14 @@ RSS_FLAT_SLACK = 64 << 20  # ... give or take 64 MiB (allocator noise on steps o
 RECORD_RATIO = 1.1  # every recorded count and byte total within 1.1x from the smallest to the largest size
 RSS_EXEMPT = {"kmeans"}  # k-means holds the (M, D) embeddings by design (docs/clip.md, memory note)
 #: Recorded figures that are the step's data itself, expected to grow with M (reported, not judged).
-DATA_RECORDS = {"mlflow_artifact_bytes"}
+DATA_RECORDS = {"mlflow_artifact_bytes", "mlflow_artifact_files"}
 GOALS = (f"time: log-log slope of seconds between the sizes <= {MAX_SLOPE} (M log M over 100k..1M is ~1.1)",
          f"memory: the step's RSS growth (its peak minus the process's RSS before the call: imports and Prefect "
          f"excluded) at the largest size <= {RSS_FLAT_RATIO} x the smallest size's + {RSS_FLAT_SLACK >> 20} MiB, "
          f"every step except k-means",
          f"records: every MLflow / Prefect count and byte total within {RECORD_RATIO}x from the smallest to the "
-         "largest size, except the artifact bytes (the step's output files, hard links in a local store)")
+         "largest size, except the artifacts' files and bytes (the step's output files: hard links in a local "
+         "store, uploaded to a tracking server's; reported, not judged)")
 
 
 def log(message: str) -> None:
@@ -448,7 +449,7 @@ def run_child(pipeline: str, step: str, work: Path, env: dict, *, timeout: float
     command = [sys.executable, "-m", "bench.scale", "--child", f"{pipeline}:{step}", "--work", str(work),
                "--out", str(out)]
     child_env = {**os.environ, **env, "PREFECT_LOCAL_STORAGE_PATH": str(work / "prefect-results" / step),
-                 "PREFECT_LOGGING_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)}
+                 "PYTHONPATH": str(ROOT)}
     try:
         completed = subprocess.run(command, cwd=ROOT, env=child_env, timeout=timeout, capture_output=True, text=True)
     except subprocess.TimeoutExpired:
@@ -665,6 +666,33 @@ def print_summary(verdicts: list[Verdict]) -> None:
               + (f"  growing: {'; '.join(v.growing_records)}" if v.growing_records else ""))
 
 
+def finish(results: list[StepResult], *, pipelines: list[str], sizes: list[int], started: str, minutes: float,
+           machine: str, report: Path | None, json_path: Path | None) -> int:
+    """Judge, print, save and report; exit status 1 when a step failed to run or a goal failed."""
+    verdicts = [judge(results, p, s) for p in pipelines for s in PIPELINES[p]]
+    print_summary(verdicts)
+    print(f"{minutes:.1f} min in all")
+    if json_path:
+        json_path.write_text(json.dumps({"results": [asdict(r) for r in results], "pipelines": pipelines,
+                                         "sizes": sizes, "minutes": minutes, "started": started, "machine": machine},
+                                        indent=1, default=float))
+    if report:
+        write_report(report_markdown(results, verdicts, started=started, minutes=minutes, machine=machine,
+                                     sizes=sizes), report)
+        print(f"wrote {report}")
+    failed = any(v is False for x in verdicts for v in (x.time_ok, x.rss_ok, x.records_ok))
+    return 1 if failed or any(r.status == "error" for r in results) else 0
+
+
+def report_from_json(path: Path, *, report: Path | None) -> int:
+    saved = json.loads(Path(path).read_text())
+    results = [StepResult(**r) for r in saved["results"]]
+    pipelines = saved.get("pipelines") or sorted({r.pipeline for r in results}, key=list(PIPELINES).index)
+    sizes = saved.get("sizes") or sorted({r.size for r in results})
+    return finish(results, pipelines=pipelines, sizes=sizes, started=saved["started"], minutes=saved["minutes"],
+                  machine=saved["machine"], report=report, json_path=None)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make bench-scale", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES), help="comma-separated sample counts")
@@ -677,7 +705,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-min", type=float, default=24 * 60, help="skip a step projected to end later")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--from-json", type=Path, default=None,
+                        help="judge and report the measurements a --json run saved, without measuring")
     args = parser.parse_args(argv)
+    if args.from_json:
+        return report_from_json(args.from_json, report=args.report)
     if args.child:
         pipeline, step = args.child.split(":")
         return child_main(pipeline, step, args.work, args.out)
@@ -696,8 +728,8 @@ def main(argv: list[str] | None = None) -> int:
     server, env = start_prefect_server(work)
     results: list[StepResult] = []
     try:
-        for size in sizes:
-            for pipeline in pipelines:
+        for pipeline in pipelines:
+            for size in sizes:
                 run_dir = work / f"{pipeline}-{size}"
                 results += run_pipeline(pipeline, size, run_dir, env, deadline=deadline, earlier=results)
                 if not args.keep:
@@ -707,22 +739,10 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep and args.work is None:
             shutil.rmtree(work, ignore_errors=True)
     minutes = (time.time() - begin) / 60
-    verdicts = [judge(results, p, s) for p in pipelines for s in PIPELINES[p]]
-    print_summary(verdicts)
-    print(f"{minutes:.1f} min in all")
     machine = (f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, load average "
                f"{os.getloadavg()[0]:.1f} at the end")
-    if args.json:
-        args.json.write_text(json.dumps({"results": [asdict(r) for r in results],
-                                         "verdicts": [asdict(v) for v in verdicts], "minutes": minutes,
-                                         "started": started, "machine": machine}, indent=1, default=float))
-    if args.report:
-        write_report(report_markdown(results, verdicts, started=started, minutes=minutes, machine=machine,
-                                     sizes=sizes), args.report)
-        print(f"wrote {args.report}")
-    failed = any(v is False for x in verdicts for v in (x.time_ok, x.rss_ok, x.records_ok))
-    errors = any(r.status == "error" for r in results)
-    return 1 if errors or failed else 0
+    return finish(results, pipelines=pipelines, sizes=sizes, started=started, minutes=minutes, machine=machine,
+                  report=args.report, json_path=args.json)
 
 
 if __name__ == "__main__":
