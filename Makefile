@@ -10,7 +10,7 @@ export MLFLOW_TRACKING_URI ?= sqlite:///$(CURDIR)/mlflow.db
 CONFIG ?= pipeline_config/presets/trifeature_mcl.yaml
 SEEDS ?= 0,1,2
 
-.PHONY: install run test test-slow test-all reproduce bench gpu-check ui-mlflow ui-prefect clean stack stack-stop ui-check
+.PHONY: install run test test-slow test-all reproduce bench bench-scale gpu-check ui-mlflow ui-prefect clean stack stack-stop ui-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,13 @@ reproduce: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all
+
+# How the data path of the CLIP and image pipelines grows with M (100k, 300k, 1M synthetic samples; bench/scale.py):
+# seconds, peak RSS, bytes and MLflow / Prefect records per step, slopes, the CC12M projection, into BENCHMARKS.md.
+# Not part of `make bench` (hours on 2 cores). Smaller: make bench-scale SCALE_SIZES=2000,6000,20000
+SCALE_SIZES ?= 100000,300000,1000000
+bench-scale: $(STAMP)
+	$(BIN)/python -m bench.scale --sizes $(SCALE_SIZES) --report BENCHMARKS.md
 
 # The acceptance rows of a CUDA machine (issue 24) into BENCHMARKS.md; without CUDA: one "not measured" line a row.
 # Some rows only: make gpu-check ROWS=simclr,export

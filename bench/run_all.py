@@ -147,11 +147,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def keep_gpu_check_section(previous: str, output: Path) -> None:
-    """The rows `make gpu-check` wrote (measured on a GPU this machine may not have) survive a `make bench`."""
-    from bench.gpu_check import MARK_BEGIN, MARK_END, write_report
-    if MARK_BEGIN in previous and MARK_END in previous:
-        section = previous.split(MARK_BEGIN, 1)[1].split(MARK_END, 1)[0]
-        write_report(f"{MARK_BEGIN}{section}{MARK_END}\n", output)
+    """The rows `make gpu-check` wrote (measured on a GPU this machine may not have) and those of `make bench-scale`
+    (hours long, not run by `make bench`) survive a `make bench`."""
+    from bench import gpu_check, scale
+    for module in (scale, gpu_check):
+        begin, end = module.MARK_BEGIN, module.MARK_END
+        if begin in previous and end in previous:
+            section = previous.split(begin, 1)[1].split(end, 1)[0]
+            module.write_report(f"{begin}{section}{end}\n", output)
 
 
 if __name__ == "__main__":

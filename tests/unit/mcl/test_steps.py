@@ -48,3 +48,27 @@ def test_a_subset_of_samples_is_clustered_and_compared_with_its_attributes(tmp_p
                                 out_path=tmp_path / "p.npz", min_group_size=4, small_group_policy="none", ids=train)
     stored = np.load(tmp_path / "p.npz")
     assert stats["samples"] == 20 and stored["ids"].tolist() == train.tolist()
+
+
+def test_pseudo_labels_read_the_embeddings_only_when_a_group_must_be_merged(tmp_path, monkeypatch):
+    """merge_nearest needs the stages' embeddings (M x D per stage, float32) only for groups smaller than a batch;
+    with none, the step holds the ids and labels alone (bench/scale.py measured it growing with M x D before)."""
+    import contrastive.mcl.steps as steps
+
+    rng = np.random.default_rng(2)
+    keys = np.array([f"k{i}" for i in range(40)])
+    x = np.c_[np.repeat([0, 10], [30, 10]) + rng.normal(0, 0.1, 40), rng.normal(0, 0.1, (40, 2))] + 1.0
+    save_embeddings(embeddings=x, ids=keys, directory=tmp_path / "emb")
+    cluster_stage(embeddings_dir=tmp_path / "emb", out_dir=tmp_path / "clu",
+                  kmeans_spec=KMeansSpec(k=2, seed=0, spherical=False), earlier_cluster_dirs=[])
+    loads = []
+    real = steps.embeddings_for
+    monkeypatch.setattr(steps, "embeddings_for", lambda **kw: loads.append(kw) or real(**kw))
+    common = {"cluster_dirs": [tmp_path / "clu"], "embeddings_dirs": [tmp_path / "emb"],
+              "small_group_policy": "merge_nearest"}
+    stats = build_pseudo_labels(**common, out_path=tmp_path / "a.npz", min_group_size=10)
+    assert stats["small_groups"] == 0 and stats["num_groups"] == 2 and loads == []
+    stats = build_pseudo_labels(**common, out_path=tmp_path / "b.npz", min_group_size=31)  # both small: one group
+    assert stats["small_groups"] == 2 and stats["num_groups"] == 1 and loads == []
+    stats = build_pseudo_labels(**common, out_path=tmp_path / "c.npz", min_group_size=20)  # 10 merged into 30
+    assert stats["small_groups"] == 1 and stats["num_groups"] == 1 and len(loads) == 1
