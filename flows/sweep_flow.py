@@ -55,8 +55,6 @@ def sweep_configs(*, config: str, grid: dict[str, list[str]], seeds: list[int],
     for point in sweep.expand_grid(grid):
         for seed in seeds:
             cfg = load_config(config, [*overrides, *sweep.point_overrides(point, seed=seed)])
-            if cfg.pipeline != "mcl":
-                raise MclpipeError(f"mclpipe sweep runs mcl pipelines; {config} is a {cfg.pipeline} pipeline")
             modality_of(cfg).preflight(cfg)
             runs.append((point, seed, cfg))
     return runs

@@ -692,8 +692,9 @@ class EncoderModel(mlflow.pyfunc.PythonModel):
 
     def load_context(self, context) -> None:
         from contrastive.modalities.registry import modality_for
-        # Models logged before the key was stored are image models.
-        self.modality = modality_for((context.model_config or {}).get("modality", "mcl"))
+        # Models logged before the key was stored are image models; earlier ones store "mcl", the image key's
+        # old name (the registry reads it as "image").
+        self.modality = modality_for((context.model_config or {}).get("modality", "image"))
         names = sorted(context.artifacts, key=lambda name: int(name.removeprefix("stage")))
         self.encoders = [self.modality.load_encoder(str(context.artifacts[n])) for n in names]
 
@@ -782,7 +783,7 @@ def _pickled_by_value() -> Iterator[None]:
             cloudpickle.unregister_pickle_by_value(module)
 
 
-def save_encoder(path: Path, *, model_paths: list[str], dims: list[int], modality: str = "mcl") -> None:
+def save_encoder(path: Path, *, model_paths: list[str], dims: list[int], modality: str = "image") -> None:
     """Write the MLflow model of ``model_paths`` (stage ``model.pt`` files of ``modality``) into ``path``."""
     import tempfile
 
@@ -808,7 +809,7 @@ def save_encoder(path: Path, *, model_paths: list[str], dims: list[int], modalit
 
 
 def log_encoder(tracker: Tracker, run_id: str, *, name: str, model_paths: list[str], dims: list[int],
-                modality: str = "mcl", registered_name: str | None = None,
+                modality: str = "image", registered_name: str | None = None,
                 tags: dict[str, str] | None = None) -> dict[str, str]:
     """Log ``model_paths`` (one stage's ``model.pt``, or every stage's for the integrated representation) of the
     pipeline ``modality`` (the config's ``pipeline:`` key) as an MLflow logged model of the run, loadable with

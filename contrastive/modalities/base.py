@@ -82,7 +82,7 @@ class Modality:
     depends on and nothing else.
     """
 
-    #: The config's ``pipeline:`` key that selects this modality (``mcl`` is the image modality's, for history).
+    #: The config's ``pipeline:`` key that selects this modality.
     name: ClassVar[str]
     #: A few words for logs and docs: "images", "image-text pairs".
     title: ClassVar[str]

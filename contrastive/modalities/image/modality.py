@@ -1,4 +1,4 @@
-"""The image modality (``pipeline: mcl``): SimCLR-family methods on images (Trifeature, image folders, shards, the
+"""The image modality (``pipeline: image``): SimCLR-family methods on images (Trifeature, image folders, shards, the
 paper datasets), probed per attribute, with embedding diagnostics per stage and a HEX-free control for HEX configs.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from contrastive.modalities.base import Launch, Member, Modality, ResultsTable, 
 
 
 class ImageModality(Modality):
-    name = "mcl"
+    name = "image"
     title = "images"
     launch = Launch(train_entry="contrastive.modalities.image.steps:train_stage_from_json",
                     export_entry="contrastive.modalities.image.steps:export_stage_from_json")
