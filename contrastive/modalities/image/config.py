@@ -389,9 +389,9 @@ class ImagePipelineConfig(_PipelineBase):
                     "{2: {train: {epochs: 20}}}: stage 2 (MCL and control) trains 20 epochs. Stages without an "
                     "entry keep their content keys, so with --rerun-from N a change here recomputes only stage N on")
 
-    @field_validator("pipeline", mode="before")
+    @field_validator("pipeline")  # after: a discriminator field takes no before validator
     @classmethod
-    def _old_key(cls, value):
+    def _old_key(cls, value: str) -> str:
         if value == OLD_KEY:
             _say_old_key()
             return "image"
