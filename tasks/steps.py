@@ -315,7 +315,7 @@ def train_stage(*, config: _PipelineBase, key: str, out_dir: str, stage: int, da
                 batches: PseudoLabelRecord | RegroupRecord | None, mlflow_run_id: str,
                 init_from: TrainRecord | None = None) -> TrainRecord:
     """Train a fresh encoder for one stage (cluster-pure batches from ``batches``; with ``init_from``, one that
-    starts from that stage's weights: mcl.inherit); resumes from ``out_dir/checkpoints/last.pt`` if a run was
+    starts from that stage's weights: ``Modality.inherits``); resumes from ``out_dir/checkpoints/last.pt`` if a run was
     killed."""
     if (done := finished_record(out_dir, TrainRecord)) is not None:
         return done

@@ -52,6 +52,12 @@ class ImageModality(Modality):
             content["inherit_from"] = inherit_key
         return content
 
+    def inherits(self, config) -> bool:
+        return config.mcl.inherit
+
+    def cumulative_concat(self, config) -> bool:
+        return config.mcl.cumulative_concat
+
     def train_spec(self, config, *, stage: int, seed: int, out_dir: str, data: dict, batches_path: str | None,
                    init_model_path: str | None):
         from contrastive.modalities.image.steps import ImageStageSpec
