@@ -190,7 +190,7 @@ class StepRunner:
             # A step still to compute of a stage an earlier run began (a training that failed or was killed, an
             # evaluation added later): it continues in that run, reopened, and is closed with this invocation.
             linked = self.linked_runs[run]
-            self.tracker._call("reopen a run", self.tracker.client.update_run, linked, status="RUNNING")
+            self.tracker.reopen_run(linked)
             self.stage_runs[run] = linked
             return linked
         self.stage_runs[run] = t.open_stage_run(
@@ -412,10 +412,10 @@ class StepRunner:
         """A reused stage's run that an earlier attempt did not finish: marked FAILED by a failed one, KILLED by a
         stopped one, or still RUNNING after one of this same flow run was killed (SIGKILL, a lost node) before it
         could close it."""
-        run = self.tracker.client.get_run(run_id)
-        return run.info.status in ("FAILED", "KILLED") or (
-            run.info.status == "RUNNING" and self.flow_run_id is not None
-            and run.data.tags.get("prefect.flow_run_id") == str(self.flow_run_id))
+        run = self.tracker.run_state(run_id)
+        return run.status in ("FAILED", "KILLED") or (
+            run.status == "RUNNING" and self.flow_run_id is not None
+            and run.tags.get("prefect.flow_run_id") == str(self.flow_run_id))
 
     def close(self, *, status: str) -> None:
         """Mark every MLflow run of this invocation finished or failed; a tracking outage here must not hide the
