@@ -14,7 +14,7 @@ MODEL_ALIAS = "current"  # the registered model's alias for the encoder of the l
 
 
 def log_encoder(tracker: Tracker, run_id: str, *, name: str, model_paths: list[str], dims: list[int],
-                modality: str = "image", registered_name: str | None = None,
+                modality: str, registered_name: str | None = None,
                 tags: dict[str, str] | None = None) -> dict[str, str]:
     """Log ``model_paths`` (one stage's ``model.pt``, or every stage's for the integrated representation) of the
     pipeline ``modality`` (the config's ``pipeline:`` key) as an MLflow logged model of the run, loadable with

@@ -125,7 +125,7 @@ def _pickled_by_value() -> Iterator[None]:
             cloudpickle.unregister_pickle_by_value(module)
 
 
-def save_encoder(path: Path, *, model_paths: list[str], dims: list[int], modality: str = "image") -> None:
+def save_encoder(path: Path, *, model_paths: list[str], dims: list[int], modality: str) -> None:
     """Write the MLflow model of ``model_paths`` (stage ``model.pt`` files of ``modality``) into ``path``."""
     import tempfile
 

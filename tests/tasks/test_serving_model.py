@@ -167,7 +167,8 @@ def test_the_model_ships_contrastive_and_installable_pinned_requirements(tracker
 
     from tasks.tracking import log_encoder
     run = tracker.client.create_run(tracker.experiment_id).info.run_id
-    logged = log_encoder(tracker, run, name="stage0-encoder", model_paths=[tiny_model(tmp_path / "m.pt")], dims=[16])
+    logged = log_encoder(tracker, run, name="stage0-encoder", model_paths=[tiny_model(tmp_path / "m.pt")], dims=[16],
+                         modality="image")
     local = Path(mlflow.artifacts.download_artifacts(logged["model_uri"], dst_path=str(tmp_path / "dl")))
     requirements = (local / "requirements.txt").read_text().split()
     names = [line.split("==")[0] for line in requirements]
