@@ -1,6 +1,6 @@
 """Ablation sweeps as data: a grid of ``--set`` values, its points, and the one comparison of their results
-(mean +- std over seeds per grid point, representation and attribute; a markdown table, a CSV and a plot of accuracy
-against each swept key). The Prefect flow that runs the points is ``flows.sweep_flow``; nothing here runs anything.
+(mean +- std over seeds per grid point, representation and attribute of the modality's sweep metric; a markdown
+table, a CSV and a plot of the scores against each swept key). The Prefect flow that runs the points is ``flows.sweep_flow``; nothing here runs anything.
 """
 from __future__ import annotations
 
@@ -172,9 +172,10 @@ def headline_representation(rows: Sequence[dict]) -> str:
     return stages[-1] if stages else names[0]
 
 
-def plot_against(rows: Sequence[dict], *, key: str, path: Path, representation: str | None = None) -> Path:
-    """Accuracy of ``representation`` against the values of ``key`` (averaged over the other swept keys), one line
-    per attribute, error bars = the mean of the per-point stds."""
+def plot_against(rows: Sequence[dict], *, key: str, path: Path, representation: str | None = None,
+                 ylabel: str = "linear-probe accuracy", percent: bool = False) -> Path:
+    """The scores of ``representation`` (``ylabel``: fractions, or ``percent``) against the values of ``key``
+    (averaged over the other swept keys), one line per attribute, error bars = the mean of the per-point stds."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -192,8 +193,8 @@ def plot_against(rows: Sequence[dict], *, key: str, path: Path, representation: 
         ax.errorbar(range(len(values)), means, yerr=stds, marker="o", capsize=3, label=attribute)
     ax.set_xticks(range(len(values)), values)
     ax.set_xlabel(key)
-    ax.set_ylabel("linear-probe accuracy")
-    ax.set_ylim(0, 1.02)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(0, 102 if percent else 1.02)
     ax.set_title(representation)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -150,7 +150,7 @@ class StepRunner:
         self.rerun_from = rerun_from
         self.data = data
         self.modality = t.modality_of(config)
-        self.mcl_trained: dict[int, TrainRecord] = {}  # what mcl.inherit starts stage j + 1 from
+        self.mcl_trained: dict[int, TrainRecord] = {}  # what an inheriting stage j + 1 starts from
         self.parent_run_id = parent_run_id
         self.pipeline_id = pipeline_id
         self.flow_run_id = flow_run.id
@@ -190,7 +190,7 @@ class StepRunner:
             # A step still to compute of a stage an earlier run began (a training that failed or was killed, an
             # evaluation added later): it continues in that run, reopened, and is closed with this invocation.
             linked = self.linked_runs[run]
-            self.tracker._call("reopen a run", self.tracker.client.update_run, linked, status="RUNNING")
+            self.tracker.reopen_run(linked)
             self.stage_runs[run] = linked
             return linked
         self.stage_runs[run] = t.open_stage_run(
@@ -243,8 +243,7 @@ class StepRunner:
         """Train stage ``stage`` (random batches when ``batches`` is None) and export its embeddings."""
         run_id = self.stage_run(kind=kind, stage=stage)
         # Naive inheritance (paper Table 5) applies to MCL's stages only; the control stays fresh stages.
-        init_from = self.mcl_trained.get(stage - 1) if kind == "mcl" and getattr(self.config.mcl, "inherit",
-                                                                                 False) else None
+        init_from = self.mcl_trained.get(stage - 1) if kind == "mcl" and self.modality.inherits(self.config) else None
         seed = t.stage_seed(self.config, stage)
         key = digest_of(self.modality.train_content(
             self.config.for_stage(stage), stage=stage, seed=seed, data=self.data,
@@ -344,7 +343,7 @@ class StepRunner:
                 batches = self.batches_for(stage=stage + 1, pseudo=pseudo, run_id=next_run)
             self.diagnose(name=f"stage{stage}", stage=stage, trained=trained, exported=exported,
                           clusters=out.clusters[stage] if stage < len(out.clusters) else None, run_id=run_id)
-            if getattr(self.config.mcl, "cumulative_concat", False) and 0 < stage < stages - 1:
+            if self.modality.cumulative_concat(self.config) and 0 < stage < stages - 1:
                 # Learning dynamics (paper Fig. 5): stages 0..j concatenated; the last j is "MCL concat" itself.
                 out.results[f"MCL concat 0-{stage}"] = self.evaluate(
                     name=f"mcl_concat_0_{stage}", members=out.members[:stage + 1], run_id=run_id, stage=stage)
@@ -413,10 +412,10 @@ class StepRunner:
         """A reused stage's run that an earlier attempt did not finish: marked FAILED by a failed one, KILLED by a
         stopped one, or still RUNNING after one of this same flow run was killed (SIGKILL, a lost node) before it
         could close it."""
-        run = self.tracker.client.get_run(run_id)
-        return run.info.status in ("FAILED", "KILLED") or (
-            run.info.status == "RUNNING" and self.flow_run_id is not None
-            and run.data.tags.get("prefect.flow_run_id") == str(self.flow_run_id))
+        run = self.tracker.run_state(run_id)
+        return run.status in ("FAILED", "KILLED") or (
+            run.status == "RUNNING" and self.flow_run_id is not None
+            and run.tags.get("prefect.flow_run_id") == str(self.flow_run_id))
 
     def close(self, *, status: str) -> None:
         """Mark every MLflow run of this invocation finished or failed; a tracking outage here must not hide the

@@ -1,6 +1,7 @@
-"""Ablation sweeps as one Prefect flow: every point of a grid of ``--set`` values and every seed runs the MCL
-pipeline as a child flow run; identical steps are shared through their content keys (a sweep over mcl.clusters
-trains stage 0 once), and the flow publishes one comparison (``contrastive.sweep``).
+"""Ablation sweeps as one Prefect flow, for every modality: every point of a grid of ``--set`` values and every seed
+runs the one pipeline flow as a child flow run; identical steps are shared through their content keys (a sweep over
+mcl.clusters trains stage 0 once), and the flow publishes one comparison of the modality's sweep metric
+(``Modality.sweep_metric``, ``contrastive.sweep``).
 
 Resumable like a pipeline: a rerun of the same sweep finds every finished step in its content-keyed directory, so
 only what did not finish is computed. A point that fails does not stop the others; the sweep then fails at the
@@ -19,9 +20,8 @@ from contrastive.errors import ConfigError, MclpipeError
 from flows.pipeline import mcl_pipeline
 from flows.pipeline_run import closing_runs
 from pipeline_config.loader import load_config, resolve_config_path
-from pipeline_config.schema import _PipelineBase
+from pipeline_config.schema import _PipelineBase, digest_of
 from tasks.steps import modality_of
-from pipeline_config.schema import digest_of
 from tasks.sweep_tasks import close_sweep_run, nest_pipeline_run, open_sweep_run, publish_sweep
 
 
@@ -55,8 +55,6 @@ def sweep_configs(*, config: str, grid: dict[str, list[str]], seeds: list[int],
     for point in sweep.expand_grid(grid):
         for seed in seeds:
             cfg = load_config(config, [*overrides, *sweep.point_overrides(point, seed=seed)])
-            if cfg.pipeline != "mcl":
-                raise MclpipeError(f"mclpipe sweep runs mcl pipelines; {config} is a {cfg.pipeline} pipeline")
             modality_of(cfg).preflight(cfg)
             runs.append((point, seed, cfg))
     return runs

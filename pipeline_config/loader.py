@@ -98,8 +98,8 @@ def format_validation_error(exc: ValidationError, schema: type[BaseModel] | None
 
 
 def config_schema_for(raw: dict) -> type[_PipelineBase]:
-    """The schema named by the top-level ``pipeline`` key (mcl, the image modality, by default)."""
-    return config_class(raw.get("pipeline", "mcl"))
+    """The schema named by the top-level ``pipeline`` key (image by default)."""
+    return config_class(raw.get("pipeline", "image"))
 
 
 def config_from_dict(raw: dict) -> _PipelineBase:
@@ -136,7 +136,7 @@ def described_config(config: BaseModel) -> str:
     ``[changed; default: X]`` where the value differs from the schema's default (what ``mclpipe show-config``
     prints)."""
     try:
-        default = type(config).model_validate({"pipeline": getattr(config, "pipeline", "mcl")})
+        default = type(config).model_validate({"pipeline": getattr(config, "pipeline", "image")})
     except ValidationError:
         default = None
     return "\n".join(_described_lines(config, default, indent="")) + "\n"

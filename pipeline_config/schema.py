@@ -15,7 +15,7 @@ import functools
 
 from pydantic import Field, model_validator
 
-from contrastive.modalities.registry import PACKAGES, config_class_for
+from contrastive.modalities.registry import config_class_for, keys
 from contrastive.settings import (NOT_IN_KEY, DistributedConfig, EvalConfig, LoopSettings, MclConfig,
                                   ScheduleConfig, StageClusteringConfig, TrackingConfig, _deep_merge, _PipelineBase,
                                   _Section, digest_of, in_process_only_message)
@@ -57,16 +57,17 @@ def config_class(pipeline: str) -> type[_PipelineBase]:
 
 def config_union():
     """Every modality's pipeline config as one type, told apart by ``pipeline``: what the one pipeline flow
-    takes, so Prefect validates a deployment's parameters against the right class (and its UI shows the form)."""
+    takes, so Prefect validates a deployment's parameters against the right class (and its UI shows the form).
+    A modality registered at run time is part of it when registered before the flow module is imported."""
     from typing import Annotated, Union
-    classes = tuple(dict.fromkeys(config_class(key) for key in PACKAGES))
+    classes = tuple(dict.fromkeys(config_class(key) for key in keys()))
     return Annotated[Union[classes], Field(discriminator="pipeline")]
 
 
 def __getattr__(name: str):
     """``pipeline_config.schema.<a modality's CONFIG name>``: that class with the launcher section (what pickle
     looks up to load a config)."""
-    for key in PACKAGES:
+    for key in keys():
         if config_class_for(key).__name__ == name:
             return config_class(key)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -315,7 +315,7 @@ def train_stage(*, config: _PipelineBase, key: str, out_dir: str, stage: int, da
                 batches: PseudoLabelRecord | RegroupRecord | None, mlflow_run_id: str,
                 init_from: TrainRecord | None = None) -> TrainRecord:
     """Train a fresh encoder for one stage (cluster-pure batches from ``batches``; with ``init_from``, one that
-    starts from that stage's weights: mcl.inherit); resumes from ``out_dir/checkpoints/last.pt`` if a run was
+    starts from that stage's weights: ``Modality.inherits``); resumes from ``out_dir/checkpoints/last.pt`` if a run was
     killed."""
     if (done := finished_record(out_dir, TrainRecord)) is not None:
         return done
@@ -546,7 +546,7 @@ def summarize(*, config: _PipelineBase, parent_run_id: str, pipeline_id: str, re
     tracker.log_artifact(parent_run_id, out / "summary.json", artifact_path="eval")
     # One name per metric: each result under the name its evaluation logged it with (eval/<representation>/...);
     # the concatenations' evaluations already logged theirs on this run.
-    logged = tracker.client.get_run(parent_run_id).data.metrics
+    logged = tracker.run_state(parent_run_id).metrics
     tracker.log_metrics(parent_run_id, {key: v for name, m in results.items() for k, v in m.items()
                                         if (key := f"eval/{result_slug(name)}/{k}") not in logged})
     create_markdown_artifact(markdown=f"# {config.name}\n\n{markdown}", key=f"results-{pipeline_id[:8]}",

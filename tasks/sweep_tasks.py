@@ -10,7 +10,7 @@ from prefect.artifacts import create_markdown_artifact
 from contrastive import sweep
 from contrastive.engine.files import write_json
 from pipeline_config.schema import _PipelineBase
-from tasks.steps import tracker_for
+from tasks.steps import modality_of, tracker_for
 
 
 @task(name="open-sweep-run")
@@ -36,17 +36,19 @@ def nest_pipeline_run(*, config: _PipelineBase, sweep_run_id: str, pipeline_run_
 @task(name="publish-sweep")
 def publish_sweep(*, config: _PipelineBase, sweep_run_id: str, sweep_id: str, runs: list[sweep.SweepRun],
                   keys: list[str], out_dir: str, failed: list[str]) -> dict:
-    """comparison.md / comparison.csv / accuracy_vs_<key>.png in ``out_dir``, on the sweep's MLflow run and as the
-    Prefect markdown artifact ``mcl-sweep-<id>``."""
+    """comparison.md / comparison.csv / accuracy_vs_<key>.png of the modality's sweep metric in ``out_dir``, on the
+    sweep's MLflow run and as the Prefect markdown artifact ``mcl-sweep-<id>``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tracker = tracker_for(config)
-    rows = sweep.aggregate(runs)
+    metric = modality_of(config).sweep_metric
+    rows = sweep.aggregate(runs, metric=metric.prefix)
     table = sweep.comparison_markdown(rows, keys=keys) if rows else "(no finished runs)\n"
     (out / "comparison.md").write_text(table)
     paths = [sweep.write_csv(rows, out / "comparison.csv", keys=keys)]
     if rows:
-        paths += [sweep.plot_against(rows, key=k, path=out / f"accuracy_vs_{k.replace('.', '_')}.png") for k in keys]
+        paths += [sweep.plot_against(rows, key=k, path=out / f"accuracy_vs_{k.replace('.', '_')}.png",
+                                     ylabel=metric.label, percent=metric.percent) for k in keys]
     paths.append(out / "comparison.md")
     summary = {"sweep_id": sweep_id, "mlflow_run_id": sweep_run_id, "keys": keys, "rows": rows, "failed": failed,
                "pipelines": [{"point": r.point, "seed": r.seed, "pipeline_id": r.pipeline_id} for r in runs]}
@@ -54,7 +56,7 @@ def publish_sweep(*, config: _PipelineBase, sweep_run_id: str, sweep_id: str, ru
     for path in [*paths, out / "summary.json"]:
         tracker.log_artifact(sweep_run_id, path, artifact_path="sweep")
     failed_note = f"\n\nfailed (rerun the sweep to retry only these): {', '.join(failed)}\n" if failed else ""
-    create_markdown_artifact(markdown=f"# sweep {config.name}: linear-probe accuracy, mean ± std over seeds\n\n"
+    create_markdown_artifact(markdown=f"# sweep {config.name}: {metric.label}, mean ± std over seeds\n\n"
                                       f"{table}{failed_note}", key=f"mcl-sweep-{sweep_id[:8]}",
                              description=f"sweep over {', '.join(keys)}")
     return {**summary, "dir": str(out), "table": table, "tracking_hint": tracker.run_url_hint(sweep_run_id)}

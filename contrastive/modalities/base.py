@@ -63,6 +63,15 @@ class ServingInput:
 
 
 @dataclass(frozen=True)
+class SweepMetric:
+    """The scores a sweep compares across its grid points: the results' ``<prefix>/<column>`` keys, named
+    ``label`` on its plots; ``percent``: the values are in percent (else fractions in [0, 1])."""
+    prefix: str
+    label: str
+    percent: bool = False
+
+
+@dataclass(frozen=True)
 class Launch:
     """How a step may run as processes (torchrun, Slurm, Kubernetes): the entry point ``module:function`` those
     processes call with the step's JSON kwargs. None: the step runs in the flow's process only."""
@@ -82,7 +91,7 @@ class Modality:
     depends on and nothing else.
     """
 
-    #: The config's ``pipeline:`` key that selects this modality (``mcl`` is the image modality's, for history).
+    #: The config's ``pipeline:`` key that selects this modality.
     name: ClassVar[str]
     #: A few words for logs and docs: "images", "image-text pairs".
     title: ClassVar[str]
@@ -95,6 +104,8 @@ class Modality:
     clusters_dataset: ClassVar[bool] = True
     #: The input of the registered MLflow model (None: the pipeline registers no model).
     serving: ClassVar[ServingInput | None] = None
+    #: What ``mclpipe sweep`` compares between grid points (default: the linear probe's accuracy per attribute).
+    sweep_metric: ClassVar[SweepMetric] = SweepMetric(prefix="probe", label="linear-probe accuracy")
 
     # ------------------------------------------------------------------------------------------ checks and data
     def preflight(self, config) -> None:
@@ -125,6 +136,11 @@ class Modality:
                       inherit_key: str | None) -> dict:
         """What stage ``stage``'s weights depend on (``config`` is that stage's config)."""
         raise NotImplementedError
+
+    def inherits(self, config) -> bool:
+        """MCL's stage j + 1 starts from stage j's weights (naive inheritance, the paper's Table 5 ablation)
+        instead of a fresh encoder; the control's stages stay fresh. Default: never (every stage is fresh)."""
+        return False
 
     def train_spec(self, config, *, stage: int, seed: int, out_dir: str, data: dict, batches_path: str | None,
                    init_model_path: str | None) -> StageSpec:
@@ -200,6 +216,11 @@ class Modality:
     def evaluate(self, config, *, members: list[Member], data: dict, out_dir: str) -> dict[str, float]:
         """Metrics of one stage (one member) or of the concatenation of several."""
         raise NotImplementedError
+
+    def cumulative_concat(self, config) -> bool:
+        """Also evaluate stages 0..j concatenated for every stage j between the first and the last (learning
+        dynamics, the paper's Fig. 5). Default: no (the stages alone and the concatenation of all of them)."""
+        return False
 
     #: The evaluation sets are encoded once per model (:meth:`encode_for_eval`, CLIP) instead of read from the
     #: export.

@@ -70,7 +70,7 @@ def test_the_registered_model_loads_and_predicts_in_a_fresh_venv(tmp_path):
     paths = [tiny_model(tmp_path / f"stage{i}.pt", seed=i) for i in range(2)]
     run = tracker.client.create_run(tracker.experiment_id).info.run_id
     logged = log_encoder(tracker, run, name="mcl-representation", model_paths=paths, dims=[16, 16],
-                         registered_name="fresh")
+                         modality="image", registered_name="fresh")
     hwc = images(6, size=16)  # uint8 (n, H, W, C): what a user has
     np.save(tmp_path / "input.npy", hwc)
     expected = concat_normalized(stage_embeddings=[serving.embed(serving.load_encoder(p), hwc) for p in paths])

@@ -70,7 +70,7 @@ def test_from_prefect_to_mlflow_to_the_model(team_stack_run, browser, shots):
     flow_url = summary["prefect_flow_run_url"]
     assert flow_url.startswith(stack.prefect_url)
     text = open_page(page, flow_url, expect="Completed", shot=shots / "01-prefect-flow-run.png")
-    assert f"stack_tiny mcl {summary['pipeline_id'][:8]}" in text  # the flow run says what it runs
+    assert f"stack_tiny image {summary['pipeline_id'][:8]}" in text  # the flow run says what it runs
     page.get_by_text("Artifacts", exact=True).first.click()
     key = f"mlflow-stack-tiny-{summary['pipeline_id'][:8]}"
     page.get_by_text(key, exact=True).first.wait_for(timeout=WAIT_MS)

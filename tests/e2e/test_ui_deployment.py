@@ -67,7 +67,7 @@ def test_custom_run_from_the_deployment_form(worker_deployment, browser, shots):
     page.wait_for_timeout(5000)  # its first layout is slow on a loaded machine
     page.screenshot(path=str(shots / "12-prefect-custom-flow-run.png"), full_page=True)
     pipeline_id = config.config_hash()
-    assert f"{PIPELINE} mcl {pipeline_id[:8]}" in page.inner_text("body")
+    assert f"{PIPELINE} image {pipeline_id[:8]}" in page.inner_text("body")
 
     # its artifacts: the link to the MLflow pipeline run
     page.get_by_text("Artifacts", exact=True).first.click()

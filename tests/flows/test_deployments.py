@@ -73,7 +73,7 @@ def test_deploy_to_a_process_work_pool_registers_the_checkout(tmp_path):
     assert stored.work_pool_name == "unit-cpu" and stored.entrypoint == ENTRYPOINT
     assert stored.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(REPO_ROOT)}}]
     assert ImagePipelineConfig.model_validate(stored.parameters["config"]).train.epochs == 2
-    assert set(stored.tags) == {"mclpipe", "mcl"}
+    assert set(stored.tags) == {"mclpipe", "image"}
 
 
 class ReachedCompute(Exception):

@@ -90,7 +90,7 @@ def test_job_lines_reach_the_task_log(tmp_path):
     messages = flow_logs(flow_run_id)
     assert [m for m in messages if m.startswith("[train] ")] == ["[train] step 1", "[train] step 2", "[train] step 3"]
     assert any("scripted job 777 submitted" in m for m in messages)
-    assert job.job.name == "mclpipe-mcl-train-ab12cd" and job.job.nproc_per_node == 1
+    assert job.job.name == "mclpipe-image-train-ab12cd" and job.job.nproc_per_node == 1
 
 
 def test_a_failed_job_fails_the_task_with_its_id_and_last_lines(tmp_path):
@@ -100,7 +100,7 @@ def test_a_failed_job_fails_the_task_with_its_id_and_last_lines(tmp_path):
     with pytest.raises(Exception) as raised:
         state.result()
     message = str(raised.value)
-    assert "scripted job 777 of mclpipe-mcl-train-x ended failed (OUT_OF_MEMORY)" in message
+    assert "scripted job 777 of mclpipe-image-train-x ended failed (OUT_OF_MEMORY)" in message
     assert "  step 3\n  RuntimeError: CUDA out of memory" in message and "checkpoints/last.pt" in message
 
 
@@ -123,4 +123,4 @@ def test_a_missing_concurrency_limit_names_the_fix(tmp_path):
 
 def test_job_names_are_dns_labels(tmp_path):
     name = job_name(config=slurm_config(tmp_path), stage_dir="/r/train/AB_12345678901234", what="export")
-    assert name == "mclpipe-mcl-export-ab-1234567"
+    assert name == "mclpipe-image-export-ab-1234567"

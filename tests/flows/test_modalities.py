@@ -14,7 +14,7 @@ from tests.flows.mlflow_runs import artifact_paths, run_tree
 
 # Each modality's tiny preset, made smaller still: two stages, no control run, no combined model.
 PRESETS = {
-    "mcl": ("trifeature_tiny", ["mcl.num_stages=2", "mcl.clusters=4", "mcl.control=false",
+    "image": ("trifeature_tiny", ["mcl.num_stages=2", "mcl.clusters=4", "mcl.control=false",
                                 "data.trifeature.num_train=128", "data.trifeature.num_test=64",
                                 "train.batch_size=16"]),
     "clip": ("clip_tiny", ["train.max_steps_per_epoch=3", "data.synthetic.num_train=288", "eval.soup=false"]),
@@ -104,7 +104,7 @@ def printout(config, summary) -> list[str]:
 
 def test_the_run_tree_is_the_same_for_every_modality(finished):
     shapes = {key: tree_shape(config, summary) for key, (config, summary) in finished.items()}
-    image = shapes["mcl"]
+    image = shapes["image"]
     assert image["stages"] == [("mcl", "0", "FINISHED", True), ("mcl", "1", "FINISHED", True)]
     assert image["results"] == ["MCL concat", "stage 0", "stage 1"] and image["model registered"]
     assert len(image["between stages"]) == 2 and all(len(files) == 4 for files in image["stage files"].values())
@@ -115,14 +115,14 @@ def test_the_run_tree_is_the_same_for_every_modality(finished):
 def test_the_prefect_artifacts_are_the_same_for_every_modality(finished):
     kinds = {key: prefect_artifacts(summary) for key, (_, summary) in finished.items()}
     # Prefect stores a link artifact as markdown: the results (markdown and table) and the links to MLflow.
-    assert {("markdown", "results"), ("table", "results"), ("markdown", "mlflow")} <= set(kinds["mcl"])
+    assert {("markdown", "results"), ("table", "results"), ("markdown", "mlflow")} <= set(kinds["image"])
     for key, found in kinds.items():
-        assert found == kinds["mcl"], key
+        assert found == kinds["image"], key
 
 
 def test_the_final_printout_has_the_same_shape_for_every_modality(finished):
     shapes = {key: printout(config, summary) for key, (config, summary) in finished.items()}
-    image = shapes["mcl"]
+    image = shapes["image"]
     assert any(line.startswith("wall time") for line in image) and any(line.startswith("MLflow") for line in image)
     assert any(line.startswith("model") for line in image) and any(line.startswith("Prefect") for line in image)
     for key, shape in shapes.items():

@@ -50,3 +50,42 @@ def test_cluster_sweep_shares_stage_zero_and_reruns_nothing(tmp_path, monkeypatc
     calls.clear()
     again = mcl_sweep(config="trifeature_tiny", grid={"mcl.clusters": ["2", "4"]}, seeds=[0], overrides=overrides)
     assert calls == [] and again["rows"] == summary["rows"]
+
+
+def trained_stages(root: Path, prefix: str) -> list[str]:
+    """The training steps a sweep computed, by stage: ``["train0", "train1", "train1"]``."""
+    return sorted(p.name.removeprefix(prefix).split("-")[0] for p in (root / "steps").glob(f"{prefix}train*-*"))
+
+
+def sweep_of(tmp_path, *, config: str, grid: dict, overrides: list[str]) -> dict:
+    return mcl_sweep(config=config, grid=grid, seeds=[0], overrides=[
+        *overrides, f"output_dir={tmp_path / 'runs'}", f"data.cache_dir={tmp_path / 'data'}",
+        f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", "device=cpu", "tracking.system_metrics_seconds=0"])
+
+
+def test_a_clip_sweep_over_k_compares_its_mmvp_scores_through_the_same_flow(tmp_path):
+    summary = sweep_of(tmp_path, config="clip_tiny", grid={"mcl.clusters": ["2", "4"]},
+                       overrides=["train.max_steps_per_epoch=2", "data.synthetic.num_train=192", "eval.soup=false"])
+    assert trained_stages(tmp_path / "runs", "clip-") == ["train0", "train1", "train1"]  # stage 0 once for both K
+    assert not summary["failed"] and {(r["mcl.clusters"], r["representation"]) for r in summary["rows"]} == {
+        (k, rep) for k in ("2", "4") for rep in ("stage 0", "stage 1", "MCL concat")}
+    assert {r["attribute"] for r in summary["rows"]} >= {"average"}  # mmvp/average: CLIP's sweep metric, in percent
+    assert all(0 <= r["mean"] <= 100 for r in summary["rows"])
+    table = (Path(summary["dir"]) / "comparison.md").read_text()
+    assert table.startswith("| mcl.clusters | representation |") and "| average |" in table.splitlines()[0] + " |"
+
+
+def test_a_text_sweep_over_the_temperature_runs_each_point_through_the_same_flow(tmp_path):
+    summary = sweep_of(tmp_path, config="text_tiny", grid={"method.temperature": ["0.05", "0.2"]},
+                       overrides=["mcl.control=false"])
+    # The temperature changes what every stage learns: nothing shared between the points.
+    assert trained_stages(tmp_path / "runs", "text-") == ["train0", "train0", "train1", "train1"]
+    rows = {(r["method.temperature"], r["representation"], r["attribute"]): r for r in summary["rows"]}
+    assert {t for t, _, _ in rows} == {"0.05", "0.2"} and {rep for _, rep, _ in rows} == {"stage 0", "stage 1",
+                                                                                           "MCL concat"}
+    attributes = {a for _, _, a in rows}
+    assert attributes and all(0 <= r["mean"] <= 1 for r in rows.values())  # probe accuracy per attribute
+    scores = {t: [rows[(t, rep, a)]["mean"] for rep in ("stage 0", "stage 1") for a in sorted(attributes)]
+              for t in ("0.05", "0.2")}
+    assert scores["0.05"] != scores["0.2"]  # each point's own models, not one model's scores twice
+    assert (Path(summary["dir"]) / "accuracy_vs_method_temperature.png").is_file()

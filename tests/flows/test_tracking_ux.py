@@ -131,7 +131,7 @@ def test_prefect_and_mlflow_link_both_ways(pipeline):
             run = await prefect.read_flow_run(parent.data.tags["prefect.flow_run_id"])
             return response.json(), run.name
     found, flow_run_name = asyncio.run(artifacts())
-    assert flow_run_name == f"{config.name} mcl {config.config_hash()[:8]}"  # says which pipeline and config
+    assert flow_run_name == f"{config.name} image {config.config_hash()[:8]}"  # says which pipeline and config
     # Prefect 3.8 stores a link artifact as the markdown link "[text](url)"
     links = {a["data"].split("](")[-1].rstrip(")") for a in found if str(a["data"]).startswith("[")}
     assert {first["mlflow_url"], *(r["url"] for r in first["stage_runs"].values())} <= links

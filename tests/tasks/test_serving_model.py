@@ -126,9 +126,10 @@ def test_the_logged_model_says_what_it_takes_and_embeds_every_layout(tracker, tm
     paths = [tiny_model(tmp_path / f"stage{i}.pt", seed=i) for i in range(2)]
     run = tracker.client.create_run(tracker.experiment_id).info.run_id
     logged = log_encoder(tracker, run, name="mcl-representation", model_paths=paths, dims=[16, 16],
-                         modality="mcl", registered_name="tiny")
+                         modality="image", registered_name="tiny")
     info = mlflow.models.get_model_info(logged["registered_uri"])
-    assert info.metadata["input"] == modality_for("mcl").serving.description and info.metadata["modality"] == "mcl"
+    assert info.metadata["input"] == modality_for("image").serving.description
+    assert info.metadata["modality"] == "image"
     assert "(n, H, W, C) or (n, C, H, W)" in info.metadata["description"]
     [given], [out] = info.signature.inputs.inputs, info.signature.outputs.inputs
     assert (given.type, given.shape, out.type, out.shape) == (np.dtype("uint8"), (-1, -1, -1, -1),
@@ -150,12 +151,24 @@ def test_the_logged_model_says_what_it_takes_and_embeds_every_layout(tracker, tm
         model.unwrap_python_model().predict(None, np.zeros((2, 12, 12, 2), np.uint8))
 
 
+def test_a_model_of_an_earlier_run_that_stores_the_old_image_key_still_loads(tracker, tmp_path):
+    """Models registered before the image key was ``image`` store ``mcl`` as their modality."""
+    from tasks.tracking import log_encoder
+    path = tiny_model(tmp_path / "stage0.pt")
+    run = tracker.client.create_run(tracker.experiment_id).info.run_id
+    logged = log_encoder(tracker, run, name="old", model_paths=[path], dims=[16], modality="mcl")
+    assert mlflow.models.get_model_info(logged["model_uri"]).metadata["modality"] == "mcl"
+    model = mlflow.pyfunc.load_model(logged["model_uri"])
+    np.testing.assert_allclose(model.predict(images()), serving.embed(serving.load_encoder(path), images()), atol=1e-6)
+
+
 def test_the_model_ships_contrastive_and_installable_pinned_requirements(tracker, tmp_path):
     from importlib.metadata import version
 
     from tasks.tracking import log_encoder
     run = tracker.client.create_run(tracker.experiment_id).info.run_id
-    logged = log_encoder(tracker, run, name="stage0-encoder", model_paths=[tiny_model(tmp_path / "m.pt")], dims=[16])
+    logged = log_encoder(tracker, run, name="stage0-encoder", model_paths=[tiny_model(tmp_path / "m.pt")], dims=[16],
+                         modality="image")
     local = Path(mlflow.artifacts.download_artifacts(logged["model_uri"], dst_path=str(tmp_path / "dl")))
     requirements = (local / "requirements.txt").read_text().split()
     names = [line.split("==")[0] for line in requirements]

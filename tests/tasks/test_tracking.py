@@ -1,4 +1,4 @@
-"""tasks/tracking.py against a local sqlite MLflow store: nesting, reopening, retries, buffered metrics, a tracking
+"""tasks/tracking/ against a local sqlite MLflow store: nesting, reopening, retries, buffered metrics, a tracking
 outage mid-stage (a client whose server is switched off and on) and the metrics journal a crash leaves."""
 import json
 
@@ -322,7 +322,7 @@ def test_the_end_of_a_stage_waits_for_the_server_within_the_grace(switchable, tm
     def sleep(seconds):  # the server comes back while the tracker waits for it
         sleeps.append(seconds)
         client.down = len(sleeps) < 3
-    monkeypatch.setattr("tasks.tracking.time.sleep", sleep)
+    monkeypatch.setattr("tasks.tracking.client.time.sleep", sleep)
     buffer.flush(final=True)
     assert len(sleeps) == 3 and history(tracker, run) == [(1, 1.0), (2, 2.0), (3, 3.0)]
 
@@ -338,10 +338,10 @@ def test_a_full_disk_under_the_journal_is_the_one_line_and_leaves_no_torn_line(t
     real_write = os.write
 
     def half_then_full(fd, data):  # half the line fits, then the disk is full
-        monkeypatch.setattr("tasks.tracking.os.write", lambda fd, data: (_ for _ in ()).throw(
+        monkeypatch.setattr("tasks.tracking.journal.os.write", lambda fd, data: (_ for _ in ()).throw(
             OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))))
         return real_write(fd, data[:len(data) // 2])
-    monkeypatch.setattr("tasks.tracking.os.write", half_then_full)
+    monkeypatch.setattr("tasks.tracking.journal.os.write", half_then_full)
     with pytest.raises(MclpipeError, match="disk full: no space left in .* while writing the stage's unsent MLflow"):
         journal.add(run_id="r", metrics=[["train/loss", 2.0, 2, 2]])
     lines = (tmp_path / PENDING_FILE).read_text().split("\n")

@@ -154,3 +154,19 @@ def test_a_vit_must_match_the_image_size_of_the_data():
         load_config("trifeature_tiny", ["model.encoder=vit_small"])
     config = load_config("trifeature_tiny", ["model.encoder=vit_tiny", "model.image_size=16"])
     assert config.data.image_size() == 16
+
+
+def test_the_image_key_is_image_and_its_old_name_mcl_still_loads_saying_what_to_write(caplog):
+    from contrastive.modalities.image import config as image_config
+    image_config._say_old_key.cache_clear()
+    current = load_config("trifeature_tiny")
+    assert current.pipeline == "image" and not caplog.records
+    with caplog.at_level("WARNING"):
+        old = [config_from_dict({**current.model_dump(mode="json"), "pipeline": "mcl"}) for _ in range(2)]
+    assert [type(c) for c in old] == [ImagePipelineConfig] * 2 and old[0].pipeline == "image"
+    assert [r.getMessage() for r in caplog.records] == [
+        "pipeline: mcl is the image pipeline's old name; write pipeline: image"]  # one line, however many configs
+    # The pipeline id of an image config is the one it had under the old key (runs made before are found again):
+    # trifeature_tiny's as computed before the rename.
+    renamed = load_config("trifeature_tiny", ["pipeline=mcl"])
+    assert old[0].config_hash() == current.config_hash() == renamed.config_hash() == "4cc586af7caa3c8b"

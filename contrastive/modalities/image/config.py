@@ -1,9 +1,11 @@
-"""The image modality's config (``pipeline: mcl``, the default): data (Trifeature, image folders, shards, the paper
+"""The image modality's config (``pipeline: image``, the default; ``mcl``, its old name, still reads): data (Trifeature, image folders, shards, the paper
 datasets), encoder, method, augmentation, training, MCL, evaluation; per-stage overrides; the checks that need the
 dataset size. Every section rejects unknown keys; ``content()`` feeds the steps' content keys.
 """
 from __future__ import annotations
 
+import functools
+import logging
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -371,11 +373,20 @@ class ImageMclConfig(MclConfig):
     ADDED_LATER: ClassVar[tuple[str, ...]] = ("inherit", "cumulative_concat")  # count only when on
 
 
+OLD_KEY = "mcl"  # the image pipeline's key before it was "image"
+
+
+@functools.cache  # one line per process, however many configs (sweep points, stages) are read
+def _say_old_key() -> None:
+    logging.getLogger(__name__).warning("pipeline: mcl is the image pipeline's old name; write pipeline: image")
+
+
 class ImagePipelineConfig(_PipelineBase):
     """Everything one MCL pipeline needs. ``name``, ``output_dir``, ``tracking`` and ``schedule`` do not change
     results and are left out of the config hash; everything else is in it."""
 
-    pipeline: Literal["mcl"] = "mcl"
+    # "mcl" (the key's old name) is read as "image" with one warning: configs and deployments written before.
+    pipeline: Literal["image", "mcl"] = "image"
     name: str = Field("mcl", **NOT_IN_KEY)
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
@@ -388,6 +399,19 @@ class ImagePipelineConfig(_PipelineBase):
         description="per-stage changes to the model, method, augment and train sections, e.g. "
                     "{2: {train: {epochs: 20}}}: stage 2 (MCL and control) trains 20 epochs. Stages without an "
                     "entry keep their content keys, so with --rerun-from N a change here recomputes only stage N on")
+
+    @field_validator("pipeline")  # after: a discriminator field takes no before validator
+    @classmethod
+    def _old_key(cls, value: str) -> str:
+        if value == OLD_KEY:
+            _say_old_key()
+            return "image"
+        return value
+
+    def content(self) -> dict:
+        """With ``pipeline`` under its old name (``mcl``), so image pipelines keep the config hashes (pipeline
+        ids) of runs made before the key was ``image``."""
+        return {**super().content(), "pipeline": OLD_KEY}
 
     @model_validator(mode="after")
     def _check_stage_overrides(self) -> "ImagePipelineConfig":

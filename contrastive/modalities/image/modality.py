@@ -1,4 +1,4 @@
-"""The image modality (``pipeline: mcl``): SimCLR-family methods on images (Trifeature, image folders, shards, the
+"""The image modality (``pipeline: image``): SimCLR-family methods on images (Trifeature, image folders, shards, the
 paper datasets), probed per attribute, with embedding diagnostics per stage and a HEX-free control for HEX configs.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from contrastive.modalities.base import Launch, Member, Modality, ResultsTable, 
 
 
 class ImageModality(Modality):
-    name = "mcl"
+    name = "image"
     title = "images"
     launch = Launch(train_entry="contrastive.modalities.image.steps:train_stage_from_json",
                     export_entry="contrastive.modalities.image.steps:export_stage_from_json")
@@ -51,6 +51,12 @@ class ImageModality(Modality):
         if inherit_key is not None:  # mcl.inherit: the weights it starts from; absent otherwise (keys unchanged)
             content["inherit_from"] = inherit_key
         return content
+
+    def inherits(self, config) -> bool:
+        return config.mcl.inherit
+
+    def cumulative_concat(self, config) -> bool:
+        return config.mcl.cumulative_concat
 
     def train_spec(self, config, *, stage: int, seed: int, out_dir: str, data: dict, batches_path: str | None,
                    init_model_path: str | None):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from contrastive.modalities.base import Launch, Member, Modality, ResultsTable, ServingInput
+from contrastive.modalities.base import Launch, Member, Modality, ResultsTable, ServingInput, SweepMetric
 
 
 class ImageTextModality(Modality):
@@ -23,6 +23,7 @@ class ImageTextModality(Modality):
     serving = ServingInput(dtype="uint8", shape=(-1, -1, -1, -1),
                            description="RGB uint8 images (n, H, W, 3) or (n, 3, H, W): their image embeddings",
                            requirements=("torch", "torchvision", "numpy", "open_clip_torch", "webdataset"))
+    sweep_metric = SweepMetric(prefix="mmvp", label="MMVP-VLM pair accuracy (%)", percent=True)
 
     # ------------------------------------------------------------------------------------------ checks and data
     def preflight(self, config) -> None:

@@ -1,10 +1,11 @@
-"""The one place that imports mlflow.
+"""The retrying MLflow client of one experiment (:class:`Tracker`), what a tracking outage is to this process, and
+the helpers a run's files and links need.
 
 Everything goes through an explicit ``MlflowClient`` and run ids (never the fluent API's thread-local active run),
 because Prefect runs tasks in worker threads. Every call retries with backoff; a server that answered once and then
 went away (restarted, redeployed) is waited for up to ``tracking.outage_grace_seconds`` while a training stage goes
-on and keeps its metrics in its step directory (:class:`MetricBuffer`, :class:`PendingJournal`); when the server
-stays away longer, or never answered, a :class:`TrackingError` says so and where the computed results are kept.
+on and keeps its metrics in its step directory (``journal``); when the server stays away longer, or never answered,
+a :class:`TrackingError` says so and where the computed results are kept.
 """
 from __future__ import annotations
 
@@ -17,17 +18,16 @@ import shutil
 import sys
 import threading
 import time
-import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 from urllib.parse import unquote, urlparse
 
 import mlflow
-import mlflow.pyfunc
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from contrastive.engine.files import atomic_write_bytes, disk_full_error, is_disk_full
+from contrastive.engine.files import disk_full_error, is_disk_full
 from contrastive.errors import MclpipeError
 from contrastive.credentials import refuse_credentials_in_uri
 
@@ -57,6 +57,7 @@ NOT_UPLOADED = (".prev", ".sha256", ".tmp")
 LOCAL_UI = "http://127.0.0.1:5000"  # where `make ui-mlflow` serves a local store
 OUTAGE_GRACE_SECONDS = 600.0  # tracking.outage_grace_seconds' default
 MAX_RETRY_WAIT_SECONDS = 15.0  # the longest sleep between two tries while a server is away
+PENDING_FILE = "mlflow-pending.jsonl"  # in a training stage's step directory (journal.PendingJournal)
 
 
 @contextlib.contextmanager
@@ -227,8 +228,17 @@ def flatten(value: Any, prefix: str = "") -> dict[str, str]:
     return {prefix.rstrip("."): str(value)[:MAX_PARAM_LENGTH]}
 
 
+@dataclass(frozen=True)
+class RunState:
+    """A run as the store holds it: status (RUNNING, FINISHED, FAILED, KILLED), tags, latest metric values."""
+    status: str
+    tags: dict[str, str]
+    metrics: dict[str, float]
+
+
 class Tracker:
-    """Thin, retrying wrapper over MlflowClient for one experiment."""
+    """Thin, retrying wrapper over MlflowClient for one experiment: every caller outside this package uses its
+    public methods (``client``, the raw MlflowClient, is for tests and this package)."""
 
     def __init__(self, *, uri: str | None, experiment: str, artifact_root: Path | None = None,
                  retries: int = 4, backoff_seconds: float = 0.5,
@@ -348,13 +358,22 @@ class Tracker:
         if reuse_tags:
             existing = self.find_run(tags=reuse_tags, parent_run_id=parent_run_id)
             if existing:
-                self._call("reopen a run", self.client.update_run, existing, status="RUNNING")
+                self.reopen_run(existing)
                 return existing
         all_tags = dict(tags)
         if parent_run_id:
             all_tags[PARENT_TAG] = parent_run_id
         run = self._call("create a run", self.client.create_run, self.experiment_id, tags=all_tags, run_name=name)
         return run.info.run_id
+
+    def reopen_run(self, run_id: str) -> None:
+        """Mark a run RUNNING again: a step still to compute continues in the run an earlier attempt began."""
+        self._call("reopen a run", self.client.update_run, run_id, status="RUNNING")
+
+    def run_state(self, run_id: str) -> RunState:
+        """What the store holds of a run now: its status, tags and latest metric values."""
+        run = self._call("read a run", self.client.get_run, run_id)
+        return RunState(status=run.info.status, tags=dict(run.data.tags), metrics=dict(run.data.metrics))
 
     def end_run(self, run_id: str, *, status: str = "FINISHED") -> None:
         self._call("end a run", self.client.set_terminated, run_id, status=status)
@@ -466,7 +485,6 @@ class Tracker:
             except Exception as exc:  # noqa: BLE001 - system metrics never fail a stage
                 log.warning("could not log the last system metrics sample: %s", exc)
 
-
 def _metric_key(key: str) -> str:
     # MLflow metric names allow letters, digits, _ - . / and spaces.
     return "".join(ch if ch.isalnum() or ch in "_-./ " else "_" for ch in key)
@@ -482,374 +500,3 @@ def metric_points(history: list[tuple[int, dict[str, float]]], *, timestamp_ms: 
     return [[_metric_key(k), float(v), timestamp_ms, int(step)] for step, metrics in history
             for k, v in metrics.items() if v == v]
 
-
-def rank_metric_points(path: Path) -> list[list]:
-    """The points ``[key, value, timestamp_ms, step]`` of the metrics file a stage's ranks wrote
-    (``contrastive.engine.callbacks.JsonlMetrics``): a step logged again (the stage resumed or rolled back and
-    trained it again) keeps its last values only."""
-    latest: dict[tuple[str, int], list] = {}
-    lines = Path(path).read_text().splitlines() if Path(path).exists() else []
-    for line in lines:
-        record = json.loads(line)
-        step, timestamp = int(record.pop("step")), int(record.pop("time_ms", now_ms()))
-        for point in metric_points([(step, record)], timestamp_ms=timestamp):
-            latest[(point[0], step)] = point
-    return list(latest.values())
-
-
-PENDING_FILE = "mlflow-pending.jsonl"  # in a training stage's step directory
-
-
-class PendingJournal:
-    """What a training stage wants MLflow to hold and MLflow has not acknowledged yet, on disk in the stage's step
-    directory (``mlflow-pending.jsonl``), so neither an outage nor a crash loses it.
-
-    Append-only, one line per write: a record ``{"seq": n, "run_id": ..., "metrics": [[key, value, timestamp_ms,
-    step], ...], "tags": {...}}`` for each batch a checkpoint holds, and ``{"ack": n}`` once MLflow took every
-    record up to ``n``. A process killed while appending leaves at most a torn last line, dropped when the file is
-    read again; the file is removed when nothing in it is unacknowledged. Records keep their timestamps, so a record
-    sent again after its acknowledgement was lost is a no-op for MLflow's store (see :meth:`Tracker.log_points`).
-    """
-
-    def __init__(self, path: Path | None):
-        self.path = Path(path) if path is not None else None
-        self.records: list[dict] = self._read()
-        self.next_seq = max((r["seq"] for r in self.records), default=0) + 1
-
-    def _read(self) -> list[dict]:
-        """The unacknowledged records a previous process left; rewrites the file without the rest (atomically)."""
-        if self.path is None or not self.path.exists():
-            return []
-        records, acked = [], 0
-        for line in self.path.read_text().splitlines():
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:  # the torn last line of a killed process: not acknowledged, not kept
-                continue
-            if "ack" in entry:
-                acked = max(acked, int(entry["ack"]))
-            else:
-                records.append(entry)
-        records = [r for r in records if r["seq"] > acked]
-        if records:
-            atomic_write_bytes(self.path, "".join(json.dumps(r) + "\n" for r in records).encode(),
-                               what="the stage's unsent MLflow metrics")
-        else:
-            self.path.unlink()
-        return records
-
-    @property
-    def points(self) -> int:
-        return sum(len(r["metrics"]) for r in self.records)
-
-    def add(self, *, run_id: str, metrics: list[list], tags: dict[str, str] | None = None) -> None:
-        if not metrics and not tags:
-            return
-        record = {"seq": self.next_seq, "run_id": run_id, "metrics": metrics, "tags": tags or {}}
-        self.next_seq += 1
-        self.records.append(record)
-        self._append(record)
-
-    def acknowledge(self, seq: int) -> None:
-        """MLflow holds every record up to ``seq``."""
-        self.records = [r for r in self.records if r["seq"] > seq]
-        if self.path is None:
-            return
-        if self.records:
-            self._append({"ack": seq})
-        elif self.path.exists():
-            self.path.unlink()
-
-    def _append(self, entry: dict) -> None:
-        if self.path is None:
-            return
-        data = (json.dumps(entry) + "\n").encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        size = os.fstat(fd).st_size
-        try:
-            while data:  # one write for a line in practice; a short write is finished, not repeated
-                data = data[os.write(fd, data):]
-            os.fsync(fd)
-        except OSError as exc:
-            os.ftruncate(fd, size)  # no torn line for the next append to run into
-            if is_disk_full(exc):
-                raise disk_full_error(directory=self.path.parent, what="the stage's unsent MLflow metrics",
-                                      kept="the stage's checkpoints and every step before are kept") from exc
-            raise
-        finally:
-            os.close(fd)
-
-
-class MetricBuffer:
-    """Training callback sending per-step metrics to MLflow a batch at a time (a few round trips per epoch rather
-    than one per step), without ever losing or repeating one.
-
-    A step's metrics wait in memory until a checkpoint holds the step; then they go to the stage's
-    :class:`PendingJournal` (``journal``: ``<step dir>/mlflow-pending.jsonl``) and are sent from there. A stage
-    resumed after a crash, or rolled back after a non-finite loss, trains the steps after its checkpoint again and
-    logs them then, so the steps after the checkpoint are dropped with the crash or the rollback; what the journal
-    holds is sent when the server answers again, or by the stage's next run (this class reads the journal when it
-    starts). While the server is away, training goes on: a send is one try, repeated at the next checkpoint at most
-    every ``retry_seconds``; only the end of the stage waits for the server, up to the tracker's grace."""
-
-    def __init__(self, *, tracker: Tracker, run_id: str, journal: Path | None = None, flush_every: int = 50,
-                 retry_seconds: float = 10.0):
-        self.tracker = tracker
-        self.run_id = run_id
-        self.flush_every = flush_every
-        self.retry_seconds = retry_seconds
-        self.unsaved: list[tuple[int, dict[str, float], int]] = []  # (step, metrics, timestamp ms) after the checkpoint
-        self.journal = PendingJournal(journal)
-        self._next_try = 0.0  # while the server is away: no send before this time.monotonic()
-        self._steps_unsent = len(self.journal.records)  # logged steps not yet sent (an earlier run's record: 1)
-        if self.journal.records:
-            log.info("sending %d metric points an earlier run of this stage kept in %s", self.journal.points,
-                     self.journal.path)
-            self.flush()
-
-    def add_trained(self, points: list[list]) -> None:
-        """Points of steps the stage trained to its end elsewhere (its ranks' metrics file), to send with the rest:
-        committed as they are (their timestamps make a second send a no-op)."""
-        self._steps_unsent += 1
-        self.journal.add(run_id=self.run_id, metrics=points)
-
-    def on_step(self, *, step: int, epoch: int, metrics: dict[str, float]) -> None:
-        self.unsaved.append((step, metrics, now_ms()))
-
-    def on_epoch_end(self, *, epoch: int, metrics: dict[str, float]) -> None:
-        # The loop checkpoints the end of an epoch just before it reports it.
-        self.unsaved.append((epoch, metrics, now_ms()))
-        self._commit()
-        self.flush()
-
-    def on_checkpoint(self, *, path: Path, step: int) -> None:
-        self._commit()
-        if self._steps_unsent >= self.flush_every:
-            self.flush()
-
-    def on_rollback(self, *, step: int, restored_step: int, epoch: int, batch: int, loss: float, lr_scale: float,
-                    rollbacks: int) -> None:
-        """A non-finite loss rolled training back to its last checkpoint (step ``restored_step``): the steps after
-        it are trained again, so their metrics are dropped (the replay logs its own); the rollback is a metric and
-        a tag of the run."""
-        self.unsaved = []
-        self.journal.add(run_id=self.run_id, metrics=metric_points(
-            [(step, {"train/rollbacks": float(rollbacks), "train/lr_scale": lr_scale})], timestamp_ms=now_ms()),
-            tags={f"rollback.{rollbacks}": (
-                f"step {step}: loss {loss}; restored step {restored_step}, skipped batch {batch} of epoch {epoch}, "
-                f"learning rate x {lr_scale:g}")})
-        self.flush()
-
-    def _commit(self) -> None:
-        """A checkpoint holds every step seen so far: their metrics go to the journal."""
-        points = [point for step, metrics, timestamp in self.unsaved
-                  for point in metric_points([(step, metrics)], timestamp_ms=timestamp)]
-        self._steps_unsent += len(self.unsaved)
-        self.unsaved = []
-        self.journal.add(run_id=self.run_id, metrics=points)
-
-    def flush(self, *, final: bool = False) -> None:
-        """Send the journal's records, oldest first. Mid-stage an outage within the grace keeps them for a later
-        try (training must not wait for the server); at the end of the stage (``final``: everything is committed
-        first) it waits for the server up to the grace. Past the grace :class:`TrackingError` stops the stage and
-        the journal keeps the records for its next run."""
-        if final:
-            self._commit()
-        elif time.monotonic() < self._next_try:
-            return
-        while self.journal.records:
-            record = self.journal.records[0]
-            try:
-                self.tracker.log_points(record["run_id"], record["metrics"], tags=record["tags"], once=not final)
-            except TrackingAway:
-                self._next_try = time.monotonic() + self.retry_seconds
-                return
-            except mlflow.exceptions.MlflowException as exc:
-                if exc.error_code not in GONE_RUN:
-                    raise
-                # Its run was deleted meanwhile: it will never take them; keeping them would stop every rerun.
-                log.warning("MLflow refused %d metric points for run %s (%s); dropped", len(record["metrics"]),
-                            record["run_id"], _short(exc))
-            self.journal.acknowledge(record["seq"])
-        self._steps_unsent = 0
-
-
-# ---------------------------------------------------------------------------------------------------- models
-MODEL_ALIAS = "current"  # the registered model's alias for the encoder of the latest finished pipeline
-
-
-class EncoderModel(mlflow.pyfunc.PythonModel):
-    """A pipeline's representation as an MLflow model: the inputs its modality serves (``Modality.serving``;
-    images: uint8 (n, H, W, C) or (n, C, H, W)) in, float32 embeddings out.
-
-    One stage: that stage's encoder output (what its export wrote, shape (n, D)). Several stages: MCL's integration,
-    concat(normalize(z_0), ..., normalize(z_{N-1})) of shape (n, sum D_j). The modality (``model_config``
-    ``modality``: the config's ``pipeline:`` key) loads each stage's encoder and embeds the inputs
-    (``Modality.load_encoder`` / ``embed``); its code travels with the model (``code_paths``: the ``contrastive``
-    package), so the model loads wherever its requirements are installed, without this project.
-    """
-
-    _skip_type_hint_validation = True  # the signature logged with the model validates inputs, not type hints
-
-    def load_context(self, context) -> None:
-        from contrastive.modalities.registry import modality_for
-        # Models logged before the key was stored are image models.
-        self.modality = modality_for((context.model_config or {}).get("modality", "mcl"))
-        names = sorted(context.artifacts, key=lambda name: int(name.removeprefix("stage")))
-        self.encoders = [self.modality.load_encoder(str(context.artifacts[n])) for n in names]
-
-    def predict(self, context, model_input, params=None):
-        from contrastive.integrate import concat_normalized
-        embeddings = [self.modality.embed(encoder, model_input) for encoder in self.encoders]
-        return embeddings[0] if len(embeddings) == 1 else concat_normalized(stage_embeddings=embeddings)
-
-
-def encoder_signature(*, dims: list[int], serving):
-    """Input: the modality's ``serving`` (dtype, shape): a tensor, or for strings one string column (a list of
-    strings passes MLflow's check of a column, not of a tensor); output: float32 (n, sum of the stages' dims)."""
-    import numpy as np
-    from mlflow.models.signature import ModelSignature
-    from mlflow.types import DataType
-    from mlflow.types.schema import ColSpec, Schema, TensorSpec
-    dtype = np.dtype(serving.dtype)
-    # Unnamed tensors: predict receives and returns plain arrays.
-    inputs = Schema([ColSpec(DataType.string)]) if dtype.kind in "USO" and tuple(serving.shape) == (-1,) else \
-        Schema([TensorSpec(dtype, tuple(serving.shape))])
-    return ModelSignature(inputs=inputs, outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, sum(dims)))]))
-
-
-def serving_requirements(modality: str) -> list[str]:
-    """The model's pip requirements: only distributions on PyPI, pinned to the versions installed here (without a
-    local ``+cu130``: the same release on PyPI)."""
-    from importlib.metadata import version
-
-    from packaging.version import Version
-    from contrastive.modalities.registry import modality_for
-    names = ("cloudpickle", *modality_for(modality).serving.requirements)
-    return [f"{name}=={Version(version(name)).public}" for name in names]
-
-
-def model_description(*, modality: str, serving, dims: list[int]) -> str:
-    """One paragraph for the model version and the MLmodel metadata: what goes in, what comes out."""
-    import numpy as np
-    stages = "one stage's embeddings" if len(dims) == 1 else \
-        f"{len(dims)} stages' embeddings, each L2-normalised, concatenated"
-    checked = "a list or array of strings" if np.dtype(serving.dtype).kind in "USO" else \
-        f"one {serving.dtype} numpy array with {len(serving.shape)} axes"
-    return (f"Input: {serving.description}. mlflow.pyfunc.load_model(uri).predict(x) checks x against the model's "
-            f"signature first: there x is {checked}. Output: float32 embeddings (n, {sum(dims)}), {stages}. "
-            f"Pipeline: {modality}.")
-
-
-def _code_copy(directory: Path) -> Path:
-    """The ``contrastive`` package copied into ``directory`` without byte code: what the model ships as code."""
-    import contrastive
-    target = directory / "contrastive"
-    shutil.copytree(Path(contrastive.__file__).parent, target,
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo"))
-    return target
-
-
-@contextlib.contextmanager
-def quiet_model_saving() -> Iterator[None]:
-    """MLflow's advice while saving EncoderModel does not apply: its warning on pickled models and on a missing
-    input example (the signature gives the shapes)."""
-    pyfunc_log = logging.getLogger("mlflow.pyfunc")
-    level = pyfunc_log.level
-    pyfunc_log.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            yield
-    finally:
-        pyfunc_log.setLevel(level)
-
-
-# Held while EncoderModel is pickled by value (log_encoder): cloudpickle's by-value registry is process-wide.
-_PICKLE_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def _pickled_by_value() -> Iterator[None]:
-    """Pickle EncoderModel's class by value, not as a reference to ``tasks.tracking``: where the model loads,
-    this project (``tasks``) is not installed; only ``contrastive`` travels with the model."""
-    import cloudpickle
-    module = sys.modules[EncoderModel.__module__]
-    with _PICKLE_LOCK:
-        cloudpickle.register_pickle_by_value(module)
-        try:
-            yield
-        finally:
-            cloudpickle.unregister_pickle_by_value(module)
-
-
-def save_encoder(path: Path, *, model_paths: list[str], dims: list[int], modality: str = "mcl") -> None:
-    """Write the MLflow model of ``model_paths`` (stage ``model.pt`` files of ``modality``) into ``path``."""
-    import tempfile
-
-    import mlflow.pyfunc
-
-    from contrastive.modalities.registry import modality_for
-    plugin = modality_for(modality)
-    serving = plugin.serving
-    if serving is None:
-        raise ValueError(f"pipeline {modality!r} serves no model (its modality has no serving input)")
-    description = model_description(modality=modality, serving=serving, dims=dims)
-    with tempfile.TemporaryDirectory() as code, quiet_model_saving(), _pickled_by_value():
-        # pip_requirements given: inferring them starts a subprocess that imports the model (slow).
-        mlflow.pyfunc.save_model(
-            str(path), python_model=EncoderModel(),
-            artifacts={f"stage{i}": plugin.serving_file(str(p), out_dir=Path(code) / "stages")
-                       for i, p in enumerate(model_paths)},
-            model_config={"modality": modality}, code_paths=[str(_code_copy(Path(code)))],
-            signature=encoder_signature(dims=dims, serving=serving), pip_requirements=serving_requirements(modality),
-            metadata={"modality": modality, "input": serving.description, "input_dtype": serving.dtype,
-                      "output": f"float32 embeddings (n, {sum(dims)})", "stages": len(model_paths),
-                      "description": description})
-
-
-def log_encoder(tracker: Tracker, run_id: str, *, name: str, model_paths: list[str], dims: list[int],
-                modality: str = "mcl", registered_name: str | None = None,
-                tags: dict[str, str] | None = None) -> dict[str, str]:
-    """Log ``model_paths`` (one stage's ``model.pt``, or every stage's for the integrated representation) of the
-    pipeline ``modality`` (the config's ``pipeline:`` key) as an MLflow logged model of the run, loadable with
-    ``mlflow.pyfunc.load_model`` where its requirements are installed; with ``registered_name``, register it and
-    point the alias ``current`` at it. Returns {"model_id", "model_uri"[, "version", "registered_uri"]}."""
-    import tempfile
-
-    from mlflow.entities import LoggedModelOutput
-
-    from contrastive.modalities.registry import modality_for
-    serving = modality_for(modality).serving
-    with tempfile.TemporaryDirectory() as tmp:
-        local = Path(tmp) / "model"
-        save_encoder(local, model_paths=model_paths, dims=dims, modality=modality)
-        model = tracker._call("create a logged model", tracker.client.create_logged_model, tracker.experiment_id,
-                              name=name, source_run_id=run_id, model_type="encoder",
-                              tags={"modality": modality, "input": serving.description, **(tags or {})})
-        tracker._call("upload a model", tracker.client.log_model_artifacts, model.model_id, str(local))
-    tracker._call("finish a model", tracker.client.finalize_logged_model, model.model_id, "READY")
-    tracker._call("link a model", tracker.client.log_outputs, run_id, [LoggedModelOutput(model.model_id, step=0)])
-    out = {"model_id": model.model_id, "model_uri": f"models:/{model.model_id}"}
-    if registered_name:
-        _ensure_registered_model(tracker, registered_name)
-        version = tracker._call("register a model version", tracker.client.create_model_version, registered_name,
-                                model.artifact_location, run_id=run_id, model_id=model.model_id,
-                                description=model_description(modality=modality, serving=serving, dims=dims))
-        tracker._call("set a model alias", tracker.client.set_registered_model_alias, registered_name, MODEL_ALIAS,
-                      version.version)
-        out |= {"version": str(version.version), "registered_uri": f"models:/{registered_name}@{MODEL_ALIAS}"}
-    return out
-
-
-def _ensure_registered_model(tracker: Tracker, name: str) -> None:
-    """Create the registered model unless it exists (two pipelines registering at once: the loser uses it)."""
-    try:
-        tracker._call("read a registered model", tracker.client.get_registered_model, name)
-        return
-    except mlflow.exceptions.MlflowException:
-        pass
-    try:
-        tracker._call("register a model", tracker.client.create_registered_model, name)
-    except mlflow.exceptions.MlflowException:
-        tracker._call("read a registered model", tracker.client.get_registered_model, name)
