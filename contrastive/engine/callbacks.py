@@ -66,10 +66,12 @@ class ProgressClock:
     starts above 0) and the loop's own samples/s over the steps since its previous report. Both rates cover the
     last ``window_seconds`` of reports (never fewer than the last two), so the time left follows the stage's
     current pace (a slower neighbour process, a faster later epoch) rather than its start-up, and a resumed stage
-    counts only the steps it trains itself. The time left is the steps left at the recent steps/s; nothing is
-    claimed before two reports."""
+    counts only the steps it trains itself. The time left is the steps left at the recent steps/s, which counts the
+    pauses between epochs (the loop's samples/s does not); the window is long enough that one such pause on a
+    loaded machine (40 s seen on 2026-11-26) does not multiply the estimate. Nothing is claimed before two
+    reports."""
 
-    def __init__(self, *, total_steps: int, started: float, window_seconds: float = 30.0):
+    def __init__(self, *, total_steps: int, started: float, window_seconds: float = 120.0):
         self.total_steps = max(1, int(total_steps))
         self.started = started
         self.window_seconds = window_seconds

@@ -113,3 +113,13 @@ def test_a_stage_that_reported_nothing_closes_silently():
     said = []
     StageProgress(total_steps=10, description="stage 0", say=said.append, stream=_Stream(tty=False)).close()
     assert said == []
+
+
+def test_one_pause_between_epochs_does_not_multiply_the_time_left():
+    clock = ProgressClock(total_steps=3000, started=0.0)  # the default window
+    for second in range(1, 101):  # 10 steps a second
+        clock.observe(now=float(second), step=10 * second, samples_per_second=640.0)
+    steady = clock.seconds_left()
+    clock.observe(now=140.0, step=1010, samples_per_second=640.0)  # a 40 s pause (an epoch's start on a busy host)
+    assert steady == pytest.approx(200.0)
+    assert steady < clock.seconds_left() < 2 * steady
