@@ -228,8 +228,10 @@ def _train(*, config, tracker: Tracker, mlflow_run_id: str, out_dir: str, spec, 
         progress = PrefectProgress(total_steps=total_steps, description=f"{description} training ({out_dir})")
         try:
             summary = train_here([buffer, terminal, progress])
-        finally:
+        except BaseException:
             terminal.close()
+            raise
+        terminal.close(steps=summary.get("steps"))
         buffer.flush(final=True)
     return summary
 

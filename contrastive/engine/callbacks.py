@@ -180,13 +180,16 @@ class StageProgress:
     def on_checkpoint(self, *, path: Path, step: int) -> None:
         pass
 
-    def close(self) -> None:
-        """Remove the bar and say the closing line (none when no step was reported: nothing trained here)."""
+    def close(self, *, steps: int | None = None) -> None:
+        """Remove the bar and say the closing line: ``steps``, the stage's trained steps when it finished (the loop
+        reports only every ``log_every_steps``), else the last reported step (a stage that stopped). No line when
+        no step was reported: nothing trained here."""
         if self.bar is not None:
             self.bar.close()
         if not self.progress.points:
             return
-        step, total, mean = self.progress.step, self.progress.total_steps, self.progress.mean_samples_per_second()
-        done = f"trained {total} steps" if step >= total else f"stopped at step {step} of {total}"
+        step = self.progress.step if steps is None else steps
+        total, mean = self.progress.total_steps, self.progress.mean_samples_per_second()
+        done = f"trained {step} steps" if steps is not None or step >= total else f"stopped at step {step} of {total}"
         self.say(f"{self.description}: {done} in {format_seconds(self.progress.elapsed(self.now()))}"
                  + (f", {mean:.0f} samples/s" if mean is not None else ""))
