@@ -161,6 +161,13 @@ class StageProgress:
             self.bar = tqdm(total=self.progress.total_steps, desc=description, file=self.stream, leave=False,
                             bar_format=BAR_FORMAT, dynamic_ncols=True)
 
+    def on_train_start(self, *, total_steps: int, step: int) -> None:
+        """The loop's own plan (the caller's ``total_steps`` is N / batch size; cluster-pure batches make more)."""
+        self.progress.total_steps = max(1, int(total_steps))
+        if self.bar is not None:
+            self.bar.reset(total=self.progress.total_steps)
+            self.bar.n = step
+
     def on_step(self, *, step: int, epoch: int, metrics: dict[str, float]) -> None:
         now = self.now()
         self.progress.observe(now=now, step=step, samples_per_second=metrics.get("train/samples_per_s"))

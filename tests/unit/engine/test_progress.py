@@ -123,3 +123,17 @@ def test_one_pause_between_epochs_does_not_multiply_the_time_left():
     clock.observe(now=140.0, step=1010, samples_per_second=640.0)  # a 40 s pause (an epoch's start on a busy host)
     assert steady == pytest.approx(200.0)
     assert steady < clock.seconds_left() < 2 * steady
+
+
+def test_the_loops_plan_replaces_the_callers_reckoning():
+    said, clock, stream = [], _Clock(), _Stream(tty=True)
+    progress = StageProgress(total_steps=300, description="stage 1", say=said.append, stream=stream, clock=clock)
+    progress.on_train_start(total_steps=372, step=40)  # cluster-pure batches: more steps than N / batch size
+    assert progress.bar.total == 372 and progress.bar.n == 40
+    clock.now = 2.0
+    progress.on_step(step=50, epoch=0, metrics={"train/samples_per_s": 320.0})
+    clock.now = 4.0
+    progress.on_step(step=60, epoch=0, metrics={"train/samples_per_s": 320.0})
+    assert progress.progress.seconds_left() == pytest.approx(312 / 5.0)
+    progress.close()
+    assert said == ["stage 1: stopped at step 60 of 372 in 0:04, 320 samples/s"]
