@@ -126,7 +126,7 @@ class ProgressClock:
             f"{format_seconds(left)} left" if left is not None else "? left")
 
     def line(self, *, now: float, description: str, loss: float | None = None) -> str:
-        """The plain progress line of a log: "stage 0: step 120/500 (24%), 612 samples/s, 0:12 elapsed, 0:38 left,
+        """The plain progress line of a log: "stage 0: step 120/500 (24%), 612 samples/s, 0:38 left, 0:12 elapsed,
         loss 4.123"."""
         percent = 100.0 * min(self.step, self.total_steps) / self.total_steps
         text = (f"{description}: step {self.step}/{self.total_steps} ({percent:.0f}%), {self.rates()}, "
