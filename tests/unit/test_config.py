@@ -1,5 +1,4 @@
 import re
-from pathlib import Path
 
 import pytest
 import yaml
@@ -9,19 +8,10 @@ from pipeline_config.loader import config_from_dict, described_config, load_conf
 from contrastive.modalities.image.config import ImagePipelineConfig, check_feasible
 
 
-@pytest.mark.parametrize("preset", ["trifeature_quick", "trifeature_mcl"])
-def test_presets_load_and_the_default_and_the_earlier_default_are_feasible(preset):
-    assert {"trifeature_quick", "trifeature_mcl", "trifeature_tiny"} <= set(preset_names())
-    config = load_config(preset)
+def test_presets_load_and_default_is_feasible():
+    assert {"trifeature_mcl", "trifeature_tiny"} <= set(preset_names())
+    config = load_config("trifeature_mcl")
     check_feasible(config, num_train=config.data.trifeature.num_train)
-
-
-def test_make_run_runs_the_default_preset():
-    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
-    assert "\nCONFIG ?= pipeline_config/presets/trifeature_quick.yaml\n" in makefile
-    # The default trains stage 0 briefly and the later stage (MCL and control alike) longer.
-    config = load_config("trifeature_quick")
-    assert (config.mcl.num_stages, config.for_stage(0).train.epochs, config.for_stage(1).train.epochs) == (2, 2, 6)
 
 
 def test_overrides_are_yaml_typed():
@@ -64,7 +54,7 @@ def test_a_misspelt_preset_name_suggests_the_preset():
         load_config("trifeature_mlc")
 
 
-@pytest.mark.parametrize("preset", ["trifeature_quick", "trifeature_mcl", "clip_tiny", "text_tiny"])
+@pytest.mark.parametrize("preset", ["trifeature_mcl", "clip_tiny", "text_tiny"])
 def test_described_config_loads_back_to_the_same_config(preset):
     config = load_config(preset, ["seed=3"])
     text = described_config(config)
