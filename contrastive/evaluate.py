@@ -9,6 +9,7 @@ import torch
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
+from threadpoolctl import threadpool_limits
 
 from contrastive.integrate import l2_normalize
 from contrastive.plotting import grouped_bars, locked_pyplot, save_figure
@@ -23,13 +24,17 @@ def linear_probe_accuracy(*, train_x: np.ndarray, train_y: np.ndarray, test_x: n
     train_mask, test_mask = train_y >= 0, test_y >= 0
     if train_mask.sum() == 0 or test_mask.sum() == 0:
         return float("nan")
-    scaler = StandardScaler().fit(train_x[train_mask])
-    probe = LogisticRegression(C=c, max_iter=max_iter)
-    with warnings.catch_warnings():
-        # A probe stopped at max_iter is still a valid (slightly pessimistic) measurement; the config sets it.
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        probe.fit(scaler.transform(train_x[train_mask]), train_y[train_mask])
-    return float((probe.predict(scaler.transform(test_x[test_mask])) == test_y[test_mask]).mean())
+    # One BLAS thread: a probe's products are small (N x D by D x classes), so a thread team gains little and its
+    # threads spin-wait for each other; on a 2-core machine shared with other processes (2026-11-26, load 20) a
+    # probe of 8,000 x 256 features took 14-17 s with 2 OpenBLAS threads and 1.2 s with one.
+    with threadpool_limits(limits=1, user_api="blas"):
+        scaler = StandardScaler().fit(train_x[train_mask])
+        probe = LogisticRegression(C=c, max_iter=max_iter)
+        with warnings.catch_warnings():
+            # A probe stopped at max_iter is still a valid (slightly pessimistic) measurement; the config sets it.
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            probe.fit(scaler.transform(train_x[train_mask]), train_y[train_mask])
+        return float((probe.predict(scaler.transform(test_x[test_mask])) == test_y[test_mask]).mean())
 
 
 def knn_accuracy(*, train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray, k: int,

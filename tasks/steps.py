@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
-from tqdm.auto import tqdm
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.context import TaskRunContext
 
+from contrastive.engine.callbacks import StageProgress
 from contrastive.engine.files import is_disk_full, step_disk_full_error, write_json
 from contrastive.engine.device import check_faiss, check_gpus_usable
 from contrastive.engine.launch import ENCODE_SUMMARY, EXPORT_SUMMARY
@@ -177,26 +177,6 @@ class PrefectProgress:
         pass
 
 
-class TerminalProgress:
-    """A tqdm bar on the terminal for an interactive `mclpipe run` (disabled when stderr is not a TTY)."""
-
-    def __init__(self, *, total_steps: int, description: str):
-        self.bar = tqdm(total=total_steps, desc=description, unit="step", disable=None, leave=False)
-
-    def on_step(self, *, step: int, epoch: int, metrics: dict[str, float]) -> None:
-        self.bar.n = min(step, self.bar.total)
-        self.bar.set_postfix(loss=f"{metrics.get('train/loss', float('nan')):.3f}", refresh=True)
-
-    def on_epoch_end(self, *, epoch: int, metrics: dict[str, float]) -> None:
-        pass
-
-    def on_checkpoint(self, *, path: Path, step: int) -> None:
-        pass
-
-    def close(self) -> None:
-        self.bar.close()
-
-
 def train_and_record(*, config: _PipelineBase, tracker: Tracker, mlflow_run_id: str,
                      key: str, out_dir: str, stage: int, spec, entry: str, train_here, batches_from: str | None,
                      total_steps: int, extra_metrics) -> TrainRecord:
@@ -242,12 +222,16 @@ def _train(*, config, tracker: Tracker, mlflow_run_id: str, out_dir: str, spec, 
         buffer.add_trained(rank_metric_points(Path(out_dir) / "train_metrics.jsonl"))
         buffer.flush(final=True)
     else:
-        terminal = TerminalProgress(total_steps=total_steps, description=description)
+        # The bar (a TTY) or a line every 30 s (a log): before PrefectProgress, which logs each epoch's loss on a
+        # line the bar has cleared.
+        terminal = StageProgress(total_steps=total_steps, description=description, say=get_run_logger().info)
         progress = PrefectProgress(total_steps=total_steps, description=f"{description} training ({out_dir})")
         try:
-            summary = train_here([buffer, progress, terminal])
-        finally:
+            summary = train_here([buffer, terminal, progress])
+        except BaseException:
             terminal.close()
+            raise
+        terminal.close(steps=summary.get("steps"))
         buffer.flush(final=True)
     return summary
 

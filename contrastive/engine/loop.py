@@ -180,7 +180,9 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
           stop_after_steps: int | None = None) -> TrainResult:
     """Train ``task`` on ``source`` for ``loop.epochs``; resumes from ``checkpoint_path`` when it holds a
     checkpoint. ``stop_after_steps`` stops after that many optimizer steps, as a crash would (tests of resumption).
-    Callbacks run on rank 0; one with an ``on_batch(step=, batch=)`` method sees every micro-batch on every rank.
+    Callbacks run on rank 0; one with an ``on_batch(step=, batch=)`` method sees every micro-batch on every rank,
+    one with an ``on_train_start(total_steps=, step=)`` method hears the planned steps and the step it starts at
+    (above 0 when resumed) before the first batch.
     """
     info = info or current_info()
     check_precision(loop.precision)
@@ -293,6 +295,10 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
     if loop.on_nonfinite == "rollback" and checkpoint is None:
         save(start_epoch, consumed)  # somewhere to return to before the first periodic checkpoint
     log.info("training on %s", ", ".join(f"{k} {v}" for k, v in result.environment.items()))
+    if info.is_main:  # the planned steps from the source itself (cluster-pure batches: more than N / batch size)
+        for callback in callbacks:
+            if hasattr(callback, "on_train_start"):
+                callback.on_train_start(total_steps=total_steps, step=step)
     started, samples = time.perf_counter(), 0
     module.train()
 

@@ -279,3 +279,33 @@ def test_the_time_spent_writing_checkpoints_is_measured(tmp_path, monkeypatch):
     summary = result.summary()
     assert len(saves) == 7
     assert 0.05 * len(saves) <= summary["checkpoint_seconds"] < summary["seconds"]
+
+
+class _Plan:
+    """A callback that records what ``on_train_start`` hears (the progress bar's length and first step)."""
+
+    def __init__(self):
+        self.heard = []
+
+    def on_train_start(self, *, total_steps: int, step: int) -> None:
+        self.heard.append((total_steps, step))
+
+    def on_step(self, *, step, epoch, metrics):
+        pass
+
+    def on_epoch_end(self, *, epoch, metrics):
+        pass
+
+    def on_checkpoint(self, *, path, step):
+        pass
+
+
+def test_callbacks_hear_the_sources_planned_steps_and_where_a_resumed_stage_starts(tmp_path):
+    loop = LoopSpec(epochs=3, checkpoint_every_steps=4, log_every_steps=1)
+    source = FixedBatches(size=4, rows=28)  # 7 batches an epoch, whatever a caller reckons from its own sizes
+    first, again = _Plan(), _Plan()
+    train(task=RegressionTask(), source=source, optim=SGD, loop=loop, device=CPU,
+          checkpoint_path=tmp_path / "c" / "last.pt", callbacks=[first], stop_after_steps=9)
+    train(task=RegressionTask(), source=source, optim=SGD, loop=loop, device=CPU,
+          checkpoint_path=tmp_path / "c" / "last.pt", callbacks=[again])
+    assert first.heard == [(21, 0)] and again.heard == [(21, 9)]
