@@ -111,8 +111,8 @@ class Load:
             time.sleep(2)
         bad = {name: r for name, r in runs.items() if r["state_type"] != "COMPLETED"}
         if bad:
-            details = "\n".join(f"{name}: {r['state_type']} ({r['state']['message']})\n{error_logs(self.stack, r['id'])}"
-                                for name, r in bad.items())
+            details = "\n".join(f"{name}: {r['state_type']} ({r['state']['message']})\n"
+                                f"{error_logs(self.stack, r['id'])}" for name, r in bad.items())
             raise AssertionError(f"{len(bad)} of {len(runs)} pipelines did not complete:\n{details}\nworker log:\n"
                                  f"{self.log.read_text()[-4000:]}")
         return runs
