@@ -30,8 +30,18 @@ TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaf
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist worksteal
 
+# make test-slow runs in SLOW_WORKERS pytest-xdist processes (default 2) with --dist loadgroup: tests marked
+# xdist_group(<name>) run in one process, one after the other, because they share a singleton (tests/conftest.py
+# marks them): "team_stack", every test on the session's PostgreSQL stack (its servers, its `prefect worker` and
+# work pools; the load tests' eight pipelines too, so they never train beside another stack test); "slurm", the
+# one-node Slurm cluster (OverSubscribe=NO: a second test's job would queue behind the first and miss its
+# timings). The rest share nothing fixed: free ports, their own tmp_path (tmpfs mounts included), their own
+# PostgreSQL databases (.ci/setup-postgres.sh takes a lock), signals within their own process.
+# SLOW_WORKERS=0 runs them in one process.
+SLOW_WORKERS ?= 2
+
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m slow
+	$(BIN)/python -m pytest -q -m slow -n $(SLOW_WORKERS) --dist loadgroup
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -6,6 +6,11 @@
 set -euo pipefail
 PG_DIR=${MCLPIPE_PG_DIR:-/tmp/mclpipe-postgres}
 PG_PORT=${MCLPIPE_PG_PORT:-55432}
+# One setup at a time (make test-slow's pytest-xdist processes may call it together): a lock on the cluster's
+# directory, released when this script exits.
+mkdir -p "$PG_DIR"
+exec 9<"$PG_DIR"
+flock 9
 
 pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1; }
 if [ -z "$(pg_bin)" ]; then

@@ -1,0 +1,250 @@
+"""Many pipelines at once on the team stack (issue 38, "Load"): eight tiny pipelines, two of each modality, deployed
+to one process work pool and submitted together, their stages sharing a Prefect global concurrency limit of 2
+(``launcher.concurrency_limit``), run by one real ``prefect worker``; and what the load tests read back afterwards
+(the stages' training intervals, the MLflow records of every pipeline and step).
+
+Everything goes through the stack's own environment and API helpers (``Stack.env()``, ``tests.e2e.worker.api``),
+so the stack's credentials apply here as in the other stack tests. The worker and the processes it started are
+ended by their ids.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import psutil
+
+from tests.e2e.stack import BIN, REPO, Stack
+from tests.e2e.worker import TERMINAL, api, end_process_tree, flow_run, prefect_cli, wait_until_ready
+
+SLOTS = 2  # the size of the global concurrency limit: "two GPUs"
+STAGES = 2  # every pipeline below has two MCL stages (and no control run)
+
+# (short name, preset, overrides): each modality's tiny preset made smaller (as in tests/flows/test_modalities.py),
+# and a second variant of it. A different K leaves stage 0's content key alone, so those pairs share stage 0's
+# training, export and evaluation; the embeddings pair differs by seed and shares nothing.
+_TRIFEATURE = ["mcl.num_stages=2", "mcl.control=false", "data.trifeature.num_train=128",
+               "data.trifeature.num_test=64", "train.batch_size=16"]
+_CLIP = ["train.max_steps_per_epoch=3", "data.synthetic.num_train=288", "eval.soup=false"]
+PIPELINES = [
+    ("tri_k4", "trifeature_tiny", [*_TRIFEATURE, "mcl.clusters=4"]),
+    ("tri_k3", "trifeature_tiny", [*_TRIFEATURE, "mcl.clusters=3"]),
+    ("clip_k4", "clip_tiny", [*_CLIP, "mcl.clusters=4"]),
+    ("clip_k3", "clip_tiny", [*_CLIP, "mcl.clusters=3"]),
+    ("text_k4", "text_tiny", ["mcl.control=false", "mcl.clusters=4"]),
+    ("text_k3", "text_tiny", ["mcl.control=false", "mcl.clusters=3"]),
+    ("emb_s0", "embeddings_tiny", ["mcl.control=false", "train.epochs=2"]),
+    ("emb_s1", "embeddings_tiny", ["mcl.control=false", "train.epochs=2", "seed=1"]),
+]
+# The pairs that share stage 0 (the same stage-0 content key), and the one pair that shares nothing.
+SHARING = {"trifeature_tiny": True, "clip_tiny": True, "text_tiny": True, "embeddings_tiny": False}
+
+DEPLOY = """
+import json, sys
+from flows.deployments import deploy_to_work_pool
+for spec in json.loads(sys.argv[1]):
+    print(deploy_to_work_pool(config_name=spec["preset"], work_pool=spec["pool"], overrides=spec["overrides"],
+                              source=spec["source"]))
+"""
+
+
+@dataclass
+class Pipeline:
+    name: str  # the config's name: the deployment's and the registered model's
+    preset: str
+    deployment_id: str
+    flow_run_id: str | None = None
+
+
+@dataclass
+class Load:
+    """Eight deployments of one work pool, one concurrency limit, one output directory and MLflow experiment."""
+    stack: Stack
+    tag: str
+    pool: str
+    limit: str
+    experiment: str
+    output_dir: Path
+    pipelines: list[Pipeline]
+    log: Path
+    worker: subprocess.Popen | None = None
+    submitted_at: float = 0.0
+    logs: list = field(default_factory=list)
+
+    @property
+    def steps(self) -> Path:
+        return self.output_dir / "steps"
+
+    def start_worker(self) -> None:
+        """`prefect worker start --pool <pool> --type process`, polling every second, one torch thread per flow run
+        (eight flow runs share this machine's cores)."""
+        log = open(self.log, "a")
+        self.logs.append(log)
+        env = {**self.stack.env(), "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1",
+               "OMP_NUM_THREADS": "1"}
+        self.worker = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", self.pool, "--type",
+                                        "process"], cwd=self.stack.root, env=env, stdout=log,
+                                       stderr=subprocess.STDOUT)
+        wait_until_ready(self.stack, self.pipelines[0].deployment_id, worker=self.worker, log=self.log)
+
+    def submit_all(self) -> None:
+        """One flow run of every deployment, one right after the other ("Quick run" eight times)."""
+        self.submitted_at = time.time()
+        for pipeline in self.pipelines:
+            pipeline.flow_run_id = api(self.stack, f"/deployments/{pipeline.deployment_id}/create_flow_run", {})["id"]
+
+    def runs(self) -> dict[str, dict]:
+        return {p.name: flow_run(self.stack, p.flow_run_id) for p in self.pipelines}
+
+    def wait_all(self, *, seconds: float) -> dict[str, dict]:
+        """Until every flow run is terminal; fails naming the ones that did not complete, with their error logs."""
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            runs = self.runs()
+            if all(r["state_type"] in TERMINAL for r in runs.values()):
+                break
+            time.sleep(2)
+        bad = {name: r for name, r in runs.items() if r["state_type"] != "COMPLETED"}
+        if bad:
+            details = "\n".join(f"{name}: {r['state_type']} ({r['state']['message']})\n"
+                                f"{error_logs(self.stack, r['id'])}" for name, r in bad.items())
+            raise AssertionError(f"{len(bad)} of {len(runs)} pipelines did not complete:\n{details}\nworker log:\n"
+                                 f"{self.log.read_text()[-4000:]}")
+        return runs
+
+    def kill_worker(self) -> list[int]:
+        """SIGKILL the worker and every process it started (the flow runs), as a lost node does; returns the pids."""
+        tree = [self.worker.pid, *(c.pid for c in psutil.Process(self.worker.pid).children(recursive=True))]
+        procs = []
+        for pid in tree:
+            try:
+                proc = psutil.Process(pid)
+                proc.kill()
+                procs.append(proc)
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=30)
+        assert not alive, alive
+        self.worker.wait(timeout=30)
+        self.worker = None
+        return tree
+
+    def close(self) -> None:
+        if self.worker is not None:
+            end_process_tree(self.worker)
+            self.worker = None
+        for log in self.logs:
+            log.close()
+
+
+def error_logs(stack: Stack, flow_run_id: str, limit: int = 20) -> str:
+    """The flow run's last ERROR/WARNING lines from the Prefect server (what the UI's log tab shows)."""
+    logs = api(stack, "/logs/filter", {"logs": {"flow_run_id": {"any_": [flow_run_id]}, "level": {"ge_": 30}},
+                                       "sort": "TIMESTAMP_DESC", "limit": limit})
+    return "\n".join(f"  {log['message'][:600]}" for log in reversed(logs))
+
+
+def create_limit(stack: Stack, name: str, slots: int = SLOTS) -> None:
+    """`prefect gcl create <name> --limit <slots>` (the REST call the CLI makes)."""
+    api(stack, "/v2/concurrency_limits/", {"name": name, "limit": slots})
+
+
+def read_limit(stack: Stack, name: str) -> dict:
+    return api(stack, f"/v2/concurrency_limits/{name}", method="GET")
+
+
+def delete_limit(stack: Stack, name: str) -> None:
+    api(stack, f"/v2/concurrency_limits/{name}", method="DELETE")
+
+
+def deploy_all(stack: Stack, *, tag: str, pool: str, limit: str, experiment: str, output_dir: Path) -> list[Pipeline]:
+    """The eight pipelines deployed to ``pool`` from this checkout, each with ``launcher.concurrency_limit`` set,
+    in one process (what `mclpipe deploy <preset> --work-pool <pool> --source <checkout> --set ...` calls, eight
+    times)."""
+    common = [f"output_dir={output_dir}", f"data.cache_dir={stack.root / 'data'}", f"tracking.experiment={experiment}",
+              f"launcher.concurrency_limit={limit}", "tracking.system_metrics_seconds=0", "device=cpu"]
+    specs = [{"preset": preset, "pool": pool, "source": str(REPO),
+              "overrides": [*overrides, *common, f"name=load_{tag}_{short}"]} for short, preset, overrides in PIPELINES]
+    result = subprocess.run([str(BIN / "python"), "-c", DEPLOY, json.dumps(specs)], cwd=REPO, env=stack.env(),
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    ids = result.stdout.split()[-len(specs):]
+    return [Pipeline(name=f"load_{tag}_{short}", preset=preset, deployment_id=deployment_id)
+            for (short, preset, _), deployment_id in zip(PIPELINES, ids)]
+
+
+@contextmanager
+def load_stack(stack: Stack, tag: str):
+    """A process work pool, a global concurrency limit of ``SLOTS``, the eight deployments and a running worker;
+    yields the Load. The worker and its flow runs are ended however the test ends."""
+    pool, limit = f"load-pool-{tag}", f"load-gpus-{tag}"
+    prefect_cli(stack, "work-pool", "create", pool, "--type", "process")
+    create_limit(stack, limit)
+    output_dir = stack.root / f"load-{tag}"
+    experiment = f"mclpipe-load-{tag}"
+    pipelines = deploy_all(stack, tag=tag, pool=pool, limit=limit, experiment=experiment, output_dir=output_dir)
+    load = Load(stack=stack, tag=tag, pool=pool, limit=limit, experiment=experiment, output_dir=output_dir,
+                pipelines=pipelines, log=stack.root / f"load-{tag}-worker.log")
+    try:
+        load.start_worker()
+        yield load
+    finally:
+        load.close()
+
+
+# ---------------------------------------------------------------------------------------------------- read back
+def parse_time(text: str) -> float:
+    return datetime.fromisoformat(text).timestamp()
+
+
+@dataclass(frozen=True)
+class Training:
+    """One finished stage training: its step directory and when it trained. ``train_summary.json`` is written
+    when the training loop ends, and holds the loop's duration (``seconds``); a resumed stage's is the part after
+    the resume."""
+    dir: Path
+    start: float
+    end: float
+
+
+def trainings(steps: Path) -> list[Training]:
+    out = []
+    for summary in sorted(steps.glob("*train[0-9]*-*/train_summary.json")):
+        end = summary.stat().st_mtime
+        out.append(Training(dir=summary.parent, start=end - json.loads(summary.read_text())["seconds"], end=end))
+    return out
+
+
+def max_overlap(intervals: list[tuple[float, float]]) -> int:
+    """The most intervals open at one moment (one that ends when another starts does not overlap it)."""
+    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals],
+                    key=lambda e: (e[0], e[1]))
+    most = current = 0
+    for _, change in events:
+        current += change
+        most = max(most, current)
+    return most
+
+
+def step_files(steps: Path) -> dict[Path, int]:
+    """mtime_ns of every file of every finished step (a directory with its record.json)."""
+    return {path: path.stat().st_mtime_ns for record in steps.glob("*/record.json")
+            for path in record.parent.rglob("*") if path.is_file()}
+
+
+def report(load: Load, runs: dict[str, dict]) -> dict:
+    """The wall time of the eight (first submission to the last flow run's end) against the sum of the flow runs'
+    own times, and of their stages' training, each divided by the number of slots."""
+    ends = [parse_time(r["end_time"]) for r in runs.values()]
+    durations = [parse_time(r["end_time"]) - parse_time(r["start_time"]) for r in runs.values()]
+    trained = sum(t.end - t.start for t in trainings(load.steps))
+    return {"pipelines": len(runs), "slots": SLOTS, "wall_s": round(max(ends) - load.submitted_at, 1),
+            "sum_of_flow_runs_s": round(sum(durations), 1),
+            "sum_of_flow_runs_over_slots_s": round(sum(durations) / SLOTS, 1),
+            "sum_of_training_s": round(trained, 1), "sum_of_training_over_slots_s": round(trained / SLOTS, 1),
+            "total_run_time_s": round(sum(r["total_run_time"] for r in runs.values()), 1)}
