@@ -73,23 +73,27 @@ class Row:
 # ---------------------------------------------------------------------------------------------------- simclr
 def simclr_parts(*, arch: str, device: torch.device, projection_dim: int = 128):
     """(model, optimizer) of SimCLR on a torchvision ResNet: backbone with its classifier replaced by a 2-layer
-    projection head, channels_last, on ``device`` (the same for ours and the baseline)."""
+    projection head, channels_last, on ``device`` (the same for ours and the baseline), and SGD with Nesterov
+    momentum (the baseline's optimizer)."""
     import torchvision
     backbone = getattr(torchvision.models, arch)(weights=None)
     width = backbone.fc.in_features
     backbone.fc = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(),
                                       torch.nn.Linear(width, projection_dim))
     model = backbone.to(device, memory_format=torch.channels_last)
-    return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    # Nesterov: the engine's "sgd" (contrastive.engine.optim.build_optimizer), so both loops take the same steps
+    return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True)
 
 
 def plain_simclr_steps(*, arch: str, device: torch.device, views: tuple[torch.Tensor, torch.Tensor], steps: int,
-                       compile: bool) -> float:
+                       compile: bool, losses: list[float] | None = None) -> float:
     """The baseline: a plain loop a competent user writes (bf16 autocast, channels_last, set_to_none), images/s
-    over ``steps`` after a warm-up step."""
+    over ``steps`` after a warm-up step. ``losses``, when given, receives every step's loss (the warm-up's first),
+    read after the timed steps."""
     from contrastive.methods.losses import nt_xent
     model, opt = simclr_parts(arch=arch, device=device)
     forward = torch.compile(model) if compile else model
+    kept: list[torch.Tensor] = []
 
     def step():
         with torch.autocast(device.type, dtype=torch.bfloat16):
@@ -97,7 +101,12 @@ def plain_simclr_steps(*, arch: str, device: torch.device, views: tuple[torch.Te
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return _images_per_second(step, steps=steps, images=2 * len(views[0]), device=device)
+        if losses is not None:
+            kept.append(loss.detach())
+    rate = _images_per_second(step, steps=steps, images=2 * len(views[0]), device=device)
+    if losses is not None:
+        losses.extend(float(loss) for loss in kept)
+    return rate
 
 
 class _SyntheticViews:
@@ -130,9 +139,10 @@ class _ViewBatch:
 
 
 def engine_simclr_steps(*, arch: str, device: torch.device, views: tuple[torch.Tensor, torch.Tensor], steps: int,
-                        compile: bool, work: Path) -> float:
+                        compile: bool, work: Path, losses: list[float] | None = None) -> float:
     """Ours: the same model and loss through ``contrastive.engine.loop.train`` (bf16, channels_last, its
-    checkpoint at the end only), images/s over the run's steady part."""
+    checkpoint at the end only), images/s over the run's steady part. ``losses``, when given, receives every
+    step's loss (the warm-up's first), as the loop logs it."""
     from contrastive.engine.loop import train
     from contrastive.engine.task import LoopSpec, OptimSpec, StageTask
     from contrastive.methods.losses import nt_xent
@@ -163,6 +173,8 @@ def engine_simclr_steps(*, arch: str, device: torch.device, views: tuple[torch.T
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             arrivals.append(time.perf_counter())
+            if losses is not None:
+                losses.append(metrics["train/loss"])
 
         def on_epoch_end(self, **_):
             pass

@@ -93,6 +93,12 @@ class ExportBatch:
     present: np.ndarray | None = None
 
 
+def pinned_copies(device: torch.device) -> bool:
+    """Whether copies between the host and ``device`` go through pinned memory, non-blocking (CUDA), or are plain
+    ``.to`` copies (elsewhere): the one switch between :func:`compute_embeddings`'s two paths."""
+    return device.type == "cuda"
+
+
 class HostToDevice:
     """Host -> device copies of a batch's inputs. On CUDA each input goes through a pinned host buffer and is copied
     with ``non_blocking=True``, so the copy is a DMA from page-locked memory instead of a staged synchronous one; an
@@ -110,7 +116,7 @@ class HostToDevice:
         self.turn = 0
 
     def __call__(self, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        if self.device.type != "cuda":
+        if not pinned_copies(self.device):
             return tuple(t.to(self.device) for t in tensors)
         return tuple(t.to(self.device, non_blocking=True) for t in self.staged(tensors))
 
@@ -179,7 +185,7 @@ def compute_embeddings(*, encode: Callable[..., torch.Tensor], batches: Iterable
         inputs = to_device(batch.inputs)
         with autocast_context(precision=precision, device=device):
             out = encode(*inputs)
-        if device.type != "cuda":
+        if not pinned_copies(device):
             return _Launched(batch=batch, present=present, output=out.float().cpu(), done=None)
         host = out.float().to("cpu", non_blocking=True)  # lands in pinned memory; valid once `done` has passed
         done = torch.cuda.Event()

@@ -30,9 +30,14 @@ def watched(iterator: Iterator[T], *, seconds: float | None, first_seconds: floa
         return iterator
 
     def stalled(first: bool) -> InputStalled:
-        limit = first_seconds or seconds if first else seconds
+        limit, which = (first_seconds or seconds, "the first") if first else (seconds, "the next")
         return InputStalled(
-            f"no batch for {limit:.0f} s: {describe()} did not deliver {'the first' if first else 'the next'} batch. "
+            f"no batch for {_seconds(limit)} s: {describe()} did not deliver {which} batch. "
             "A reader that stopped (a hung network mount, a filter that drops every sample, a dead worker) would "
             "hang here: check the data; if it is only slow, raise train.stall_seconds")
     return prefetched(iterator, depth=2, wait_seconds=seconds, first_wait_seconds=first_seconds, on_stall=stalled)
+
+
+def _seconds(value: float) -> str:
+    """A limit as a user wrote it: 300 -> "300", 0.5 -> "0.5", 1200 -> "1,200" (two decimals at most)."""
+    return f"{value:,.2f}".rstrip("0").rstrip(".")

@@ -21,13 +21,22 @@ def test_rows_are_checked():
 
 
 def test_the_baseline_and_the_engine_run_the_same_simclr_on_cpu(tmp_path):
-    """Both loops, tiny (ResNet-18, 32 px, 4 images a view, 2 steps, bf16 autocast on the CPU): images/s > 0."""
+    """Both loops, tiny (ResNet-18, 32 px, 4 images a view, 3 steps, bf16 autocast on the CPU), from the same
+    initial weights: the same loss at every step (the same model, loss, views and SGD update), images/s > 0."""
     views = tuple(torch.randn(4, 3, 32, 32).contiguous(memory_format=torch.channels_last) for _ in range(2))
     cpu = torch.device("cpu")
-    theirs = gpu_check.plain_simclr_steps(arch="resnet18", device=cpu, views=views, steps=2, compile=False)
+    theirs_losses, ours_losses = [], []
+    torch.manual_seed(0)
+    theirs = gpu_check.plain_simclr_steps(arch="resnet18", device=cpu, views=views, steps=2, compile=False,
+                                          losses=theirs_losses)
+    torch.manual_seed(0)
     ours = gpu_check.engine_simclr_steps(arch="resnet18", device=cpu, views=views, steps=2, compile=False,
-                                         work=tmp_path)
+                                         work=tmp_path, losses=ours_losses)
     assert theirs > 0 and ours > 0
+    assert len(theirs_losses) == len(ours_losses) == 3
+    # the steps after the first see the updated weights: the same update rule or the losses part
+    assert ours_losses == pytest.approx(theirs_losses, rel=1e-3)
+    assert theirs_losses[0] != pytest.approx(theirs_losses[2], rel=1e-3)
     model, _ = gpu_check.simclr_parts(arch="resnet18", device=cpu)
     assert model.fc[-1].out_features == 128 and model.conv1.weight.is_contiguous(memory_format=torch.channels_last)
 
@@ -188,6 +197,13 @@ def test_clip_runs_ours_and_open_clip_train_on_the_same_shards_on_cpu(tmp_path):
     assert ours["checkpoint_seconds"] > 0 and ours["samples_per_second"] > ours["samples_per_second_with_checkpoint"]
 
 
+def _steady(figure: str) -> tuple[float, int]:
+    """(views/s, % waited for data) of the steady windows in an input row's figure."""
+    steady = figure.partition(" steady (inside epochs); ")[0]
+    views, _, waited = steady.partition(" views/s, GPU waited for data ")
+    return float(views.replace(",", "")), int(waited.removesuffix("%"))
+
+
 def test_the_input_row_trains_a_stage_from_jpegs_per_worker_count_on_cpu(tmp_path):
     """The input row as it runs on a GPU, shrunk (a small CNN at 32 px, batch 8, 2 steps, fp32): one real stage a
     worker count through train_stage, each reporting its views/s and the share it waited for data."""
@@ -195,9 +211,8 @@ def test_the_input_row_trains_a_stage_from_jpegs_per_worker_count_on_cpu(tmp_pat
                               image_size=32, arch="small_cnn", precision="fp32", epochs=2, log_every_steps=1)
     assert list(row.figures) == ["warm-up stage", "0 workers", "1 workers"] and row.status == "ok"
     for name in ("0 workers", "1 workers"):
-        steady, _, rest = row.figures[name].partition(" steady (inside epochs); epochs' first windows waited ")
-        views, _, waited = steady.partition(" views/s, GPU waited for data ")
-        assert float(views.replace(",", "")) > 0 and 0 <= int(waited.split("%")[0]) <= 100
+        assert _steady(row.figures[name])[0] > 0
+        rest = row.figures[name].partition(" steady (inside epochs); epochs' first windows waited ")[2]
         starts, _, stage = rest.partition("; ")
         assert len(starts.split(", ")) == 2 and stage.endswith("over the stage (start-up included)")
     summary = (tmp_path / "input" / "w1" / "train_summary.json").read_text()
@@ -206,6 +221,32 @@ def test_the_input_row_trains_a_stage_from_jpegs_per_worker_count_on_cpu(tmp_pat
                                       steps=16)
     assert spec.model["encoder"] == "resnet50" and spec.model["stem"] == "imagenet" and spec.workers == 8
     assert spec.loop.precision == "bf16" and spec.loop.channels_last and spec.augment["crop_scale"] == (0.08, 1.0)
+
+
+@pytest.mark.parametrize("slow", ["feed", "step"])
+def test_the_input_rows_wait_share_is_the_time_the_step_waited_for_its_batch(tmp_path, monkeypatch, slow):
+    """0.4 s added to every batch's read: the steady windows wait for data most of the time; 0.4 s added to every
+    step instead: the next batch is read while the step runs, and the wait is near zero."""
+    import time
+
+    from contrastive.modalities.image import steps as stages
+    from contrastive.modalities.image.adapter import ImageContrastiveTask
+    if slow == "feed":
+        real_read = stages.read_image_batches
+
+        def read_slowly(**kwargs):
+            for batch in real_read(**kwargs):
+                time.sleep(0.4)
+                yield batch
+        monkeypatch.setattr(stages, "read_image_batches", read_slowly)
+    else:
+        real_inputs = ImageContrastiveTask.inputs
+        monkeypatch.setattr(ImageContrastiveTask, "inputs",
+                            lambda self, batch, **kwargs: time.sleep(0.4) or real_inputs(self, batch, **kwargs))
+    row = gpu_check.input_row(device=torch.device("cpu"), work=tmp_path, workers=(0,), batch=8, steps=3,
+                              image_size=32, arch="small_cnn", precision="fp32", epochs=1, log_every_steps=1)
+    waited = _steady(row.figures["0 workers"])[1]
+    assert waited >= 60 if slow == "feed" else waited <= 15, row.figures["0 workers"]
 
 
 def test_the_input_row_names_its_cuda_device_as_the_config_does(tmp_path, monkeypatch):

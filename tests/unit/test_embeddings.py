@@ -54,13 +54,83 @@ def test_the_encoder_runs_under_the_precision_and_inference_mode(precision, dtyp
     assert seen == [(dtype, True)] and rows.blocks[0].dtype == np.float32
 
 
-def test_one_device_to_host_read_per_batch(monkeypatch):
-    reads = []
-    real = torch.Tensor.cpu
-    monkeypatch.setattr(torch.Tensor, "cpu", lambda self, *a, **k: reads.append(1) or real(self, *a, **k))
-    batches = [ExportBatch(ids=np.arange(4) + 4 * b, inputs=(torch.randn(4, 3),)) for b in range(5)]
-    compute_embeddings(encode=lambda x: x * 2, batches=batches, device=CPU, writer=Rows())
-    assert len(reads) == 5
+class OnDevice(torch.Tensor):
+    """A CPU tensor standing for one on the GPU: what is computed from it stays OnDevice, and reaching the host (a
+    copy to the CPU, or a read of its values) is recorded in ``reads`` as (how, non_blocking) and returns a plain
+    tensor (the host copy)."""
+    reads: list = []
+    HOST_READS = {torch.Tensor.cpu, torch.Tensor.numpy, torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__,
+                  torch.Tensor.__float__, torch.Tensor.__int__}
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        to_host = func is torch.Tensor.to and torch.device(args[1] if len(args) > 1 else kwargs["device"]).type == "cpu"
+        if func not in cls.HOST_READS and not to_host:
+            return super().__torch_function__(func, types, args, kwargs)
+        cls.reads.append((func.__name__, bool(kwargs.get("non_blocking"))))
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+            return out.as_subclass(torch.Tensor) if isinstance(out, torch.Tensor) else out
+
+
+class FakeEvent:
+    """torch.cuda.Event, recording when it is recorded and waited for into ``log``."""
+    log: list = []
+
+    def record(self):
+        self.log.append(("record", id(self)))
+
+    def synchronize(self):
+        self.log.append(("synchronize", id(self)))
+
+
+@pytest.fixture
+def cuda_path(monkeypatch):
+    """compute_embeddings' CUDA path run on the CPU: the device check says CUDA, pinned buffers are plain ones and
+    events are FakeEvents."""
+    FakeEvent.log = []
+    monkeypatch.setattr(embeddings, "pinned_copies", lambda device: True)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(HostToDevice, "_allocate",
+                        staticmethod(lambda numel, *, dtype: FakeEvent.log.append("pinned") or torch.empty(numel,
+                                                                                                        dtype=dtype)))
+    return FakeEvent.log
+
+
+@pytest.mark.parametrize("path", ["cpu", "cuda"])
+def test_one_device_to_host_read_per_batch(path, request):
+    """The encoder's output (standing for a GPU tensor) reaches the host once per batch: ``.cpu()`` on the CPU, one
+    non-blocking copy on CUDA, whose values are read only after the batch's event has been waited for; the CUDA
+    path stages the inputs through pinned buffers. The rows arrive unchanged, in order."""
+    log = request.getfixturevalue("cuda_path") if path == "cuda" else []
+    OnDevice.reads = []
+
+    class Logged(Rows):
+        def add(self, block, ids):
+            log.append(("write", int(ids[0])))
+            super().add(block, ids)
+
+    def encode(x):
+        log.append(("encode", int(x[0, 0])))
+        return (x * 2).as_subclass(OnDevice)
+    batches = [ExportBatch(ids=np.arange(4) + 4 * b, inputs=(torch.full((4, 3), float(4 * b)),)) for b in range(5)]
+    rows = Logged()
+    compute_embeddings(encode=encode, batches=batches, device=CPU, writer=rows)
+    assert OnDevice.reads == [("cpu", False) if path == "cpu" else ("to", True)] * 5
+    assert [type(b) for b in rows.blocks] == [np.ndarray] * 5
+    assert [float(b[0, 0]) for b in rows.blocks] == [8.0 * b for b in range(5)]
+    if path == "cuda":
+        events = [entry[1] for entry in log if entry[0] == "record"]
+        assert len(set(events)) == 5 and log.count("pinned") == 2  # one buffer per set of the two, reused
+        # batch b: its inputs staged, its forward, its event recorded; its values read once its event has passed,
+        # after batch b + 1's forward was queued
+        steps = [entry for entry in log if entry != "pinned"]
+        for b in range(5):
+            assert steps.index(("synchronize", events[b])) + 1 == steps.index(("write", 4 * b))
+            assert steps.index(("record", events[b])) == steps.index(("encode", 4 * b)) + 1
+            if b < 4:
+                assert steps.index(("encode", 4 * (b + 1))) < steps.index(("synchronize", events[b]))
 
 
 def test_inputs_are_staged_through_two_sets_of_reused_pinned_buffers(monkeypatch):

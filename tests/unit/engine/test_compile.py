@@ -184,16 +184,38 @@ def test_a_forward_that_reads_the_step_compiles_no_more_as_steps_advance(tmp_pat
     assert graphs[0] == graphs[1] <= 3
 
 
+class _HalfRows:
+    """One rank's share of a regression: batch ``i`` is rows ``8i + 4 * part`` to ``8i + 4 * part + 4`` of
+    ``RegressionRows(steps=2 * steps)``; ``part=None`` takes both halves (the batch of 8 a single process sees).
+    The two ranks' rows differ, so their gradients differ: equal weights on both ranks and on the single run need
+    DDP to average them."""
+
+    def __init__(self, *, steps: int, part: int | None):
+        from bench.gpu_check import RegressionRows
+        rows = RegressionRows(steps=2 * steps, device=torch.device("cpu"))
+        self.x, self.y, self.steps, self.part = rows.x, rows.y, steps, part
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def batches(self, *, epoch: int, start: int):
+        from bench.gpu_check import _Rows
+        for index in range(start, self.steps):
+            first = 8 * index + (0 if self.part is None else 4 * self.part)
+            last = first + (8 if self.part is None else 4)
+            yield _Rows(self.x[first:last], self.y[first:last])
+
+
 def _compiled_ddp_rank(rank: int, out: str) -> None:
-    """A rank of the 2-rank run below: the regression through DDP + torch.compile (eager backend), 2 micro-batches
-    a step (the first under the compiled module's no_sync), its final weights saved."""
-    from bench.gpu_check import QuietTask, RegressionRows
+    """A rank of the 2-rank run below: the regression through DDP + torch.compile (eager backend) on its own half
+    of each batch, 2 micro-batches a step (the first under the compiled module's no_sync), its final weights saved."""
+    from bench.gpu_check import QuietTask
     from contrastive.engine.distributed import DistInfo as Info
 
     real_compile = torch.compile
     torch.compile = lambda module, **kwargs: real_compile(module, backend="eager")
     task = QuietTask()
-    train(task=task, source=RegressionRows(steps=8, device=torch.device("cpu")),
+    train(task=task, source=_HalfRows(steps=8, part=rank),
           optim=OptimSpec(name="sgd", lr=0.05, schedule="constant"),
           loop=LoopSpec(epochs=1, log_every_steps=2, checkpoint_every_steps=100, compile=True, grad_accumulation=2),
           device=torch.device("cpu"), checkpoint_path=f"{out}/rank{rank}/last.pt",
@@ -202,14 +224,16 @@ def _compiled_ddp_rank(rank: int, out: str) -> None:
 
 
 def test_ddp_then_compile_trains_as_one_process(tmp_path):
-    """Each rank sees the same batches, so DDP's averaged gradients are one process's: the compiled DDP module,
-    with gradient accumulation through its no_sync, ends on the weights of a plain single-process run."""
-    from bench.gpu_check import QuietTask, RegressionRows
+    """Each rank sees a different half of every batch of 8 and the single process the whole batch: the mean loss
+    over 8 rows is the mean of the two halves' means, so only DDP's averaged gradients bring both ranks onto the
+    single run's weights (a rank training on its own gradients ends elsewhere), also through the compiled
+    module's no_sync under gradient accumulation."""
+    from bench.gpu_check import QuietTask
     from tests.distributed import run_gloo_ranks
 
     run_gloo_ranks(_compiled_ddp_rank, str(tmp_path))
     single = QuietTask()
-    train(task=single, source=RegressionRows(steps=8, device=torch.device("cpu")),
+    train(task=single, source=_HalfRows(steps=8, part=None),
           optim=OptimSpec(name="sgd", lr=0.05, schedule="constant"),
           loop=LoopSpec(epochs=1, log_every_steps=2, checkpoint_every_steps=100, grad_accumulation=2),
           device=torch.device("cpu"), checkpoint_path=tmp_path / "single" / "last.pt")

@@ -48,9 +48,25 @@ def test_stop_names_the_step_and_the_rollback_setting(tmp_path):
         _run(tmp_path, name="stop", source=Poisoned(epoch=1, position=1), on_nonfinite="stop")
 
 
-def test_rollback_skips_the_batch_halves_the_rate_and_finishes(tmp_path):
+@pytest.fixture
+def rates(monkeypatch):
+    """The learning rate of every SGD step taken, as the optimizer reads it (its parameter group's ``lr``)."""
+    taken = []
+    real_step = torch.optim.SGD.step
+
+    def step(self, *args, **kwargs):
+        taken.append(self.param_groups[0]["lr"])
+        return real_step(self, *args, **kwargs)
+    monkeypatch.setattr(torch.optim.SGD, "step", step)
+    return taken
+
+
+def test_rollback_skips_the_batch_halves_the_rate_and_finishes(tmp_path, rates):
     seen = Recorder()
     task, result = _run(tmp_path, name="rollback", source=Poisoned(epoch=1, position=1), seen=seen)
+    # 7 updates at the configured rate (the 7th undone by the rollback to step 6), the NaN batch caught before its
+    # update, then steps 7-17 again at half of it
+    assert rates == [0.05] * 7 + [0.025] * 11
     assert result.steps == 17 and result.rollbacks == 1 and result.skipped_batches == 1  # 18 batches, 1 skipped
     assert all(torch.isfinite(p).all() for p in task.model.parameters())
     [event] = seen.rollbacks
@@ -63,11 +79,13 @@ def test_rollback_skips_the_batch_halves_the_rate_and_finishes(tmp_path):
     assert seen.keys[6] == seen.keys[8] and seen.keys[9] not in seen.keys[:8]
 
 
-def test_a_rollback_run_stopped_and_resumed_equals_one_that_was_not(tmp_path):
+def test_a_rollback_run_stopped_and_resumed_equals_one_that_was_not(tmp_path, rates):
     full_task, full = _run(tmp_path, name="full", source=Poisoned(epoch=1, position=1))
     _, stopped = _run(tmp_path, name="resumed", source=Poisoned(epoch=1, position=1), stop_after=12)
     assert stopped.rollbacks == 1
+    rates.clear()
     task, resumed = _run(tmp_path, name="resumed", source=Poisoned(epoch=1, position=1))
+    assert rates == [0.025] * 5  # steps 13-17: the cut rate comes back with the checkpoint
     assert resumed.resumed_from_step == 12 and resumed.steps == full.steps and resumed.rollbacks == 1
     for a, b in zip(full_task.model.parameters(), task.model.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
