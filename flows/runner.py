@@ -417,6 +417,20 @@ class StepRunner:
             run.status == "RUNNING" and self.flow_run_id is not None
             and run.tags.get("prefect.flow_run_id") == str(self.flow_run_id))
 
+    def orphaned_runs(self, *, exclude: set[str]) -> list[str]:
+        """Stage runs a killed attempt of this flow run opened and this attempt never used: e.g. a pipeline killed
+        while it waited for a step another pipeline was computing, whose retry then found that step finished and
+        linked the other pipeline's run. Nothing else will ever close them."""
+        if self.flow_run_id is None:
+            return []
+        try:
+            running = self.tracker.running_children(parent_run_id=self.parent_run_id,
+                                                    tags={"prefect.flow_run_id": str(self.flow_run_id)})
+        except Exception as exc:  # noqa: BLE001 - a tracking outage here must not hide the flow's outcome
+            get_run_logger().warning("could not look for stage runs a killed attempt left open: %s", exc)
+            return []
+        return [run_id for run_id in running if run_id not in exclude]
+
     def close(self, *, status: str) -> None:
         """Mark every MLflow run of this invocation finished or failed; a tracking outage here must not hide the
         error that ended the flow."""
@@ -424,6 +438,7 @@ class StepRunner:
         runs = [*self.stage_runs.values(), self.parent_run_id]
         if status == "FINISHED":  # reused stages' runs an earlier attempt left unfinished: every step is done now
             runs += [run_id for run_id in set(self.linked_runs.values()) - set(runs) if self.left_open(run_id)]
+        runs += self.orphaned_runs(exclude=set(runs))
         for run_id in runs:
             try:
                 t.close_run(config=self.config, mlflow_run_id=run_id, status=status)

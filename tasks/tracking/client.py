@@ -351,6 +351,14 @@ class Tracker:
                           max_results=1, order_by=["attributes.start_time DESC"])
         return runs[0].info.run_id if runs else None
 
+    def running_children(self, *, parent_run_id: str, tags: dict[str, str]) -> list[str]:
+        """The runs nested under ``parent_run_id`` that carry ``tags`` and are still RUNNING."""
+        clauses = [f"tags.`{PARENT_TAG}` = '{parent_run_id}'", "attributes.status = 'RUNNING'",
+                   *(f"tags.`{k}` = '{v}'" for k, v in tags.items())]
+        runs = self._call("search runs", self.client.search_runs, [self.experiment_id], " and ".join(clauses),
+                          max_results=1000)
+        return [run.info.run_id for run in runs]
+
     def start_run(self, *, name: str, tags: dict[str, str], parent_run_id: str | None = None,
                   reuse_tags: dict[str, str] | None = None) -> str:
         """Create a run (nested under ``parent_run_id`` if given). With ``reuse_tags``, a run carrying those tags

@@ -9,7 +9,8 @@ from tasks.steps import tracker_for
 
 def test_close_finishes_reused_runs_a_killed_attempt_of_this_flow_run_left_running(tmp_path):
     """A flow run killed (SIGKILL) after stage 0 leaves stage 0's MLflow run RUNNING; its retry (same flow run id)
-    reuses stage 0, so only its close can finish that run. Another flow run's running stage is not touched."""
+    reuses stage 0, so only its close can finish that run, and a run the killed attempt opened for a step that another
+    pipeline finished meanwhile. Another flow run's running stage is not touched."""
     config = ImagePipelineConfig(output_dir=str(tmp_path / "runs"),
                             tracking={"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "close"})
     tracker = tracker_for(config)
@@ -22,14 +23,18 @@ def test_close_finishes_reused_runs_a_killed_attempt_of_this_flow_run_left_runni
         failed = tracker.start_run(name="s1", tags={"prefect.flow_run_id": "earlier"}, parent_run_id=parent)
         tracker.end_run(failed, status="FAILED")
         other = tracker.start_run(name="s2", tags={"prefect.flow_run_id": "another"}, parent_run_id=parent)
+        # opened by the killed attempt for a step another pipeline finished meanwhile: this attempt links that
+        # pipeline's run instead and never names this one
+        orphan = tracker.start_run(name="s3", tags={"prefect.flow_run_id": this}, parent_run_id=parent)
         runner = StepRunner(config=config, data={}, parent_run_id=parent, pipeline_id=config.config_hash())
         runner.linked_runs = {StageRun("mcl", 0): killed, StageRun("mcl", 1): failed, StageRun("mcl", 2): other}
         runner.close(status="FINISHED")
-        return {"parent": parent, "killed": killed, "failed": failed, "other": other}
+        return {"parent": parent, "killed": killed, "failed": failed, "other": other, "orphan": orphan}
 
     runs = retried_attempt()
     status = {name: tracker.client.get_run(run_id).info.status for name, run_id in runs.items()}
-    assert status == {"parent": "FINISHED", "killed": "FINISHED", "failed": "FINISHED", "other": "RUNNING"}
+    assert status == {"parent": "FINISHED", "killed": "FINISHED", "failed": "FINISHED", "other": "RUNNING",
+                      "orphan": "FINISHED"}
 
 
 def test_step_titles_read_like_the_pipeline():
