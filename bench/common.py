@@ -254,3 +254,17 @@ def log(message: str) -> None:
 
 def threads_note() -> str:
     return f"{os.cpu_count()} CPUs visible, load average {os.getloadavg()[0]:.1f} at start"
+
+
+def replace_section(path, markdown: str, *, begin: str, end: str) -> None:
+    """Replace the section of the markdown file ``path`` between its ``begin`` and ``end`` markers with ``markdown``
+    (which carries the markers itself), or append it: each bench owns one section of BENCHMARKS.md."""
+    from pathlib import Path
+    path = Path(path)
+    text = path.read_text() if path.exists() else ""
+    if begin in text and end in text:
+        before, rest = text.split(begin, 1)
+        text = before + markdown + rest.split(end, 1)[1].lstrip("\n")
+    else:
+        text = text.rstrip("\n") + ("\n\n" if text else "") + markdown
+    path.write_text(text)

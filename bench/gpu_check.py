@@ -48,6 +48,7 @@ from typing import Callable
 
 import torch
 
+from bench.common import replace_section
 from contrastive.engine.task import StageTask
 
 ROWS = ("pipeline", "simclr", "kmeans", "host_syncs", "ddp", "clip", "export", "checkpoint", "input")
@@ -785,13 +786,7 @@ def earlier_rows(path: Path, *, rerun: list[str]) -> list[str]:
 
 def write_report(markdown: str, path: Path) -> None:
     """Replace the gpu-check section of ``path`` (between its markers), or append one."""
-    text = path.read_text() if path.exists() else ""
-    if MARK_BEGIN in text and MARK_END in text:
-        before, rest = text.split(MARK_BEGIN, 1)
-        text = before + markdown + rest.split(MARK_END, 1)[1].lstrip("\n")
-    else:
-        text = text.rstrip("\n") + ("\n\n" if text else "") + markdown
-    path.write_text(text)
+    replace_section(path, markdown, begin=MARK_BEGIN, end=MARK_END)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

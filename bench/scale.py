@@ -46,6 +46,8 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from bench.common import replace_section
+
 ROOT = Path(__file__).resolve().parent.parent
 MARK_BEGIN, MARK_END = "<!-- bench-scale:begin -->", "<!-- bench-scale:end -->"
 SIZES = (100_000, 300_000, 1_000_000)
@@ -651,13 +653,7 @@ def report_markdown(results: list[StepResult], verdicts: list[Verdict], *, start
 
 def write_report(markdown: str, path: Path) -> None:
     """Replace the bench-scale section of ``path`` (between its markers), or append one."""
-    text = path.read_text() if path.exists() else ""
-    if MARK_BEGIN in text and MARK_END in text:
-        before, rest = text.split(MARK_BEGIN, 1)
-        text = before + markdown + rest.split(MARK_END, 1)[1].lstrip("\n")
-    else:
-        text = text.rstrip("\n") + ("\n\n" if text else "") + markdown
-    path.write_text(text)
+    replace_section(path, markdown, begin=MARK_BEGIN, end=MARK_END)
 
 
 def print_summary(verdicts: list[Verdict]) -> None:

@@ -119,18 +119,7 @@ class Load:
 
     def kill_worker(self) -> list[int]:
         """SIGKILL the worker and every process it started (the flow runs), as a lost node does; returns the pids."""
-        tree = [self.worker.pid, *(c.pid for c in psutil.Process(self.worker.pid).children(recursive=True))]
-        procs = []
-        for pid in tree:
-            try:
-                proc = psutil.Process(pid)
-                proc.kill()
-                procs.append(proc)
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=30)
-        assert not alive, alive
-        self.worker.wait(timeout=30)
+        tree = end_process_tree(self.worker, kill=True)
         self.worker = None
         return tree
 

@@ -86,8 +86,9 @@ def prefect_cli(stack: Stack, *args: str) -> subprocess.CompletedProcess:
     return result
 
 
-def end_process_tree(process: subprocess.Popen) -> None:
-    """SIGTERM the worker and every process it started (by their ids), SIGKILL what is left after 30 s."""
+def end_process_tree(process: subprocess.Popen, *, kill: bool = False) -> list[int]:
+    """SIGTERM the worker and every process it started (by their ids), SIGKILL what is left after 30 s; with
+    ``kill``, SIGKILL them all at once, as a lost node does. Returns the ids."""
     try:
         tree = [process.pid, *(child.pid for child in psutil.Process(process.pid).children(recursive=True))]
     except psutil.NoSuchProcess:
@@ -96,7 +97,7 @@ def end_process_tree(process: subprocess.Popen) -> None:
     for pid in tree:
         try:
             proc = psutil.Process(pid)
-            proc.terminate()
+            proc.kill() if kill else proc.terminate()
             procs.append(proc)
         except psutil.NoSuchProcess:
             pass
@@ -104,6 +105,7 @@ def end_process_tree(process: subprocess.Popen) -> None:
     for proc in alive:
         proc.kill()
     process.wait(timeout=30)
+    return tree
 
 
 def wait_until_ready(stack: Stack, deployment_id: str, *, worker: subprocess.Popen, log: Path,
