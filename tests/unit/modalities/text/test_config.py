@@ -21,7 +21,7 @@ def test_presets_load_as_text_configs():
     ({"pipeline": "text", "data": {"kind": "files"}}, "data.files.sentences"),
     ({"pipeline": "text", "model": {"encoder": "hf"}}, "hf_path"),
     ({"pipeline": "text", "method": {"nam": "x"}}, "method.nam: unknown key"),
-    ({"pipeline": "txt"}, "is not a pipeline kind; use one of mcl, clip, text, embeddings"),
+    ({"pipeline": "txt"}, "is not a pipeline kind; use one of image, clip, text, embeddings"),
 ])
 def test_mistakes_name_the_fix(raw, message):
     with pytest.raises(ConfigError, match=message):
