@@ -16,7 +16,9 @@ class EmbeddingsModality(Modality):
     title = "feature vectors"
     step_prefix = "emb-"
     export_batch_size = 4096
-    serving = ServingInput(dtype="float32", shape=(-1, -1), description="float32 feature vectors (n, D)")
+    # torchvision: the stage model is a contrastive.methods model, whose package imports contrastive.models.
+    serving = ServingInput(dtype="float32", shape=(-1, -1), description="float32 feature vectors (n, D)",
+                           requirements=("torch", "torchvision", "numpy"))
 
     # ------------------------------------------------------------------------------------------ checks and data
     def preflight(self, config) -> None:
