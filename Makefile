@@ -30,9 +30,9 @@ TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaf
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist worksteal
 
-# make test-slow runs in SLOW_WORKERS pytest-xdist processes (default 2) with --dist loadgroup: tests marked
-# xdist_group(<name>) run in one process, one after the other, because they share a singleton (tests/conftest.py
-# marks them): "team_stack", every test on the session's PostgreSQL stack (its servers, its `prefect worker` and
+# make test-slow runs in SLOW_WORKERS pytest-xdist processes (default 2) with --dist loadgroup: the tests of a group
+# run in one process, one after the other, because they share a singleton (tests/conftest.py lists each group's
+# files and schedules them): "team_stack", every test on the session's PostgreSQL stack (its servers, its `prefect worker` and
 # work pools; the load tests' eight pipelines too, so they never train beside another stack test); "slurm", the
 # one-node Slurm cluster (OverSubscribe=NO: a second test's job would queue behind the first and miss its
 # timings). The rest share nothing fixed: free ports, their own tmp_path (tmpfs mounts included), their own

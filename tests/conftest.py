@@ -16,18 +16,42 @@ def tiny_config(tmp_path):
     return make
 
 
-# `make test-slow` runs the slow tests in pytest-xdist processes with `--dist loadgroup`: the tests in one group run
+# `make test-slow` runs the slow tests in pytest-xdist processes with `--dist loadgroup`: the tests of one group run
 # in one process, one after the other, because they share something only one of them may use at a time (the Makefile
-# says which and why). Groups by the fixture a test uses, or by its file.
-XDIST_GROUP_FIXTURES = {"team_stack": "team_stack"}  # the session's PostgreSQL stack and its worker (tests/e2e)
-XDIST_GROUP_FILES = {"test_slurm_flow.py": "slurm", "test_slurm_real.py": "slurm"}  # the one-node Slurm cluster
+# says which and why). A group is a set of files. xdist's own loadgroup reads `xdist_group` marks by renaming test
+# ids, which pytest 9 no longer lets it do (its tests then spread over every process), so the grouping is a
+# scheduler of ours: xdist's load-by-scope, with the scope of a test the group of its file, else the test itself.
+XDIST_GROUP_FILES = {
+    # the session's PostgreSQL stack and its worker (the `team_stack` fixture of tests/e2e/conftest.py)
+    **dict.fromkeys(["test_team_stack.py", "test_ui_browser.py", "test_ui_deployment.py", "test_worker_retry.py",
+                     "test_load.py"], "team_stack"),
+    # the one-node Slurm cluster (OverSubscribe=NO: one job at a time)
+    **dict.fromkeys(["test_slurm_flow.py", "test_slurm_real.py"], "slurm"),
+}
+XDIST_GROUP_FIXTURES = {"team_stack": "team_stack"}  # a test using the fixture must be in a file of its group
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the markers into the test ids
+def xdist_scope(nodeid: str) -> str:
+    """The scope a test is scheduled by: its file's group, else the test alone."""
+    return XDIST_GROUP_FILES.get(nodeid.split("::", 1)[0].rsplit("/", 1)[-1], nodeid)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedResourceScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return SharedResourceScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        groups = {group for fixture, group in XDIST_GROUP_FIXTURES.items() if fixture in item.fixturenames}
-        if item.path.name in XDIST_GROUP_FILES:
-            groups.add(XDIST_GROUP_FILES[item.path.name])
-        for group in sorted(groups):
-            item.add_marker(pytest.mark.xdist_group(group))
+        for fixture, group in XDIST_GROUP_FIXTURES.items():
+            if fixture in item.fixturenames and XDIST_GROUP_FILES.get(item.path.name) != group:
+                raise pytest.UsageError(f"{item.nodeid} uses the {fixture} fixture: add {item.path.name} to "
+                                        f"XDIST_GROUP_FILES as {group!r} in tests/conftest.py, so it runs in the "
+                                        "one process that holds it")
