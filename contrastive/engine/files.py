@@ -22,18 +22,23 @@ DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 SQLITE_FULL = "database or disk is full"
 
 
-def is_disk_full(exc: BaseException | None) -> bool:
-    """``exc`` (or an exception it was raised from) says its filesystem is full: ENOSPC / EDQUOT, or SQLite's
-    SQLITE_FULL from a tracking or orchestration store."""
+def disk_full_cause(exc: BaseException | None) -> BaseException | None:
+    """The exception in ``exc``'s chain (itself, or one it was raised from) that says its filesystem is full:
+    an OSError with ENOSPC / EDQUOT, or SQLite's SQLITE_FULL from a tracking or orchestration store; else None."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
-            return True
+            return exc
         if SQLITE_FULL in str(exc):
-            return True
+            return exc
         exc = exc.__cause__ or exc.__context__
-    return False
+    return None
+
+
+def is_disk_full(exc: BaseException | None) -> bool:
+    """``exc`` (or an exception it was raised from) says its filesystem is full (:func:`disk_full_cause`)."""
+    return disk_full_cause(exc) is not None
 
 
 def disk_full_error(*, directory: Path, what: str, kept: str | None = None) -> DiskFullError:

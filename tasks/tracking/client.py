@@ -27,7 +27,7 @@ import mlflow
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from contrastive.engine.files import disk_full_error, is_disk_full
+from contrastive.engine.files import disk_full_cause, disk_full_error, is_disk_full
 from contrastive.errors import MclpipeError
 from contrastive.credentials import refuse_credentials_in_uri
 
@@ -280,7 +280,9 @@ class Tracker:
                 if getattr(exc, "error_code", None) in ANSWERS:  # the store answered; asking again changes nothing
                     raise
                 if is_disk_full(exc):  # a local store on a full disk: retrying does not help
-                    filename = getattr(exc, "filename", None)
+                    # the file whose write found the disk full, not a file an outer error names (MLflow stages a
+                    # model in a temporary directory before it copies it into the store)
+                    filename = getattr(disk_full_cause(exc), "filename", None)
                     where = Path(filename).parent if filename else Path(self.uri.removeprefix("sqlite:///")).parent
                     raise disk_full_error(directory=where, what=f"MLflow's records ({what})") from exc
                 away = _OUTAGES.failed(self.uri, exc=exc, grace_seconds=self.outage_grace_seconds)

@@ -15,7 +15,8 @@ from mlflow.tracking import MlflowClient
 from tasks.tracking import TRAINING_VIEW
 from tests.e2e.stack import credentials_found
 
-pytestmark = pytest.mark.slow
+# a flow run through the worker may wait 900 s on a loaded machine (tests/e2e/worker.py), plus the stack's start
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 
 def prefect_api(stack, path: str, body: dict | None = None):

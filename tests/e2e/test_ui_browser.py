@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# a flow run through the worker may wait 900 s on a loaded machine (tests/e2e/worker.py), plus the stack's start
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",

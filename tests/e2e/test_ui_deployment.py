@@ -15,7 +15,8 @@ from tasks.tracking import TRAINING_VIEW
 from tests.e2e.test_ui_browser import WAIT_MS, open_page, signed_in_page
 from tests.e2e.worker import PIPELINE, api, flow_run
 
-pytestmark = pytest.mark.slow
+# a flow run through the worker may wait 900 s on a loaded machine (tests/e2e/worker.py), plus the stack's start
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 RUN_MS = 300_000  # the worker's flow run: a new process, two tiny stages, evaluation, the model
 

@@ -21,7 +21,8 @@ from mlflow.tracking import MlflowClient
 from tests.e2e.stack import BIN, REPO
 from tests.e2e.worker import PIPELINE, api, flow_run
 
-pytestmark = pytest.mark.slow
+# a flow run through the worker may wait 900 s on a loaded machine (tests/e2e/worker.py), plus the stack's start
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 # What the UI's Retry button sends. Prefect 3.8.8 serves two UIs: V1 (prefect/server/ui) at the paths mclpipe's
 # links open (/runs/flow-run/<id>), and V2 (prefect/server/ui_v2_build, under /v2) where a browser without a saved
@@ -186,7 +187,7 @@ def test_retry_of_a_killed_flow_run_skips_finished_stages(worker_deployment, ale
     # 2. "Retry", as the UI's button does it; the worker runs the same flow run again
     result = press_retry(stack, flow_run_id)
     assert result["status"] == "ACCEPT", result
-    done = deployment.wait(flow_run_id, {"COMPLETED"}, seconds=300)
+    done = deployment.wait(flow_run_id, {"COMPLETED"}, seconds=900)
     assert done["run_count"] == 2 and done["id"] == flow_run_id and crashed["state_type"] == "CRASHED"
 
     # stage 0 was skipped: its files untouched, its cached steps' task runs "Cached" in the retried run

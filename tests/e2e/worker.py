@@ -75,7 +75,7 @@ class WorkerDeployment:
         body = {"parameters": parameters} if parameters else {}
         return api(self.stack, f"/deployments/{self.deployment_id}/create_flow_run", body)["id"]
 
-    def wait(self, flow_run_id: str, states: set[str], *, seconds: float = 300) -> dict:
+    def wait(self, flow_run_id: str, states: set[str], *, seconds: float = 900) -> dict:
         return wait_for_state(self.stack, flow_run_id, states, seconds=seconds, log=self.log)
 
 
