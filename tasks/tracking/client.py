@@ -247,6 +247,7 @@ class Tracker:
         self.retries = retries
         self.backoff_seconds = backoff_seconds
         self.outage_grace_seconds = outage_grace_seconds
+        self.artifact_root = artifact_root
         # Creating a local store migrates its schema; two pipelines starting together must not both do it.
         with store_init_lock(self.uri):
             self.client = MlflowClient(tracking_uri=self.uri)
@@ -280,10 +281,7 @@ class Tracker:
                 if getattr(exc, "error_code", None) in ANSWERS:  # the store answered; asking again changes nothing
                     raise
                 if is_disk_full(exc):  # a local store on a full disk: retrying does not help
-                    # the file whose write found the disk full, not a file an outer error names (MLflow stages a
-                    # model in a temporary directory before it copies it into the store)
-                    filename = getattr(disk_full_cause(exc), "filename", None)
-                    where = Path(filename).parent if filename else Path(self.uri.removeprefix("sqlite:///")).parent
+                    where = self._full_store_directory(exc)
                     raise disk_full_error(directory=where, what=f"MLflow's records ({what})") from exc
                 away = _OUTAGES.failed(self.uri, exc=exc, grace_seconds=self.outage_grace_seconds)
                 outage = _OUTAGES.has_answered(self.uri)
@@ -313,6 +311,21 @@ class Tracker:
                 f"checkpoint and its unsent metrics ({PENDING_FILE} in its step directory), sent when it continues. "
                 f"Start the server or fix tracking.uri / MLFLOW_TRACKING_URI (or raise "
                 f"tracking.outage_grace_seconds), then rerun")
+
+    def _full_store_directory(self, exc: BaseException) -> Path:
+        """Where a local store's write found the disk full: the file the ENOSPC names when it lies in the store
+        (its database's directory or the artifact root), the database's directory for SQLite's SQLITE_FULL, else
+        the artifact root: MLflow stages a model in a temporary directory before copying it in, and the error may
+        name that staging file, whose disk is not the one that is full."""
+        store = Path(self.uri.removeprefix("sqlite:///")).parent.resolve()
+        filename = getattr(disk_full_cause(exc), "filename", None)
+        if not filename:  # SQLite's SQLITE_FULL names no file: its database
+            return store
+        path = Path(filename).resolve()
+        artifacts = Path(self.artifact_root).resolve() if self.artifact_root else None
+        if any(root == path or root in path.parents for root in (store, artifacts) if root is not None):
+            return path.parent
+        return artifacts or store  # a file copied into the artifact store, named by its staging copy
 
     def _experiment_id(self, name: str, artifact_root: Path | None) -> str:
         experiment = self.client.get_experiment_by_name(name)
