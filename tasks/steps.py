@@ -10,6 +10,7 @@ same pipeline, a retried flow run, or a run whose Prefect result store was wiped
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from prefect.context import TaskRunContext
 from contrastive.engine.callbacks import StageProgress
 from contrastive.engine.files import is_disk_full, step_disk_full_error, write_json
 from contrastive.engine.device import check_faiss, check_gpus_usable
-from contrastive.engine.launch import ENCODE_SUMMARY, EXPORT_SUMMARY
+from contrastive.engine.launch import ENCODE_SUMMARY, EXPORT_SUMMARY, SUMMARY
 from contrastive.evaluate import plot_cluster_sizes
 from contrastive.mcl import steps
 from contrastive.modalities.base import Member, Modality, ResultsTable
@@ -86,11 +87,16 @@ def numeric_metrics(prefix: str, values: dict) -> dict[str, float]:
 def finish_train_record(*, tracker: Tracker, mlflow_run_id: str, key: str, out_dir: str, stage: int, summary: dict,
                         extra_metrics: dict[str, float]) -> TrainRecord:
     """After a stage trained: tag a resumed run, log loss, time, ``extra_metrics`` (the pipeline's throughput
-    numbers) and the batch plan, upload checkpoints, model and summary, and save the task record."""
+    numbers) and the batch plan, upload checkpoints, model and summary, and save the task record.
+
+    The numbers are logged at the time the summary was written, so a second call after a kill between them and the
+    record (the uploads take a while) adds no second point: MLflow keeps one of equal points."""
     if summary["resumed_from_step"] is not None:
         tracker.set_tags(mlflow_run_id, {"resumed_from_step": summary["resumed_from_step"]})
+    trained_at_ms = int((Path(out_dir) / SUMMARY).stat().st_mtime * 1000)
     tracker.log_metrics(mlflow_run_id, {"train/final_loss": summary["final_loss"], "train/seconds": summary["seconds"],
-                                        **extra_metrics, **numeric_metrics("batch_plan", summary["batch_plan"])})
+                                        **extra_metrics, **numeric_metrics("batch_plan", summary["batch_plan"])},
+                        timestamp_ms=trained_at_ms)
     tracker.log_artifact(mlflow_run_id, Path(out_dir) / "checkpoints", artifact_path="checkpoints")
     tracker.log_artifact(mlflow_run_id, Path(out_dir) / "model", artifact_path="model")
     tracker.log_artifact(mlflow_run_id, Path(out_dir) / "train_summary.json")
@@ -193,10 +199,17 @@ def train_and_record(*, config: _PipelineBase, tracker: Tracker, mlflow_run_id: 
     get_run_logger().info("training stage %d of the %s pipeline (%s batches, %d x %d processes) into %s", stage,
                           config.pipeline, "cluster-pure" if batches_from else "random", d.nnodes, d.nproc_per_node,
                           out_dir)
-    with gpu_slot(config), \
-            tracker.system_metrics(mlflow_run_id, seconds=config.tracking.system_metrics_seconds):
-        summary = _train(config=config, tracker=tracker, mlflow_run_id=mlflow_run_id, out_dir=out_dir, spec=spec, entry=entry,
-                         train_here=train_here, total_steps=total_steps, description=description)
+    if (summary := trained_summary(out_dir)) is not None:
+        # Trained to its end before the run stopped, between its summary and its record: its model and summary are
+        # whole. Record them; resuming would run a loop with no step left, whose final loss is NaN (logged as none).
+        get_run_logger().info("stage %d finished training before the run stopped (%s): recording it", stage,
+                              Path(out_dir) / SUMMARY)
+        MetricBuffer(tracker=tracker, run_id=mlflow_run_id, journal=Path(out_dir) / PENDING_FILE).flush(final=True)
+    else:
+        with gpu_slot(config), \
+                tracker.system_metrics(mlflow_run_id, seconds=config.tracking.system_metrics_seconds):
+            summary = _train(config=config, tracker=tracker, mlflow_run_id=mlflow_run_id, out_dir=out_dir, spec=spec,
+                             entry=entry, train_here=train_here, total_steps=total_steps, description=description)
     environment = summary.get("environment", {})
     if environment:  # where it trained: tags of the stage run, and a line in the Prefect log and terminal
         tracker.set_tags(mlflow_run_id, {f"env.{name}": value for name, value in environment.items()})
@@ -208,6 +221,13 @@ def train_and_record(*, config: _PipelineBase, tracker: Tracker, mlflow_run_id: 
                                    "train/stage_data_wait_share": summary.get("data_wait_share", 0.0),
                                    "train/checkpoint_seconds": summary.get("checkpoint_seconds", 0.0),
                                    **extra_metrics(summary)})
+
+
+def trained_summary(out_dir: str) -> dict | None:
+    """The summary of a stage that trained to its end in ``out_dir``, or None. Every modality writes
+    ``train_summary.json`` (atomically) after the final model, as the last thing its training does."""
+    path = Path(out_dir) / SUMMARY
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def _train(*, config, tracker: Tracker, mlflow_run_id: str, out_dir: str, spec, entry: str, train_here,

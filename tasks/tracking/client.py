@@ -412,11 +412,15 @@ class Tracker:
             self._call("set tags", self.client.log_batch, run_id,
                        tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
-    def log_metrics(self, run_id: str, metrics: dict[str, float], *, step: int = 0) -> None:
-        self.log_metric_history(run_id, [(step, metrics)])
+    def log_metrics(self, run_id: str, metrics: dict[str, float], *, step: int = 0,
+                    timestamp_ms: int | None = None) -> None:
+        """``timestamp_ms`` (default: now): a fixed one makes logging the same values again a no-op (log_points),
+        for a step that may be recorded twice when a kill lands between its metrics and its record."""
+        self.log_metric_history(run_id, [(step, metrics)], timestamp_ms=timestamp_ms)
 
-    def log_metric_history(self, run_id: str, history: list[tuple[int, dict[str, float]]]) -> None:
-        self.log_points(run_id, metric_points(history, timestamp_ms=now_ms()))
+    def log_metric_history(self, run_id: str, history: list[tuple[int, dict[str, float]]], *,
+                           timestamp_ms: int | None = None) -> None:
+        self.log_points(run_id, metric_points(history, timestamp_ms=now_ms() if timestamp_ms is None else timestamp_ms))
 
     def log_points(self, run_id: str, points: list[list], *, tags: dict[str, str] | None = None,
                    once: bool = False) -> None:

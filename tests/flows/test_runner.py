@@ -51,3 +51,47 @@ def test_step_titles_read_like_the_pipeline():
     assert step_title(what="soup", run="parent-run-id", stage=None) == "model soup"
     # stage 0's k-means logs into MCL stage 1's run (its clusters feed stage 1) and is still stage 0's
     assert step_title(what="cluster", run=StageRun("mcl", 1), stage=0) == "k-means stage 0"
+
+
+def test_a_stage_killed_between_its_summary_and_its_record_is_recorded_once_without_training_again(tmp_path):
+    """A worker killed after a stage's training wrote model and train_summary.json, before its final metrics and its
+    record (the uploads take a while): the rerun resumed a loop with no step left, whose final loss is NaN and
+    was logged as none, so the stage's run never got train/final_loss (tests/e2e/test_load.py). The rerun records
+    the finished training instead, and its numbers reach MLflow once however often it is recorded."""
+    import json
+
+    from tasks.steps import train_and_record
+
+    config = ImagePipelineConfig(output_dir=str(tmp_path / "runs"), device="cpu",
+                                 tracking={"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "kill"})
+    tracker = tracker_for(config)
+    stage_dir = tmp_path / "steps" / "train1-abc"
+    for sub in ("checkpoints", "model"):
+        (stage_dir / sub).mkdir(parents=True)
+        (stage_dir / sub / "file.pt").write_bytes(b"weights")
+    summary = {"steps": 8, "epochs": 1, "final_loss": 2.5, "resumed_from_step": None, "seconds": 3.0,
+               "samples_per_second": 40.0, "trimmed_samples": 0, "batch_plan": {"groups": 3},
+               "model_path": str(stage_dir / "model" / "file.pt")}
+    (stage_dir / "train_summary.json").write_text(json.dumps(summary))
+    run_id = tracker.start_run(name="mcl-stage1", tags={"stage": "1"})
+
+    def must_not_train(callbacks):
+        raise AssertionError("a finished training was trained again")
+
+    class Spec:
+        seed = 1001
+
+    @flow
+    def record_twice() -> list:
+        return [train_and_record(config=config, tracker=tracker, mlflow_run_id=run_id, key="abc",
+                                 out_dir=str(stage_dir), stage=1, spec=Spec(), entry="unused",
+                                 train_here=must_not_train, batches_from=None, total_steps=8,
+                                 extra_metrics=lambda s: {"train/views_per_second": 80.0}) for _ in range(2)]
+
+    first, second = record_twice()
+    assert first.summary == second.summary == summary
+    assert json.loads((stage_dir / "record.json").read_text())["mlflow_run_id"] == run_id
+    history = tracker.client.get_metric_history(run_id, "train/final_loss")
+    assert [m.value for m in history] == [2.5]
+    assert len(tracker.client.get_metric_history(run_id, "train/views_per_second")) == 1
+    assert tracker.client.get_run(run_id).data.tags["train_key"] == "abc"
