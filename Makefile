@@ -37,11 +37,11 @@ test: $(STAMP)
 # one-node Slurm cluster (OverSubscribe=NO: a second test's job would queue behind the first and miss its
 # timings). The rest share nothing fixed: free ports, their own tmp_path (tmpfs mounts included), their own
 # PostgreSQL databases (.ci/setup-postgres.sh takes a lock), signals within their own process.
-# SLOW_WORKERS=0 runs them in one process.
+# SLOW_WORKERS=0 runs them in one process. -rfE --durations=15: what failed and what took longest, in the log's tail.
 SLOW_WORKERS ?= 2
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m slow -n $(SLOW_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q -m slow -n $(SLOW_WORKERS) --dist loadgroup -rfE --durations=15
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q

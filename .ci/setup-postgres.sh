@@ -6,13 +6,29 @@
 set -euo pipefail
 PG_DIR=${MCLPIPE_PG_DIR:-/tmp/mclpipe-postgres}
 PG_PORT=${MCLPIPE_PG_PORT:-55432}
+pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1; }
+# initdb and the server refuse to run as root: run them as the postgres user Debian's package created.
+as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+
 # One setup at a time (make test-slow's pytest-xdist processes may call it together): a lock on the cluster's
-# directory, released when this script exits.
+# directory, released when this script exits. The server must not inherit it (`9<&-` below): a postgres holding
+# the lock for its whole life blocked every later setup (the slow suite's stack tests waited until their timeout).
 mkdir -p "$PG_DIR"
 exec 9<"$PG_DIR"
-flock 9
+if ! flock -w 10 9; then
+  # A server an earlier version of this script started holds it: stop it (its databases stay; it starts below).
+  pid=$(head -1 "$PG_DIR/data/postmaster.pid" 2>/dev/null || true)
+  if [ -n "$pid" ] && [ "$(readlink "/proc/$pid/fd/9" 2>/dev/null)" = "$(cd "$PG_DIR" && pwd -P)" ]; then
+    echo "setup-postgres: restarting the PostgreSQL in $PG_DIR, which held this script's lock" >&2
+    as_pg "$(pg_bin)/pg_ctl" -D "$PG_DIR/data" -m fast -w stop >/dev/null 9<&-
+  fi
+  if ! flock -w 300 9; then
+    echo "setup-postgres: $PG_DIR stayed locked for 300 s, by: $(fuser "$PG_DIR" 2>&1 | tr -s ' '). Stop that" \
+         "process (a PostgreSQL: pg_ctl -D $PG_DIR/data stop) and retry" >&2
+    exit 3
+  fi
+fi
 
-pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1; }
 if [ -z "$(pg_bin)" ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq
@@ -24,16 +40,13 @@ if [ -z "$(pg_bin)" ]; then
 fi
 BIN=$(pg_bin)
 
-# initdb and the server refuse to run as root: run them as the postgres user Debian's package created.
-as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
-mkdir -p "$PG_DIR"
 [ "$(id -u)" = 0 ] && chown postgres:postgres "$PG_DIR"
 if [ ! -f "$PG_DIR/data/PG_VERSION" ]; then
   as_pg "$BIN/initdb" -D "$PG_DIR/data" -U postgres --auth=trust -E UTF8 >/dev/null
 fi
 if ! as_pg "$BIN/pg_ctl" -D "$PG_DIR/data" status >/dev/null 2>&1; then
   as_pg "$BIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/server.log" -w -t 60 \
-    -o "-p $PG_PORT -c listen_addresses=127.0.0.1 -k $PG_DIR" start >/dev/null
+    -o "-p $PG_PORT -c listen_addresses=127.0.0.1 -k $PG_DIR" start >/dev/null 9<&-
 fi
 
 psql_pg() { as_pg "$BIN/psql" -h 127.0.0.1 -p "$PG_PORT" -U postgres -v ON_ERROR_STOP=1 -tAq "$@"; }

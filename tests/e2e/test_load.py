@@ -119,11 +119,6 @@ def test_eight_pipelines_at_once_share_two_slots(team_stack, record_property):
 
 
 @pytest.mark.timeout(3600)
-@pytest.mark.xfail(strict=False, reason=(
-    "known bug, open (issue 38): a worker killed after a stage's training wrote its record.json but before its "
-    "final metrics reached MLflow leaves that stage's run without train/final_loss; the retry reuses the finished "
-    "step and logs nothing (seen 2026-11-26 20:00). Fix: write the record after the run's final metrics, or re-log "
-    "what a reused step's run lacks; then drop this mark"))
 def test_a_killed_worker_restarted_reruns_every_pipeline_from_its_finished_steps(team_stack, record_property):
     with load_stack(team_stack, "kill") as load:
         load.submit_all()
