@@ -135,6 +135,10 @@ def test_both_uis_ask_for_a_login(team_stack, browser, shots):
     with pytest.raises(Exception, match="ERR_INVALID_AUTH_CREDENTIALS"):
         page.goto(f"{stack.mlflow_url}/")
     assert context.request.get(f"{stack.mlflow_url}/").status == 401
+    # A page of its own: the refused page goes on to Chromium's error page, a navigation that could interrupt the
+    # next goto on it (seen 2026-11-26: "interrupted by another navigation to chrome-error://chromewebdata/").
+    page.close()
+    page = context.new_page()
     prefect_login(page, stack, stack.secrets["PREFECT_API_AUTH_STRING"].split(":")[0] + ":wrong")
     page.get_by_text("Authentication failed.").first.wait_for(timeout=WAIT_MS)
     page.screenshot(path=str(shots / "00-prefect-login.png"))
