@@ -225,9 +225,13 @@ def train_and_record(*, config: _PipelineBase, tracker: Tracker, mlflow_run_id: 
 
 def trained_summary(out_dir: str) -> dict | None:
     """The summary of a stage that trained to its end in ``out_dir``, or None. Every modality writes
-    ``train_summary.json`` (atomically) after the final model, as the last thing its training does."""
+    ``train_summary.json`` (atomically) after the final model, as the last thing its training does; a summary whose
+    model was deleted since is not a finished training (the stage trains again)."""
     path = Path(out_dir) / SUMMARY
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    summary = json.loads(path.read_text())
+    return summary if Path(summary["model_path"]).exists() else None
 
 
 def _train(*, config, tracker: Tracker, mlflow_run_id: str, out_dir: str, spec, entry: str, train_here,
