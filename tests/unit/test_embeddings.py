@@ -1,6 +1,7 @@
 """The one export loop (contrastive/embeddings.py): rows kept in place, the stage's precision, inference mode, one
 device -> host read per batch one batch late, pinned staging of the inputs in two sets, and the rank-ordered
 manifest of a split export."""
+import itertools
 import json
 
 import numpy as np
@@ -75,14 +76,19 @@ class OnDevice(torch.Tensor):
 
 
 class FakeEvent:
-    """torch.cuda.Event, recording when it is recorded and waited for into ``log``."""
+    """torch.cuda.Event, recording when it is recorded and waited for into ``log``. Each has a serial number of its
+    own: ``id()`` of a collected event is reused by the next one, which made five events look like three."""
     log: list = []
+    made = itertools.count()
+
+    def __init__(self, *args, **kwargs):
+        self.serial = next(self.made)
 
     def record(self):
-        self.log.append(("record", id(self)))
+        self.log.append(("record", self.serial))
 
     def synchronize(self):
-        self.log.append(("synchronize", id(self)))
+        self.log.append(("synchronize", self.serial))
 
 
 @pytest.fixture
