@@ -364,9 +364,10 @@ def show_config(config: ConfigArg, overrides: SetOpt = None) -> None:
 
 
 @app.command("convert-checkpoint")
-def convert_checkpoint(path: Annotated[Path, typer.Argument(help="a checkpoint or model file you trust")]) -> None:
+def convert_checkpoint(path: Annotated[Path, typer.Argument(help="a checkpoint or model file of an earlier mclpipe")]) -> None:
     """Rewrite a checkpoint or model file written by an earlier mclpipe in the format that loads without running
-    code. Loading the old file runs whatever it holds: convert only files you trust (docs/operating.md)."""
+    code. The old file is read with only the data types earlier versions stored allowed; nothing in it runs, and a
+    file holding anything else is refused (docs/operating.md)."""
     from contrastive.engine.checkpoint import convert_to_safe_format
     try:
         console.print(convert_to_safe_format(path), highlight=False, markup=False, soft_wrap=True)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from contrastive.engine.files import _write_temporary, atomic_write_bytes, disk_full_error
-from contrastive.engine.safe_load import UnsafeFileError, check_plain, load_torch_file, plain_copy
+from contrastive.engine.safe_load import UnsafeFileError, check_plain, load_earlier_format, load_torch_file, plain_copy
 from contrastive.errors import DataError, DiskFullError
 
 
@@ -209,10 +209,11 @@ def load_checkpoint(path: Path, *, map_location: str | torch.device = "cpu") -> 
 
 
 def convert_to_safe_format(path: Path) -> str:
-    """Rewrite a checkpoint or model file of an earlier mclpipe, which the user trusts, in the format that loads
-    without running code: unpickled in full (this is the one place that runs what a file holds: only on a file
-    the user names), its numpy arrays, numpy scalars and dataclasses turned into tensors, numbers and dicts, then
-    written atomically with its digest inside. Returns a one-line report."""
+    """Rewrite a checkpoint or model file of an earlier mclpipe in the format that loads without running code: read
+    with the few data types earlier versions stored allowed (numpy arrays, dtypes and scalars, paths:
+    :func:`~contrastive.engine.safe_load.load_earlier_format`; still nothing in it is called, and a file naming any
+    other global is refused), its arrays and scalars turned into tensors and numbers, then written atomically with
+    its digest inside. Returns a one-line report."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path} is not a file: pass the path of a checkpoint (checkpoints/last.pt) or a model file "
@@ -222,7 +223,7 @@ def convert_to_safe_format(path: Path) -> str:
         return f"{path} already loads without running code; nothing to convert"
     except UnsafeFileError:
         pass
-    original = torch.load(path, map_location="cpu", weights_only=False)  # noqa: S614 - the user vouches for it
+    original = load_earlier_format(path, what="file")
     save_torch(plain_copy(original, what=str(path)), path, what="a converted file")
     _digest_path(path).unlink(missing_ok=True)  # the earlier format's digest, of bytes that are gone
     _WRITTEN.pop(str(path), None)

@@ -22,7 +22,7 @@ import collections
 import dataclasses
 import pickle
 import re
-from pathlib import Path
+from pathlib import Path, PosixPath, PurePosixPath, PureWindowsPath, WindowsPath
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -64,15 +64,39 @@ def load_torch_file(source: Path | str | BinaryIO, *, what: str, path: Path | st
 
 #: What :func:`load_array_pickle` rebuilds: numpy arrays (the function ``ndarray.__reduce__`` names, under numpy
 #: 1's and 2's module names), their dtypes, and bytes as Python 3 pickles them at protocol 2.
-_ARRAY_GLOBALS = {("numpy.core.multiarray", "_reconstruct"): np.ndarray.__reduce__(np.zeros(1))[0],
-                  ("numpy._core.multiarray", "_reconstruct"): np.ndarray.__reduce__(np.zeros(1))[0],
-                  ("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype,
-                  ("_codecs", "encode"): codecs.encode}
+_ARRAY_GLOBALS = {"numpy.core.multiarray._reconstruct": np.ndarray.__reduce__(np.zeros(1))[0],
+                  "numpy._core.multiarray._reconstruct": np.ndarray.__reduce__(np.zeros(1))[0],
+                  "numpy.ndarray": np.ndarray, "numpy.dtype": np.dtype, "_codecs.encode": codecs.encode}
+
+#: What files of earlier mclpipe versions held beyond tensors and plain data, and nothing that runs code: numpy
+#: arrays, their dtypes (numpy 2 pickles a dtype by its class) and scalars (the RNG state), and paths.
+EARLIER_FORMAT_GLOBALS = {
+    **_ARRAY_GLOBALS,
+    "numpy.core.multiarray.scalar": np.float64(0).__reduce__()[0],
+    "numpy._core.multiarray.scalar": np.float64(0).__reduce__()[0],
+    **{f"numpy.dtypes.{name}": getattr(np.dtypes, name) for name in np.dtypes.__all__},
+    **{f"pathlib.{cls.__name__}": cls for cls in (PurePosixPath, PosixPath, PureWindowsPath, WindowsPath)},
+}
+
+
+def load_earlier_format(path: Path, *, what: str) -> Any:
+    """A torch file an earlier mclpipe wrote, still without running code: ``weights_only=True`` with
+    :data:`EARLIER_FORMAT_GLOBALS` allowed (under the names files use). DataError naming the first other
+    global the file holds (not a file mclpipe wrote), before anything of it is loaded."""
+    needed = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    unknown = [name for name in needed if name not in EARLIER_FORMAT_GLOBALS]
+    if unknown:
+        raise DataError(f"{what} {path} holds a pickled {unknown[0]}, which mclpipe never stored, so it was not "
+                        "loaded: it is not a file an earlier mclpipe wrote; delete it and rerun the step that "
+                        "writes it")
+    # all of them, not only ``needed``: a dtype's class is named by no GLOBAL the scan sees, yet its BUILD checks it
+    with torch.serialization.safe_globals([(obj, name) for name, obj in EARLIER_FORMAT_GLOBALS.items()]):
+        return torch.load(path, map_location="cpu", weights_only=True)
 
 
 class _ArrayUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        found = _ARRAY_GLOBALS.get((module, name))
+        found = _ARRAY_GLOBALS.get(f"{module}.{name}")
         if found is None:
             raise pickle.UnpicklingError(f"Unsupported global: GLOBAL {module}.{name}")
         return found

@@ -270,12 +270,23 @@ def test_clip_stage_models_soup_inputs_serving_files_and_pretrained_weights_that
 
 
 def test_a_file_that_is_not_mclpipe_s_cannot_be_converted(tmp_path, sentinel):
-    """The convert command unpickles in full (the user vouches for the file): it runs what the file holds, so
-    it refuses a file whose content is no data mclpipe ever stored."""
+    """The convert command allows only the data types earlier versions stored: it refuses a file whose content is
+    no data mclpipe ever stored, and a planted pickle, before anything of it runs (the sentinel fixture)."""
     path = tmp_path / "odd.pt"
     torch.save({"state_dict": torch.nn.Linear(2, 2)}, path)
     with pytest.raises(DataError, match="torch.nn.modules.linear.Linear"):
         ckpt.convert_to_safe_format(path)
+    planted = plant(tmp_path / "planted.pt", sentinel)
+    with pytest.raises(DataError, match="_create_sentinel"):
+        ckpt.convert_to_safe_format(planted)
+
+
+def test_numpy_scalars_arrays_and_paths_of_earlier_files_convert_to_plain_data(tmp_path):
+    path = tmp_path / "model.pt"
+    torch.save({"mean": np.float32(0.5), "counts": np.arange(3), "dir": Path("/runs/a"), "w": torch.ones(1)}, path)
+    assert "converted" in ckpt.convert_to_safe_format(path)
+    state = ckpt.load_torch_file(path, what="model")
+    assert state["mean"] == 0.5 and torch.equal(state["counts"], torch.arange(3)) and state["dir"] == "/runs/a"
 
 
 # ---------------------------------------------------------------------------------------------------- datasets
