@@ -199,17 +199,19 @@ def train_and_record(*, config: _PipelineBase, tracker: Tracker, mlflow_run_id: 
     get_run_logger().info("training stage %d of the %s pipeline (%s batches, %d x %d processes) into %s", stage,
                           config.pipeline, "cluster-pure" if batches_from else "random", d.nnodes, d.nproc_per_node,
                           out_dir)
+    # Metrics a checkpoint holds wait on disk until MLflow has them (an outage, a crash): tracking.md.
+    buffer = MetricBuffer(tracker=tracker, run_id=mlflow_run_id, journal=Path(out_dir) / PENDING_FILE)
     if (summary := trained_summary(out_dir)) is not None:
         # Trained to its end before the run stopped, between its summary and its record: its model and summary are
         # whole. Record them; resuming would run a loop with no step left, whose final loss is NaN (logged as none).
         get_run_logger().info("stage %d finished training before the run stopped (%s): recording it", stage,
                               Path(out_dir) / SUMMARY)
-        MetricBuffer(tracker=tracker, run_id=mlflow_run_id, journal=Path(out_dir) / PENDING_FILE).flush(final=True)
+        buffer.flush(final=True)
     else:
         with gpu_slot(config), \
                 tracker.system_metrics(mlflow_run_id, seconds=config.tracking.system_metrics_seconds):
-            summary = _train(config=config, tracker=tracker, mlflow_run_id=mlflow_run_id, out_dir=out_dir, spec=spec,
-                             entry=entry, train_here=train_here, total_steps=total_steps, description=description)
+            summary = _train(config=config, buffer=buffer, out_dir=out_dir, spec=spec, entry=entry,
+                             train_here=train_here, total_steps=total_steps, description=description)
     environment = summary.get("environment", {})
     if environment:  # where it trained: tags of the stage run, and a line in the Prefect log and terminal
         tracker.set_tags(mlflow_run_id, {f"env.{name}": value for name, value in environment.items()})
@@ -234,12 +236,10 @@ def trained_summary(out_dir: str) -> dict | None:
     return summary if Path(summary["model_path"]).exists() else None
 
 
-def _train(*, config, tracker: Tracker, mlflow_run_id: str, out_dir: str, spec, entry: str, train_here,
-           total_steps: int, description: str) -> dict:
+def _train(*, config, buffer: MetricBuffer, out_dir: str, spec, entry: str, train_here, total_steps: int,
+           description: str) -> dict:
     """train_and_record's training: as processes where config.launcher says (torchrun here, a Slurm or Kubernetes
-    job: tasks/launching.py), or here with metrics streamed to MLflow."""
-    # Metrics a checkpoint holds wait on disk until MLflow has them (an outage, a crash): tracking.md.
-    buffer = MetricBuffer(tracker=tracker, run_id=mlflow_run_id, journal=Path(out_dir) / PENDING_FILE)
+    job: tasks/launching.py), or here with metrics streamed to MLflow through ``buffer``."""
     if uses_processes(config):
         summary = run_stage_processes(config=config, what="train", entry=entry, kwargs={"spec": spec.to_json()},
                                       stage_dir=out_dir)
@@ -258,8 +258,6 @@ def _train(*, config, tracker: Tracker, mlflow_run_id: str, out_dir: str, spec, 
         terminal.close(steps=summary.get("steps"))
         buffer.flush(final=True)
     return summary
-
-
 
 
 # ---------------------------------------------------------------------------------------------------- tasks

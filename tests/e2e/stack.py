@@ -20,6 +20,7 @@ from tests.distributed import free_port
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 PG_PORT = int(os.environ.get("MCLPIPE_PG_PORT", "55432"))
+PG_DIR = os.environ.get("MCLPIPE_PG_DIR", "/tmp/mclpipe-postgres")  # .ci/setup-postgres.sh's cluster
 
 
 # what a client of the stack takes from .env (docker-compose.yml's worker, `mclpipe`, the tests)

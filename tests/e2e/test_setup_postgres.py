@@ -6,10 +6,9 @@ import subprocess
 
 import pytest
 
-from tests.e2e.stack import REPO
+from tests.e2e.stack import PG_DIR, REPO
 
 pytestmark = pytest.mark.slow
-PG_DIR = "/tmp/mclpipe-postgres"  # the script's default, MCLPIPE_PG_DIR unset
 
 
 def test_the_running_server_leaves_the_setup_lock_free_and_a_second_setup_returns():
