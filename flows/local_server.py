@@ -16,7 +16,10 @@ outside a flow) leaves it running for ever. The server started here instead
   database in PREFECT_HOME, so the flow run's own client, which retries each call for about a minute
   (``PREFECT_CLIENT_MAX_RETRIES``), carries on where it was and the training never notices. One warning says so;
   after ``MAX_RESTARTS`` deaths the run is left to end in the one line of ``flows.faults`` (the command that
-  continues).
+  continues);
+* writes its output to ``PREFECT_HOME/temporary-server.log``, not the run's terminal: what it logs (a 500 with the
+  database's traceback when the disk fills, the events a restart drops) is its business; the run reports the
+  outcome in its own words, and a server that cannot start names that log.
 
 It takes the place of Prefect's default instance (``SubprocessASGIServer._instances[None]``, as Prefect's own test
 harness does), so every Prefect client in the process talks to it. Run as ``python -m flows.local_server PARENT_PID
@@ -36,11 +39,12 @@ import time
 from pathlib import Path
 
 from contrastive.engine.signals import set_parent_death_signal
+from contrastive.errors import MclpipeError
 
 WATCHDOG_SECONDS = 0.25
 HARD_EXIT_SECONDS = 5.0
 LOCK_NAME = ".mclpipe-server-start.lock"
-RESTART_LOG = "temporary-server-restarts.log"
+SERVER_LOG = "temporary-server.log"
 #: Deaths of the temporary server a run outlives; one more ends it (a server that keeps dying is not transient).
 #: MCLPIPE_PREFECT_SERVER_RESTARTS overrides it (0: a death ends the run at once, with the command that continues).
 MAX_RESTARTS = 3
@@ -114,7 +118,7 @@ def supervise(server) -> None:
         home = get_prefect_home()
         log.warning("the temporary Prefect server died (%s: out of memory?); starting it again on %s with the same "
                     "database, the run goes on (restart %d of at most %d; its log: %s)", _died(code), server.address,
-                    server.restarts, max_restarts, home / RESTART_LOG)
+                    server.restarts, max_restarts, home / SERVER_LOG)
         restart(server, home=home)
 
 
@@ -126,14 +130,13 @@ def get_prefect_home() -> Path:
 def restart(server, *, home: Path) -> None:
     """A new server process on ``server``'s port, under the start-up lock of ``home`` (PREFECT_HOME); returns once it
     answers /health, dies at start-up (the supervisor sees that and counts it) or RESTART_HEALTH_SECONDS pass. Its
-    output goes to ``home / RESTART_LOG``, not the terminal: a server restarted under a live flow run logs what it makes of the
+    output goes to ``home / SERVER_LOG``, not the terminal: a server restarted under a live flow run logs what it makes of the
     events and states the client retried through the gap (e.g. its event persister dropping a batch, with a
     traceback), which is its business, not the run's."""
     import httpx
 
-    home.mkdir(parents=True, exist_ok=True)
     if getattr(server, "output", None) is None:
-        server.output = open(home / RESTART_LOG, "ab")  # noqa: SIM115 - the server writes to it for the rest of the run
+        server.output = open_server_log(home)
     with _startup_lock(home):
         server.server_process = server._run_uvicorn_command()
     deadline = time.monotonic() + RESTART_HEALTH_SECONDS
@@ -171,17 +174,39 @@ def _startup_lock(home: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def open_server_log(home: Path):
+    """``home / SERVER_LOG`` opened for appending: the server process writes to it for the rest of the run."""
+    home.mkdir(parents=True, exist_ok=True)
+    return open(home / SERVER_LOG, "ab")  # noqa: SIM115 - handed to the server process, closed with the CLI
+
+
+def _log_tail(path: Path, *, lines: int = 3) -> str:
+    try:
+        return " | ".join(line.strip() for line in path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
 def start_local_server():
     """Start the temporary server described above (when Prefect would start one) and make it Prefect's default;
-    returns it, or None when an API URL or a running server is already set."""
+    returns it, or None when an API URL or a running server is already set. A server that does not start raises
+    MclpipeError with the end of its log, the log's path and the way round it (a server of one's own)."""
     if not needs_local_server():
         return None
     from prefect.server.api.server import SubprocessASGIServer
 
     SubprocessASGIServer._instances.pop(None, None)
     server = _server_class()()  # registers itself as the default instance (key None)
-    with _startup_lock(get_prefect_home()):
-        server.start()
+    home = get_prefect_home()
+    server.output = open_server_log(home)
+    try:
+        with _startup_lock(home):
+            server.start()
+    except RuntimeError as error:
+        raise MclpipeError(
+            f"the temporary Prefect server did not start ({error}); its log {home / SERVER_LOG} ends with: "
+            f"{_log_tail(home / SERVER_LOG)}. Fix what it names (a full disk, a broken database in {home}), or "
+            "start a server of your own (`prefect server start`) and set PREFECT_API_URL to it") from error
     return server
 
 

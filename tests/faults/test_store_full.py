@@ -1,8 +1,9 @@
-"""The default layout (mlflow.db, .prefect/ and runs/ in the working directory) on a 6 MB tmpfs, as a new user's
-laptop partition fills: `mclpipe run` ends in one line naming the directory, exit 2, no traceback (MLflow's and
-Prefect's stores say "database or disk is full" without an OSError); after the filesystem grows, the same command
-finishes and what had finished (the prepared data set, the pipeline's id) is reused. Slow: two CLI runs, each with
-its own Prefect server."""
+"""The default stores (mlflow.db and .prefect/ in the working directory) on a 6 MB tmpfs, as a new user's laptop
+partition fills: `mclpipe run` ends in one line naming the directory, exit 2, no traceback (MLflow's and Prefect's
+stores say "database or disk is full" without an OSError); after the filesystem grows, the same command finishes and
+what had finished (the prepared data set, the pipeline's id) is reused. The pipeline's outputs (runs/) are on a disk
+of their own: with them on the small disk too, whichever writer met the full disk first named it (a CI run hit it
+while writing runs/, test_cli_disk_full's case). Slow: two CLI runs, each with its own Prefect server."""
 import re
 import subprocess
 
@@ -20,11 +21,12 @@ def six_mb(tmpfs):
 
 
 @pytest.mark.timeout(1800)
-def test_a_full_tracking_store_ends_in_one_line_and_the_rerun_finishes(six_mb):
-    env = {**cli_env(six_mb), "PREFECT_HOME": str(six_mb / ".prefect")}  # the default: everything in the cwd
+def test_a_full_tracking_store_ends_in_one_line_and_the_rerun_finishes(six_mb, tmp_path):
+    env = {**cli_env(six_mb), "PREFECT_HOME": str(six_mb / ".prefect")}  # the default stores: in the cwd
     env.pop("MLFLOW_TRACKING_URI", None)
-    full = subprocess.run([MCLPIPE, "run", "trifeature_tiny"], cwd=six_mb, env=env, capture_output=True, text=True,
-                          timeout=900)
+    runs = tmp_path / "runs"
+    command = [MCLPIPE, "run", "trifeature_tiny", "--set", f"output_dir={runs}"]
+    full = subprocess.run(command, cwd=six_mb, env=env, capture_output=True, text=True, timeout=900)
     output = ANSI.sub("", full.stdout + full.stderr)
     assert full.returncode == 2, output[-3000:]
     line = one_line(output, "error:")
@@ -36,19 +38,18 @@ def test_a_full_tracking_store_ends_in_one_line_and_the_rerun_finishes(six_mb):
     stores = _size(six_mb / ".prefect") + sum(_size(path) for path in six_mb.glob("mlflow.db*"))
     assert stores > 0.6 * _size(six_mb), {path.name: _size(path) for path in six_mb.iterdir()}
     assert "Traceback" not in output, output[output.find("Traceback") - 1500:][:4000]
-    last = six_mb / "runs" / "last-stop.txt"
+    last = runs / "last-stop.txt"
     assert last.exists() and line in last.read_text()
     prepared = _identities(six_mb / "data")
-    assert prepared and len(list((six_mb / "runs" / "pipelines").iterdir())) == 1
+    assert prepared and len(list((runs / "pipelines").iterdir())) == 1
 
     resize_tmpfs(six_mb, size="256m")
-    rerun = subprocess.run([MCLPIPE, "run", "trifeature_tiny"], cwd=six_mb, env=env, capture_output=True, text=True,
-                           timeout=900)
+    rerun = subprocess.run(command, cwd=six_mb, env=env, capture_output=True, text=True, timeout=900)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert "finished" in (six_mb / "runs" / "last-stop.txt").read_text()
+    assert "finished" in last.read_text()
     # the data set prepared before the disk filled is read again, not written anew; the same pipeline continues
     assert _identities(six_mb / "data") == prepared
-    assert len(list((six_mb / "runs" / "pipelines").iterdir())) == 1
+    assert len(list((runs / "pipelines").iterdir())) == 1
 
 
 def _size(path) -> int:

@@ -13,6 +13,7 @@ import time
 import httpx
 import pytest
 
+from contrastive.errors import MclpipeError
 from flows import local_server
 
 HEALTHY = textwrap.dedent("""
@@ -97,7 +98,7 @@ def test_a_killed_server_is_started_again_on_its_port_with_one_warning(supervise
     assert len(warnings) == 1
     assert "killed by signal 9" in warnings[0] and server.address in warnings[0] and "the run goes on" in warnings[0]
     # The restarted server writes to a log in PREFECT_HOME that the warning names, not to the run's terminal.
-    log_path = tmp_path / "prefect-home" / local_server.RESTART_LOG
+    log_path = tmp_path / "prefect-home" / local_server.SERVER_LOG
     assert str(log_path) in warnings[0]
     _wait(lambda: log_path.exists() and "stand-in server listening" in log_path.read_text(), "the restart's log")
 
@@ -120,3 +121,55 @@ def test_a_server_the_run_stopped_is_not_started_again(supervised):
     server.stop()
     thread.join(timeout=5)
     assert not thread.is_alive() and server.started == 1 and server.restarts == 0
+
+
+FAILING = 'import sys; print("stand-in server: database or disk is full", flush=True); sys.exit(1)'
+
+
+@pytest.fixture
+def owned_server(monkeypatch, tmp_path):
+    """start_local_server with Prefect's real start-up loop around a stand-in command (HEALTHY or FAILING)."""
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
+
+    home = tmp_path / "prefect-home"
+    monkeypatch.setattr(local_server, "get_prefect_home", lambda: home)
+    monkeypatch.setattr(local_server, "needs_local_server", lambda: True)
+    earlier = SubprocessASGIServer._instances.get(None)
+    started = []
+
+    def with_command(script: str):
+        class StandIn(local_server._server_class()):
+            def _run_uvicorn_command(self):
+                return subprocess.Popen([sys.executable, "-c", script, str(self.port)], stdout=self.output,
+                                        stderr=subprocess.STDOUT)
+        monkeypatch.setattr(local_server, "_server_class", lambda: StandIn)
+
+    with temporary_settings({PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 2}):
+        yield home, with_command, started
+    current = SubprocessASGIServer._instances.get(None)
+    if current is not None and current is not earlier:
+        current.stop()
+    SubprocessASGIServer._instances.pop(None, None)
+    if earlier is not None:
+        SubprocessASGIServer._instances[None] = earlier
+
+
+def test_the_server_writes_to_its_log_not_the_terminal(owned_server, capfd):
+    home, with_command, _ = owned_server
+    with_command(HEALTHY)
+    server = local_server.start_local_server()
+    try:
+        _wait(lambda: "stand-in server listening" in (home / local_server.SERVER_LOG).read_text(), "the server's log")
+    finally:
+        server.stop()
+    assert "stand-in server listening" not in capfd.readouterr().out
+
+
+def test_a_server_that_does_not_start_names_its_log(owned_server):
+    home, with_command, _ = owned_server
+    with_command(FAILING)
+    with pytest.raises(MclpipeError) as raised:
+        local_server.start_local_server()
+    message = str(raised.value)
+    assert str(home / local_server.SERVER_LOG) in message and "database or disk is full" in message
