@@ -75,9 +75,10 @@ class ImageModality(Modality):
 
     # ------------------------------------------------------------------------------------------ export
     def export_kwargs(self, config, *, model_path: str, data: dict, out_dir: str) -> dict:
-        """Under the stage's precision: part of the train key, so of this export's key."""
+        """Under the stage's precision (part of the train key, so of this export's key) and memory format."""
         return {**super().export_kwargs(config, model_path=model_path, data=data, out_dir=out_dir),
-                "workers": config.train.workers, "precision": config.train.precision}
+                "workers": config.train.workers, "precision": config.train.precision,
+                "channels_last": config.train.channels_last}
 
     def export(self, **kwargs) -> dict:
         from contrastive.modalities.image.steps import export_stage_embeddings

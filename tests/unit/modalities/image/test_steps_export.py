@@ -41,6 +41,18 @@ def test_two_ranks_export_what_one_process_exports(trained):
                                                                          "rank001-part-00000.npy"]
 
 
+def test_channels_last_exports_the_same_embeddings(trained):
+    """The stage's memory format (train.channels_last) changes the speed of the export, not what it writes."""
+    tmp, dataset_dir, model_path = trained
+    for name, channels_last in (("contiguous", False), ("channels-last", True)):
+        stages.export_stage_embeddings(dataset_dir=dataset_dir, model_path=model_path, out_dir=tmp / name,
+                                       batch_size=8, device="cpu", channels_last=channels_last)
+    ids_a, z_a = load_embeddings(directory=tmp / "contiguous")
+    ids_b, z_b = load_embeddings(directory=tmp / "channels-last")
+    assert ids_a.tolist() == ids_b.tolist() and np.abs(z_a).max() > 0
+    assert np.allclose(z_a, z_b, atol=2e-3)
+
+
 def test_shards_stream_at_the_shard_size(trained, monkeypatch):
     tmp, dataset_dir, model_path = trained
     monkeypatch.setattr(embeddings, "SHARD_ROWS", 30)
