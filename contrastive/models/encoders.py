@@ -20,18 +20,15 @@ parameter names do not depend on it, so a checkpoint trained with it loads witho
 """
 from __future__ import annotations
 
-import contextlib
-import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
-from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
-from torchvision.models.vision_transformer import VisionTransformer
 
-RESNETS = {"resnet18": (BasicBlock, [2, 2, 2, 2]), "resnet34": (BasicBlock, [3, 4, 6, 3]),
-           "resnet50": (Bottleneck, [3, 4, 6, 3])}
+# name -> (torchvision block, blocks per stage); the modules themselves live in contrastive.models.torchvision_encoders,
+# imported only when one is built.
+RESNETS = {"resnet18": ("basic", [2, 2, 2, 2]), "resnet34": ("basic", [3, 4, 6, 3]),
+           "resnet50": ("bottleneck", [3, 4, 6, 3])}
 STEMS = ("cifar", "imagenet")
 
 
@@ -78,111 +75,6 @@ class SmallCNN(nn.Module):
         return self.features(images).mean(dim=(2, 3))
 
 
-@contextlib.contextmanager
-def _frozen_batch_stats(module: nn.Module):
-    """While a checkpointed segment is recomputed in the backward pass its batch-norm layers normalise with the
-    batch statistics as in the forward pass but do not update their running statistics a second time: momentum 0
-    keeps them (1 * running + 0 * batch, exact), and the batch counter is restored. (Leaving the running stats out
-    of the call instead would save different tensors for the backward pass than the forward did.)"""
-    norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
-    saved = [(m.momentum, None if m.num_batches_tracked is None else m.num_batches_tracked.clone()) for m in norms]
-    for m in norms:
-        m.momentum = 0.0
-    try:
-        yield
-    finally:
-        for m, (momentum, count) in zip(norms, saved):
-            m.momentum = momentum
-            if count is not None:
-                m.num_batches_tracked.copy_(count)
-
-
-def _checkpointed(segment: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return checkpoint(segment, x, use_reentrant=False,
-                      context_fn=lambda: (contextlib.nullcontext(), _frozen_batch_stats(segment)))
-
-
-class ResNetEncoder(ResNet):
-    """torchvision's ResNet without ``fc`` (output: the pooled features, (B, out_dim)); the same modules and
-    parameter names as ``torchvision.models.resnetNN``, so its state dicts are interchangeable."""
-
-    grad_checkpointing: bool = False
-
-    def _forward_impl(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        recompute = self.grad_checkpointing and self.training and torch.is_grad_enabled()
-        for layer in (self.layer1, self.layer2, self.layer3, self.layer4):
-            x = _checkpointed(layer, x) if recompute else layer(x)
-        return self.fc(torch.flatten(self.avgpool(x), 1))
-
-
-def resnet(name: str = "resnet18", *, stem: str = "cifar", in_channels: int = 3,
-           grad_checkpointing: bool = False) -> ResNetEncoder:
-    """ResNet-18/34/50 from scratch; input (B, in_channels, H, W), output (B, 512) (18, 34) or (B, 2048) (50).
-
-    stem ``cifar``: conv1 is 3x3 stride 1 and the max-pool is removed, so a 32x32 image enters layer1 at 32x32
-    (the first version's ``resnet18``, built in the same order, so a seeded build gives the same weights).
-    stem ``imagenet``: torchvision's 7x7 stride-2 conv1 and 3x3 stride-2 max-pool (224 px enters layer1 at 56).
-    """
-    if name not in RESNETS:
-        raise ValueError(f"unknown resnet {name!r}: use one of {', '.join(RESNETS)}")
-    if stem not in STEMS:
-        raise ValueError(f"unknown stem {stem!r}: use cifar (32-64 px images) or imagenet (224 px)")
-    block, layers = RESNETS[name]
-    net = ResNetEncoder(block, layers)
-    if stem == "cifar":
-        net.conv1 = nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False)
-        net.maxpool = nn.Identity()
-    elif in_channels != 3:
-        net.conv1 = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)
-        nn.init.kaiming_normal_(net.conv1.weight, mode="fan_out", nonlinearity="relu")  # as torchvision's conv1
-    net.out_dim = net.fc.in_features
-    net.fc = nn.Identity()
-    net.grad_checkpointing = grad_checkpointing
-    return net
-
-
-def resnet18_cifar() -> nn.Module:
-    """ResNet-18 with the CIFAR stem (3x3 stride-1 first conv, no max-pool); output (B, 512)."""
-    return resnet("resnet18", stem="cifar")
-
-
-class ViTEncoder(VisionTransformer):
-    """torchvision's VisionTransformer without its classification head: input (B, in_channels, S, S) with S =
-    ``image_size``, output the final class token (B, width)."""
-
-    grad_checkpointing: bool = False
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        x = self._process_input(images)
-        x = torch.cat([self.class_token.expand(x.shape[0], -1, -1), x], dim=1)
-        encoder = self.encoder
-        x = encoder.dropout(x + encoder.pos_embedding)
-        recompute = self.grad_checkpointing and self.training and torch.is_grad_enabled()
-        for block in encoder.layers:
-            x = _checkpointed(block, x) if recompute else block(x)
-        return self.heads(encoder.ln(x)[:, 0])
-
-
-def vit(*, image_size: int, patch_size: int, depth: int, width: int, heads: int, mlp_width: int,
-        in_channels: int = 3, grad_checkpointing: bool = False) -> ViTEncoder:
-    """A ViT from scratch (no dropout, as torchvision's defaults); output (B, width)."""
-    if image_size % patch_size:
-        raise ValueError(f"ViT image size {image_size} is not a multiple of the patch size {patch_size}")
-    if width % heads:
-        raise ValueError(f"ViT width {width} is not a multiple of the number of heads {heads}")
-    net = ViTEncoder(image_size=image_size, patch_size=patch_size, num_layers=depth, num_heads=heads,
-                     hidden_dim=width, mlp_dim=mlp_width, num_classes=1)
-    if in_channels != 3:
-        net.conv_proj = nn.Conv2d(in_channels, width, kernel_size=patch_size, stride=patch_size)
-        nn.init.trunc_normal_(net.conv_proj.weight, std=math.sqrt(1 / (in_channels * patch_size ** 2)))
-        nn.init.zeros_(net.conv_proj.bias)
-    net.heads = nn.Identity()
-    net.out_dim = width
-    net.grad_checkpointing = grad_checkpointing
-    return net
-
-
 class ProjectionHead(nn.Module):
     """SimCLR's MLP head g: (B, in_dim) -> (B, out_dim). The loss sees g(f(x)); embeddings are f(x)."""
 
@@ -221,6 +113,37 @@ def vit_preset(encoder: str, *, image_size: int | None = None, vit_patch_size: i
     mlp = vit_mlp_width or (base.mlp_width if vit_width is None else 4 * width)
     return VitPreset(image_size=image_size or base.image_size, patch_size=vit_patch_size or base.patch_size,
                      depth=vit_depth or base.depth, width=width, heads=vit_heads or base.heads, mlp_width=mlp)
+
+
+def resnet(name: str = "resnet18", *, stem: str = "cifar", in_channels: int = 3,
+           grad_checkpointing: bool = False) -> nn.Module:
+    """ResNet-18/34/50 from scratch; input (B, in_channels, H, W), output (B, 512) (18, 34) or (B, 2048) (50).
+
+    stem ``cifar``: conv1 is 3x3 stride 1 and the max-pool is removed, so a 32x32 image enters layer1 at 32x32
+    (the first version's ``resnet18``, built in the same order, so a seeded build gives the same weights).
+    stem ``imagenet``: torchvision's 7x7 stride-2 conv1 and 3x3 stride-2 max-pool (224 px enters layer1 at 56).
+    """
+    if name not in RESNETS:
+        raise ValueError(f"unknown resnet {name!r}: use one of {', '.join(RESNETS)}")
+    if stem not in STEMS:
+        raise ValueError(f"unknown stem {stem!r}: use cifar (32-64 px images) or imagenet (224 px)")
+    from contrastive.models.torchvision_encoders import resnet as torchvision_resnet
+    block, layers = RESNETS[name]
+    return torchvision_resnet(block=block, layers=layers, stem=stem, in_channels=in_channels,
+                              grad_checkpointing=grad_checkpointing)
+
+
+def resnet18_cifar() -> nn.Module:
+    """ResNet-18 with the CIFAR stem (3x3 stride-1 first conv, no max-pool); output (B, 512)."""
+    return resnet("resnet18", stem="cifar")
+
+
+def vit(*, image_size: int, patch_size: int, depth: int, width: int, heads: int, mlp_width: int,
+        in_channels: int = 3, grad_checkpointing: bool = False) -> nn.Module:
+    """A ViT from scratch (no dropout, as torchvision's defaults); output (B, width)."""
+    from contrastive.models.torchvision_encoders import vit as torchvision_vit
+    return torchvision_vit(image_size=image_size, patch_size=patch_size, depth=depth, width=width, heads=heads,
+                           mlp_width=mlp_width, in_channels=in_channels, grad_checkpointing=grad_checkpointing)
 
 
 def build_backbone(*, encoder: str, widths: list[int] | None = None, stem: str = "cifar", in_channels: int = 3,
