@@ -27,7 +27,7 @@ from rich.table import Table  # noqa: E402
 
 from contrastive.errors import MclpipeError, StageInterrupted  # noqa: E402
 from flows import shutdown  # noqa: E402
-from flows.local_server import start_local_server  # noqa: E402
+from flows.local_server import starting_local_server  # noqa: E402
 from pipeline_config.loader import described_config, load_config, preset_names  # noqa: E402
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -93,11 +93,11 @@ def run_pipeline(config, rerun_from: int | None = None) -> dict:
         raise MclpipeError(f"--rerun-from {rerun_from} is not a stage of this pipeline (stages are 0.."
                            f"{config.mcl.num_stages - 1})")
     from tasks.steps import modality_of, tracker_for
-    # Fail on user mistakes before the Prefect server starts or anything is computed; an unreachable tracking
-    # server is reported now, not after the first stage.
-    modality_of(config).preflight(config)
-    tracker_for(config)
-    start_local_server()
+    # Fail on user mistakes before anything is computed (the temporary Prefect server starting meanwhile is stopped);
+    # an unreachable tracking server is reported now, not after the first stage.
+    with starting_local_server():
+        modality_of(config).preflight(config)
+        tracker_for(config)
     shutdown.quiet_user_tracebacks()
     from flows.pipeline import mcl_pipeline
     return mcl_pipeline(config, rerun_from=rerun_from)
@@ -310,10 +310,9 @@ def sweep(config: ConfigArg,
     configs = []
     try:
         from flows.sweep_flow import mcl_sweep, plan_sweep, sweep_configs
-        parsed, seed_list = plan_sweep(config=config, grid=list(grid or []), seeds=seed_list)
-        # Every point is loaded and checked before anything is computed.
-        configs = sweep_configs(config=config, grid=parsed, seeds=seed_list, overrides=list(overrides or []))
-        start_local_server()
+        with starting_local_server():  # starts while every point is loaded and checked, before anything is computed
+            parsed, seed_list = plan_sweep(config=config, grid=list(grid or []), seeds=seed_list)
+            configs = sweep_configs(config=config, grid=parsed, seeds=seed_list, overrides=list(overrides or []))
         shutdown.quiet_user_tracebacks()
         summary = mcl_sweep(config=config, grid=parsed, seeds=seed_list, overrides=list(overrides or []))
     except StageInterrupted as exc:  # finished points are reused when the same command runs again

@@ -64,6 +64,12 @@ def _server_class():
         """Prefect's temporary server, started in its own session under ``python -m flows.local_server``."""
 
         def _run_uvicorn_command(self) -> subprocess.Popen:
+            early, self.early_process = getattr(self, "early_process", None), None
+            if early is not None and early.poll() is None:
+                return early  # spawned ahead by starting_local_server
+            return self.spawn()
+
+        def spawn(self) -> subprocess.Popen:
             import prefect
 
             # The same command and environment as Prefect's own (UI off, marked ephemeral), behind the watchdog.
@@ -187,27 +193,40 @@ def _log_tail(path: Path, *, lines: int = 3) -> str:
         return ""
 
 
-def start_local_server():
-    """Start the temporary server described above (when Prefect would start one) and make it Prefect's default;
-    returns it, or None when an API URL or a running server is already set. A server that does not start raises
-    MclpipeError with the end of its log, the log's path and the way round it (a server of one's own)."""
+@contextlib.contextmanager
+def starting_local_server():
+    """Start the temporary server described above (when Prefect would start one: no PREFECT_API_URL, no running
+    server) while the body runs, and make it Prefect's default: its process is spawned on entry and waited for on
+    exit, so its start-up (imports and database migrations, about 10 s on 2 cores) overlaps the body's work (the
+    CLI's checks, MLflow's start). A body that raises stops it. A server that does not start raises MclpipeError
+    with the end of its log, the log's path and the way round it (a server of one's own). PREFECT_HOME's start-up
+    lock is held from the spawn until it answers."""
     if not needs_local_server():
-        return None
+        yield None
+        return
     from prefect.server.api.server import SubprocessASGIServer
 
     SubprocessASGIServer._instances.pop(None, None)
     server = _server_class()()  # registers itself as the default instance (key None)
     home = get_prefect_home()
     server.output = open_server_log(home)
-    try:
-        with _startup_lock(home):
-            server.start()
-    except RuntimeError as error:
-        raise MclpipeError(
-            f"the temporary Prefect server did not start ({error}); its log {home / SERVER_LOG} ends with: "
-            f"{_log_tail(home / SERVER_LOG)}. Fix what it names (a full disk, a broken database in {home}), or "
-            "start a server of your own (`prefect server start`) and set PREFECT_API_URL to it") from error
-    return server
+    with _startup_lock(home):
+        server.port = server.find_available_port()
+        server.early_process = server.spawn()
+        try:
+            yield server
+        except BaseException:
+            server.early_process.kill()
+            server.early_process.wait()
+            SubprocessASGIServer._instances.pop(None, None)
+            raise
+        try:
+            server.start()  # takes the early process (OwnedServer._run_uvicorn_command) and waits for /health
+        except RuntimeError as error:
+            raise MclpipeError(
+                f"the temporary Prefect server did not start ({error}); its log {home / SERVER_LOG} ends with: "
+                f"{_log_tail(home / SERVER_LOG)}. Fix what it names (a full disk, a broken database in {home}), "
+                "or start a server of your own (`prefect server start`) and set PREFECT_API_URL to it") from error
 
 
 # ------------------------------------------------------------------------------------------------ in the server

@@ -128,7 +128,8 @@ FAILING = 'import sys; print("stand-in server: database or disk is full", flush=
 
 @pytest.fixture
 def owned_server(monkeypatch, tmp_path):
-    """start_local_server with Prefect's real start-up loop around a stand-in command (HEALTHY or FAILING)."""
+    """starting_local_server with Prefect's real start-up loop around a stand-in command (HEALTHY or FAILING);
+    yields (PREFECT_HOME, with_command(script), the stand-in processes spawned)."""
     from prefect.server.api.server import SubprocessASGIServer
     from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
 
@@ -136,40 +137,63 @@ def owned_server(monkeypatch, tmp_path):
     monkeypatch.setattr(local_server, "get_prefect_home", lambda: home)
     monkeypatch.setattr(local_server, "needs_local_server", lambda: True)
     earlier = SubprocessASGIServer._instances.get(None)
-    started = []
+    spawned: list[subprocess.Popen] = []
 
     def with_command(script: str):
         class StandIn(local_server._server_class()):
-            def _run_uvicorn_command(self):
-                return subprocess.Popen([sys.executable, "-c", script, str(self.port)], stdout=self.output,
-                                        stderr=subprocess.STDOUT)
+            def spawn(self):
+                spawned.append(subprocess.Popen([sys.executable, "-c", script, str(self.port)], stdout=self.output,
+                                                stderr=subprocess.STDOUT))
+                return spawned[-1]
         monkeypatch.setattr(local_server, "_server_class", lambda: StandIn)
 
     with temporary_settings({PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 2}):
-        yield home, with_command, started
+        yield home, with_command, spawned
     current = SubprocessASGIServer._instances.get(None)
-    if current is not None and current is not earlier:
+    if current is not None and current is not earlier and getattr(current, "server_process", None) is not None:
         current.stop()
     SubprocessASGIServer._instances.pop(None, None)
     if earlier is not None:
         SubprocessASGIServer._instances[None] = earlier
+    for process in spawned:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
-def test_the_server_writes_to_its_log_not_the_terminal(owned_server, capfd):
-    home, with_command, _ = owned_server
+def test_the_server_starts_while_the_body_runs_and_writes_to_its_log(owned_server, capfd):
+    home, with_command, spawned = owned_server
     with_command(HEALTHY)
-    server = local_server.start_local_server()
+    with local_server.starting_local_server() as server:
+        # spawned on entry: its start-up overlaps the body's work
+        _wait(lambda: (home / local_server.SERVER_LOG).exists()
+              and "stand-in server listening" in (home / local_server.SERVER_LOG).read_text(), "the server's log")
     try:
-        _wait(lambda: "stand-in server listening" in (home / local_server.SERVER_LOG).read_text(), "the server's log")
+        assert server.running
+        assert httpx.get(f"{server.api_url}/health", timeout=5).status_code == 200
+        assert len(spawned) == 1  # the process spawned ahead is the one Prefect's start-up waited for
     finally:
         server.stop()
     assert "stand-in server listening" not in capfd.readouterr().out
+
+
+def test_a_body_that_fails_stops_the_server_and_frees_the_start_up_lock(owned_server):
+    home, with_command, spawned = owned_server
+    with_command(HEALTHY)
+    with pytest.raises(ValueError, match="a bad config"):
+        with local_server.starting_local_server():
+            raise ValueError("a bad config")
+    assert len(spawned) == 1 and spawned[0].poll() is not None
+    import fcntl
+    with open(home / local_server.LOCK_NAME, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises BlockingIOError while the lock is held
 
 
 def test_a_server_that_does_not_start_names_its_log(owned_server):
     home, with_command, _ = owned_server
     with_command(FAILING)
     with pytest.raises(MclpipeError) as raised:
-        local_server.start_local_server()
+        with local_server.starting_local_server():
+            pass
     message = str(raised.value)
     assert str(home / local_server.SERVER_LOG) in message and "database or disk is full" in message
