@@ -59,8 +59,10 @@ class LoopSettings(_Section):
     weight_decay: float = Field(1e-6, ge=0)
     scheduler: Literal["cosine", "constant"] = "cosine"
     warmup_fraction: float = Field(0.0, ge=0.0, lt=1.0)
-    precision: Literal["fp32", "bf16", "fp16", "amp"] = Field(
-        "fp32", description="bf16 autocast; fp16 (= amp) autocast with a gradient scaler on CUDA, fp32 on CPU")
+    precision: Literal["fp32", "bf16", "fp16", "amp", "auto"] = Field(
+        "fp32", description="bf16 autocast; fp16 (= amp) autocast with a gradient scaler on CUDA, fp32 on CPU; auto: "
+                            "bf16 where the device computes in it natively (a recent GPU or an AMX / AVX512-BF16 "
+                            "CPU), else fp32")
     grad_accumulation: int = Field(1, ge=1, description="micro-batches per optimizer step; each micro-batch is its "
                                                         "own contrastive batch (its own negatives)")
     grad_clip_norm: float | None = Field(None, gt=0)

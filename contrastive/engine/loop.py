@@ -39,7 +39,7 @@ from contrastive.engine.distributed import (DistInfo, all_reduce_max, all_reduce
                                             gather_objects, sync_batch_norms)
 from contrastive.engine.optim import build_optimizer, lr_multiplier
 from contrastive.engine.precision import (autocast_context, check_precision, configure_cuda_numerics, grad_scaler,
-                                          load_scaler_state)
+                                          load_scaler_state, resolve_precision)
 from contrastive.engine.rng import capture_rng, restore_rng, rng_of_rank
 from contrastive.engine.signals import consume, graceful_stop, stop_requested
 from contrastive.engine.task import BatchSource, LoopSpec, OptimSpec, StageTask
@@ -289,9 +289,10 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
         return epoch, position
 
     result = TrainResult(steps=step, epochs=start_epoch, final_loss=float("nan"), resumed_from_step=resumed_from,
-                         seconds=0.0, samples_per_second=0.0, environment=device_report(
-                             device, backend=dist.get_backend() if info.is_distributed else None,
-                             world_size=info.world_size))
+                         seconds=0.0, samples_per_second=0.0, environment={
+                             **device_report(device, backend=dist.get_backend() if info.is_distributed else None,
+                                             world_size=info.world_size),
+                             "precision": resolve_precision(loop.precision, device=device)})
     if loop.on_nonfinite == "rollback" and checkpoint is None:
         save(start_epoch, consumed)  # somewhere to return to before the first periodic checkpoint
     log.info("training on %s", ", ".join(f"{k} {v}" for k, v in result.environment.items()))

@@ -4,6 +4,10 @@
 - ``bf16``: bfloat16 autocast on CUDA and on CPU; no scaler (bf16 has fp32's exponent range).
 - ``fp16`` (alias ``amp``, the CLIP configs' historical name): float16 autocast with a GradScaler on CUDA; on CPU
   it runs in fp32, because CPU float16 autocast is slow and unsupported for many ops.
+- ``auto``: ``bf16`` where the device computes in bfloat16 natively (a CUDA GPU that supports it; a CPU with
+  AMX or AVX512-BF16 units: Intel Sapphire Rapids and later, AMD Zen 4 and later), else ``fp32``. On such a CPU a
+  small CNN trains about 1.3x faster (2 cores, 2026-11-27, the trifeature presets' stage: 729 against 556
+  samples/s); elsewhere bf16 is emulated and slower than fp32, so ``auto`` keeps fp32 there.
 """
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ import torch
 
 from contrastive.errors import ConfigError
 
-PRECISIONS = ("fp32", "bf16", "fp16", "amp")
+PRECISIONS = ("fp32", "bf16", "fp16", "amp", "auto")
 F = TypeVar("F", bound=Callable)
 
 
@@ -24,13 +28,32 @@ def check_precision(precision: str) -> None:
         raise ConfigError(f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}")
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes in bfloat16 natively (see ``auto`` in the module docstring)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        # torch's own CPU feature probes (private, hence the getattr): AMX tiles or AVX512-BF16 instructions.
+        probes = (getattr(torch.cpu, name, None) for name in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"))
+        return any(probe() for probe in probes if probe is not None)
+    return False
+
+
+def resolve_precision(precision: str, *, device: torch.device) -> str:
+    """The precision a stage runs in on ``device``: ``auto`` resolved, any other name as it is."""
+    check_precision(precision)
+    if precision != "auto":
+        return precision
+    return "bf16" if native_bf16(device) else "fp32"
+
+
 def _is_fp16(precision: str) -> bool:
     return precision in ("fp16", "amp")
 
 
 def autocast_context(*, precision: str, device: torch.device) -> contextlib.AbstractContextManager:
     """The autocast region for a forward pass (see the module docstring)."""
-    check_precision(precision)
+    precision = resolve_precision(precision, device=device)
     if _is_fp16(precision) and device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.float16)
     if precision == "bf16":

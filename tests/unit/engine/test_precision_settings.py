@@ -1,4 +1,6 @@
 """The CUDA numerics settings (TF32, cuDNN autotuner) and the loss scaler's state across CPU and GPU."""
+import contextlib
+
 import pytest
 import torch
 
@@ -47,3 +49,22 @@ def test_a_stage_without_a_scaler_resumes_where_one_is_enabled():
     restored = torch.amp.GradScaler("cpu", enabled=True)
     load_scaler_state(restored, trained.state_dict())
     assert restored.get_scale() == 1024.0
+
+
+def test_auto_is_bf16_where_the_cpu_has_native_bf16_and_fp32_elsewhere(monkeypatch):
+    from contrastive.engine import precision
+
+    cpu = torch.device("cpu")
+    for name in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
+        monkeypatch.setattr(torch.cpu, name, lambda: False, raising=False)
+    assert precision.resolve_precision("auto", device=cpu) == "fp32"
+    assert isinstance(precision.autocast_context(precision="auto", device=cpu), type(contextlib.nullcontext()))
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
+    assert precision.resolve_precision("auto", device=cpu) == "bf16"
+    with precision.autocast_context(precision="auto", device=cpu):
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16 and torch.is_autocast_enabled("cpu")
+    # a named precision is never changed, and auto never needs a loss scaler
+    assert precision.resolve_precision("fp32", device=cpu) == "fp32"
+    assert not precision.grad_scaler(precision="auto", device=cpu).is_enabled()
+    with pytest.raises(precision.ConfigError, match="auto"):
+        precision.resolve_precision("half", device=cpu)
