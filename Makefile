@@ -7,7 +7,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 export MLFLOW_TRACKING_URI ?= sqlite:///$(CURDIR)/mlflow.db
-CONFIG ?= pipeline_config/presets/trifeature_mcl.yaml
+CONFIG ?= pipeline_config/presets/trifeature_quick.yaml
 SEEDS ?= 0,1,2
 
 .PHONY: install run test test-slow test-all reproduce bench bench-scale gpu-check ui-mlflow ui-prefect clean stack stack-stop ui-check

