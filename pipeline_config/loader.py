@@ -49,16 +49,25 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), value
 
 
+def _existing_key(node: dict, key: str):
+    """The key of ``node`` that ``key`` (a part of an override's dotted path, always a string) names: YAML reads
+    ``stage_overrides: {1: ...}`` with an int key, which ``stage_overrides.1.train.lr`` must reach rather than
+    add a second entry "1" beside it (that entry then replaced the file's, losing its other settings)."""
+    if key in node:
+        return key
+    return next((existing for existing in node if str(existing) == key), key)
+
+
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     for text in overrides:
         keys, value = parse_override(text)
         node = raw
         for key in keys[:-1]:
-            child = node.setdefault(key, {})
+            child = node.setdefault(_existing_key(node, key), {})
             if not isinstance(child, dict):
                 raise ConfigError(f"override {text!r}: {key!r} is a value, not a section")
             node = child
-        node[keys[-1]] = value
+        node[_existing_key(node, keys[-1])] = value
     return raw
 
 

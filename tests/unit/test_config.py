@@ -171,3 +171,12 @@ def test_the_image_key_is_image_and_its_old_name_mcl_still_loads_saying_what_to_
     # trifeature_tiny's as computed before the rename.
     renamed = load_config("trifeature_tiny", ["pipeline=mcl"])
     assert old[0].config_hash() == current.config_hash() == renamed.config_hash() == "4cc586af7caa3c8b"
+
+
+def test_an_override_of_a_stage_keeps_the_stage_settings_of_the_file():
+    """trifeature_quick's stage_overrides has stage 1 (an int key in YAML); --set stage_overrides.1.train.lr adds to
+    it instead of replacing it with an entry of its own."""
+    config = load_config("trifeature_quick", ["stage_overrides.1.train.lr=0.01"])
+    stage1 = config.for_stage(1)
+    assert stage1.train.lr == 0.01 and stage1.train.batch_size == 32
+    assert config.for_stage(0).train.batch_size == 64 and config.for_stage(0).train.lr == 0.003
