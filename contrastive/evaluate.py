@@ -1,7 +1,6 @@
 """Evaluation of representations: linear probe and kNN per attribute, plus plots."""
 from __future__ import annotations
 
-import os
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,6 +12,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 
+from contrastive.data.loading import available_cores
 from contrastive.integrate import l2_normalize
 from contrastive.plotting import grouped_bars, locked_pyplot, save_figure
 
@@ -88,7 +88,7 @@ def evaluate_representation(*, train_x: np.ndarray, test_x: np.ndarray, train_la
     # attributes on 2 cores took 2.5 s instead of 3.8 s (8,000 x 512, 2026-11-27).
     attributes = sorted(train_labels)
     with threadpool_limits(limits=1, user_api="blas"):
-        with ThreadPoolExecutor(max_workers=max(1, min(len(attributes), len(os.sched_getaffinity(0))))) as pool:
+        with ThreadPoolExecutor(max_workers=max(1, min(len(attributes), available_cores()))) as pool:
             scored = list(pool.map(score, attributes))
     return {name: value for part in scored for name, value in part.items()}
 
