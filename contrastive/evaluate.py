@@ -12,7 +12,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 
-from contrastive.data.loading import available_cores
+from contrastive.engine.device import available_cores
 from contrastive.integrate import l2_normalize
 from contrastive.plotting import grouped_bars, locked_pyplot, save_figure
 

@@ -28,6 +28,7 @@ from contrastive.data.image_files import UNREADABLE, Dataset, ImageFileDataset, 
 from contrastive.data.shards import ShardDataset
 from contrastive.data.skips import SkipCounter
 from contrastive.data.workers import ClosedOnExit, OrderedWorkers
+from contrastive.engine.device import available_cores
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +40,6 @@ _IN_PROCESS_THREADS = 8  # decode threads when workers=0 (PIL decodes outside th
 
 
 MAX_DEFAULT_WORKERS = 16  # a GPU host's cores per GPU; more workers than that only add start-up and memory
-
-
-def available_cores() -> int:
-    """The cores this process may run on (its CPU affinity: a container's or Slurm's share, not the host's)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS has no affinity
-        return os.cpu_count() or 1
 
 
 def default_workers(*, cores: int | None = None, processes: int | None = None) -> int:

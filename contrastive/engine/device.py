@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import logging
+import os
 import re
 import shutil
 import subprocess
@@ -17,6 +18,14 @@ from typing import Callable
 import torch
 
 from contrastive.errors import ConfigError
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a container's or Slurm's share, not the host's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS has no affinity
+        return os.cpu_count() or 1
 
 
 def nvidia_smi_gpus() -> list[str]:

@@ -28,15 +28,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
-from tests.tasks.test_serving_model import images, tiny_model
+from tests.tasks.test_serving_model import MODALITIES, ONLY_THE_MODELS_REQUIREMENTS, stages_and_input
 
 REPO = Path(__file__).resolve().parents[2]
-MODALITIES = ("image", "clip", "text", "embeddings")  # the pipeline keys (clip: the image_text package)
-SENTENCES = ["a red square left of a blue circle", "two green triangles", "the circle is above the square",
-             "a blue square", "nothing at all", "green circle, red triangle"]
-
 # Run by the fresh venv's interpreter: argv = model uri, input .npy, output .npy, report .json, requirements.txt.
 SCRIPT = """
 import importlib.util, json, sys, time
@@ -44,39 +39,8 @@ for name in ("contrastive", "tasks", "flows", "pipeline_config", "mclpipe"):
     assert importlib.util.find_spec(name) is None, f"{name} is importable before the model loads: {sys.path}"
 uri, given, out, report, requirements = sys.argv[1:]
 
-# The venv may hold other models' requirements too: this model finds no installed distribution that is neither one of
-# its requirements nor what they depend on, as in a venv made from its requirements alone (sys.path's finder is
-# wrapped, so such a module is missing to imports, importlib.util.find_spec and importlib.metadata alike).
-from importlib.machinery import PathFinder
-from importlib.metadata import PackageNotFoundError, distribution, packages_distributions
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
-needed, todo = {"pip", "setuptools"}, [Requirement(line).name for line in open(requirements).read().split()]
-while todo:
-    name = canonicalize_name(todo.pop())
-    if name in needed:
-        continue
-    needed.add(name)
-    try:
-        todo += [r.name for r in map(Requirement, distribution(name).requires or [])
-                 if r.marker is None or r.marker.evaluate({"extra": ""})]
-    except PackageNotFoundError:  # a dependency for another platform or Python
-        pass
-hidden = {top for top, dists in packages_distributions().items() if not {canonicalize_name(d) for d in dists} & needed}
-
-
-class OnlyThisModelsRequirements(PathFinder):
-    @classmethod
-    def find_spec(cls, name, path=None, target=None):
-        return None if name.partition(".")[0] in hidden else super().find_spec(name, path, target)
-
-    @classmethod
-    def find_distributions(cls, *args, **kwargs):  # their metadata is missing too
-        return (d for d in super().find_distributions(*args, **kwargs) if canonicalize_name(d.name) in needed)
-
-
-sys.meta_path[:] = [OnlyThisModelsRequirements if finder is PathFinder else finder for finder in sys.meta_path]
-import numpy as np
+importable_anyway = set()
+""" + ONLY_THE_MODELS_REQUIREMENTS + """import numpy as np
 import mlflow.pyfunc
 start = time.time()
 model = mlflow.pyfunc.load_model(uri)
@@ -86,57 +50,6 @@ import contrastive, torch
 json.dump({"contrastive": contrastive.__file__, "torch": torch.__version__, "mlflow": mlflow.__version__,
            "load_seconds": loaded, "sys_path": sys.path, "hidden": sorted(hidden)}, open(report, "w"))
 """
-
-
-# --------------------------------------------------------------------------------------------- tiny stage models
-def _clip_stage(path: Path, *, seed: int) -> str:
-    """A seeded random-init tiny CLIP stage model as training saves it (spec + trainable parameters)."""
-    from contrastive.modalities.image_text.model import TINY_MODEL, ClipSpec, create_clip, save_stage_model
-    bundle = create_clip(spec=ClipSpec(model_name=TINY_MODEL, init_seed=seed, trainable_image_blocks=1))
-    return str(save_stage_model(model=bundle.model, spec=bundle.spec, path=path, weights_file=bundle.weights_file))
-
-
-def _text_stage(path: Path, *, seed: int) -> str:
-    """A seeded tiny SimCSE stage (built-in encoder, word vocabulary) as text's steps save it."""
-    from contrastive.engine.checkpoint import save_torch
-    from contrastive.modalities.text.encoders import TextEncoderSpec
-    from contrastive.modalities.text.steps import build_text_method
-    from contrastive.modalities.text.tokenizer import WordTokenizer
-    encoder = TextEncoderSpec(dim=16, depth=1, heads=2, max_length=16).to_json()
-    method = {"name": "simcse_unsup", "temperature": 0.05, "mlp_head": True}
-    vocab = WordTokenizer.build(SENTENCES[:4]).vocab  # later sentences hold unknown words
-    torch.manual_seed(seed)
-    model, _ = build_text_method(encoder=encoder, method=method, vocab=vocab)
-    save_torch({"state_dict": model.state_dict(), "encoder": encoder, "method": method, "vocab": vocab}, path,
-               what="a test model")
-    return str(path)
-
-
-def _feature_stage(path: Path, *, seed: int) -> str:
-    """A seeded MLP stage of the embeddings modality as its steps save it."""
-    from contrastive.engine.checkpoint import save_torch
-    from contrastive.modalities.embeddings.steps import build_model
-    encoder = {"hidden": 16, "depth": 2, "dim": 8, "projection_dim": 4}
-    torch.manual_seed(seed)
-    model = build_model(in_dim=10, encoder=encoder, temperature=0.2)
-    save_torch({"state_dict": model.state_dict(), "in_dim": 10, "encoder": encoder, "views": {"temperature": 0.2}},
-               path, what="a test model")
-    return str(path)
-
-
-def _stages_and_input(modality: str, tmp: Path) -> tuple[list[str], list[int], np.ndarray]:
-    """Two stage model files of ``modality``, their dims, and a serving input."""
-    directory = tmp / modality
-    if modality == "image":
-        return [tiny_model(tmp / f"image{i}.pt", seed=i) for i in range(2)], [16, 16], images(6, size=16)
-    if modality == "clip":  # the serving copy is named after the stage directory: stage<i>/model/model.pt
-        paths = [_clip_stage(directory / f"stage{i}" / "model" / "model.pt", seed=i) for i in range(2)]
-        return paths, [32, 32], images(4, size=40)
-    directory.mkdir(parents=True)
-    if modality == "text":
-        return [_text_stage(directory / f"m{i}.pt", seed=i) for i in range(2)], [16, 16], np.array(SENTENCES)
-    vectors = np.random.default_rng(0).normal(size=(6, 10)).astype(np.float32)
-    return [_feature_stage(directory / f"m{i}.pt", seed=i) for i in range(2)], [8, 8], vectors
 
 
 # ----------------------------------------------------------------------------------------------------- the venv
@@ -181,7 +94,7 @@ def served(tmp_path_factory):
     models, requirements = {}, {}
     start = time.time()
     for modality in MODALITIES:
-        paths, dims, given = _stages_and_input(modality, tmp)
+        paths, dims, given = stages_and_input(modality, tmp)
         plugin = modality_for(modality)
         expected = concat_normalized(stage_embeddings=[plugin.embed(plugin.load_encoder(p), given) for p in paths])
         logged = log_encoder(tracker, run, name=f"{modality}-representation", model_paths=paths, dims=dims,

@@ -14,6 +14,47 @@ from contrastive.modalities.image import serving
 from contrastive.modalities.registry import modality_for
 
 METHOD = dict(name="simclr", temperature=0.5)
+MODALITIES = ("image", "clip", "text", "embeddings")  # the pipeline keys (clip: the image_text package)
+SENTENCES = ["a red square left of a blue circle", "two green triangles", "the circle is above the square",
+             "a blue square", "nothing at all", "green circle, red triangle"]
+
+# Python run before a model loads, given ``requirements`` (the path of the model's requirements.txt) and
+# ``importable_anyway`` (top-level names to leave importable):
+ONLY_THE_MODELS_REQUIREMENTS = """
+# The venv may hold other models' requirements too: this model finds no installed distribution that is neither one of
+# its requirements nor what they depend on, as in a venv made from its requirements alone (sys.path's finder is
+# wrapped, so such a module is missing to imports, importlib.util.find_spec and importlib.metadata alike).
+from importlib.machinery import PathFinder
+from importlib.metadata import PackageNotFoundError, distribution, packages_distributions
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+needed, todo = {"pip", "setuptools"}, [Requirement(line).name for line in open(requirements).read().split()]
+while todo:
+    name = canonicalize_name(todo.pop())
+    if name in needed:
+        continue
+    needed.add(name)
+    try:
+        todo += [r.name for r in map(Requirement, distribution(name).requires or [])
+                 if r.marker is None or r.marker.evaluate({"extra": ""})]
+    except PackageNotFoundError:  # a dependency for another platform or Python
+        pass
+hidden = {top for top, dists in packages_distributions().items() if not {canonicalize_name(d) for d in dists} & needed}
+hidden -= importable_anyway
+
+
+class OnlyThisModelsRequirements(PathFinder):
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        return None if name.partition(".")[0] in hidden else super().find_spec(name, path, target)
+
+    @classmethod
+    def find_distributions(cls, *args, **kwargs):  # their metadata is missing too
+        return (d for d in super().find_distributions(*args, **kwargs) if canonicalize_name(d.name) in needed)
+
+
+sys.meta_path[:] = [OnlyThisModelsRequirements if finder is PathFinder else finder for finder in sys.meta_path]
+"""
 
 
 def tiny_model(path: Path, *, channels: int = 3, seed: int = 0) -> str:
@@ -195,3 +236,101 @@ def test_every_modality_serves_a_model_whose_requirements_are_installed_distribu
         for line in serving_requirements(key):
             name, pinned = line.split("==")
             assert pinned == version(name).split("+")[0], (key, line)
+
+
+# Run by this venv's interpreter with -I outside the checkout: argv = model directory, input .npy, output .npy,
+# report .json. ``contrastive`` stays importable from the checkout (its editable install), but the model's own
+# code/ comes first on sys.path, and the report says which one loaded.
+ISOLATED_PREDICT = """
+import json, sys
+model_dir, given, out, report = sys.argv[1:]
+requirements, importable_anyway = f"{model_dir}/requirements.txt", {"contrastive"}
+""" + ONLY_THE_MODELS_REQUIREMENTS + """
+import numpy as np
+import mlflow.pyfunc
+np.save(out, mlflow.pyfunc.load_model(model_dir).predict(np.load(given)))
+import contrastive
+json.dump({"contrastive": contrastive.__file__, "hidden": sorted(hidden)}, open(report, "w"))
+"""
+
+
+@pytest.mark.parametrize("modality", MODALITIES)
+def test_each_modality_model_loads_and_predicts_with_only_its_own_requirements(tmp_path, modality):
+    """The quick form of tests/e2e/test_model_fresh_venv.py (no pip install): in this venv, every installed
+    distribution outside the model's requirements.txt and their dependencies is missing, as where the model is
+    deployed; a module of ``contrastive`` that a serving path imports and that needs another distribution (the
+    image data loading's webdataset for a text model) fails here, not only in the slow suite."""
+    import json
+    import subprocess
+    import sys
+
+    from contrastive.integrate import concat_normalized
+    from tasks.tracking.serving_model import save_encoder
+    paths, dims, given = stages_and_input(modality, tmp_path)
+    plugin = modality_for(modality)
+    expected = concat_normalized(stage_embeddings=[plugin.embed(plugin.load_encoder(p), given) for p in paths])
+    save_encoder(tmp_path / "model", model_paths=paths, dims=dims, modality=modality)
+    np.save(tmp_path / "input.npy", given)
+    (elsewhere := tmp_path / "elsewhere").mkdir()
+    (elsewhere / "predict.py").write_text(ISOLATED_PREDICT)
+    report = tmp_path / "report.json"
+    result = subprocess.run(
+        [sys.executable, "-I", "predict.py", str(tmp_path / "model"), str(tmp_path / "input.npy"),
+         str(tmp_path / "predicted.npy"), str(report)], cwd=elsewhere, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads(report.read_text())
+    assert Path(report["contrastive"]).parents[1] == tmp_path / "model" / "code", report["contrastive"]
+    assert {"prefect", "tasks", "flows"} <= set(report["hidden"])
+    assert ("webdataset" in report["hidden"]) == (modality in ("text", "embeddings")), report["hidden"]
+    np.testing.assert_allclose(np.load(tmp_path / "predicted.npy"), expected, atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------- tiny stage models
+def clip_stage(path: Path, *, seed: int) -> str:
+    """A seeded random-init tiny CLIP stage model as training saves it (spec + trainable parameters)."""
+    from contrastive.modalities.image_text.model import TINY_MODEL, ClipSpec, create_clip, save_stage_model
+    bundle = create_clip(spec=ClipSpec(model_name=TINY_MODEL, init_seed=seed, trainable_image_blocks=1))
+    return str(save_stage_model(model=bundle.model, spec=bundle.spec, path=path, weights_file=bundle.weights_file))
+
+
+def text_stage(path: Path, *, seed: int) -> str:
+    """A seeded tiny SimCSE stage (built-in encoder, word vocabulary) as text's steps save it."""
+    from contrastive.engine.checkpoint import save_torch
+    from contrastive.modalities.text.encoders import TextEncoderSpec
+    from contrastive.modalities.text.steps import build_text_method
+    from contrastive.modalities.text.tokenizer import WordTokenizer
+    encoder = TextEncoderSpec(dim=16, depth=1, heads=2, max_length=16).to_json()
+    method = {"name": "simcse_unsup", "temperature": 0.05, "mlp_head": True}
+    vocab = WordTokenizer.build(SENTENCES[:4]).vocab  # later sentences hold unknown words
+    torch.manual_seed(seed)
+    model, _ = build_text_method(encoder=encoder, method=method, vocab=vocab)
+    save_torch({"state_dict": model.state_dict(), "encoder": encoder, "method": method, "vocab": vocab}, path,
+               what="a test model")
+    return str(path)
+
+
+def feature_stage(path: Path, *, seed: int) -> str:
+    """A seeded MLP stage of the embeddings modality as its steps save it."""
+    from contrastive.engine.checkpoint import save_torch
+    from contrastive.modalities.embeddings.steps import build_model
+    encoder = {"hidden": 16, "depth": 2, "dim": 8, "projection_dim": 4}
+    torch.manual_seed(seed)
+    model = build_model(in_dim=10, encoder=encoder, temperature=0.2)
+    save_torch({"state_dict": model.state_dict(), "in_dim": 10, "encoder": encoder, "views": {"temperature": 0.2}},
+               path, what="a test model")
+    return str(path)
+
+
+def stages_and_input(modality: str, tmp: Path) -> tuple[list[str], list[int], np.ndarray]:
+    """Two stage model files of ``modality``, their dims, and a serving input."""
+    directory = tmp / modality
+    if modality == "image":
+        return [tiny_model(tmp / f"image{i}.pt", seed=i) for i in range(2)], [16, 16], images(6, size=16)
+    if modality == "clip":  # the serving copy is named after the stage directory: stage<i>/model/model.pt
+        paths = [clip_stage(directory / f"stage{i}" / "model" / "model.pt", seed=i) for i in range(2)]
+        return paths, [32, 32], images(4, size=40)
+    directory.mkdir(parents=True)
+    if modality == "text":
+        return [text_stage(directory / f"m{i}.pt", seed=i) for i in range(2)], [16, 16], np.array(SENTENCES)
+    vectors = np.random.default_rng(0).normal(size=(6, 10)).astype(np.float32)
+    return [feature_stage(directory / f"m{i}.pt", seed=i) for i in range(2)], [8, 8], vectors
