@@ -10,7 +10,7 @@ export MLFLOW_TRACKING_URI ?= sqlite:///$(CURDIR)/mlflow.db
 CONFIG ?= pipeline_config/presets/trifeature_quick.yaml
 SEEDS ?= 0,1,2
 
-.PHONY: install run test test-slow test-all reproduce bench bench-load bench-scale gpu-check ui-mlflow ui-prefect clean stack stack-stop ui-check
+.PHONY: install run test test-slow test-all reproduce bench bench-scale gpu-check ui-mlflow ui-prefect clean stack stack-stop ui-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,14 +41,7 @@ test: $(STAMP)
 SLOW_WORKERS ?= 2
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m "slow and not load_bench" -n $(SLOW_WORKERS) --dist loadgroup -rfE --durations=15
-
-# Eight tiny pipelines at once on the PostgreSQL team stack, undisturbed: their wall time against the sum of their
-# runs (docs/operating.md, "Load"). Not in test-slow: tests/e2e/test_load.py's killed-worker test asserts all that
-# this one does and more, and CI's time goes to that one. Needs PostgreSQL (.ci/setup-postgres.sh, run here).
-bench-load: $(STAMP)
-	bash .ci/setup-postgres.sh
-	$(BIN)/python -m pytest -q -s -m load_bench tests/e2e/test_load.py
+	$(BIN)/python -m pytest -q -m slow -n $(SLOW_WORKERS) --dist loadgroup -rfE --durations=15
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -13,10 +13,7 @@ registered model with more than one version. A rerun reopens its parent and stag
 id) and registers the pipeline's model once, when it completes; a stage killed mid-way continues in its own run.
 
 The numbers of a run (wall time against the sum of the runs over two) are printed (``-s``) and kept as the test's
-``record_property`` entries; docs/operating.md has the last ones measured. The undisturbed run is ``make
-bench-load``, not part of ``make test-slow``: the killed-worker run asserts everything it does (all eight complete,
-at most two trainings at once over every training, nothing shared computed twice, the records whole, one run each
-for the pipelines the kill did not touch), and the 15 minutes it took in CI went to the suite's critical path.
+``record_property`` entries; docs/operating.md has the last ones measured.
 """
 import json
 import time
@@ -111,7 +108,6 @@ def report_numbers(load, runs, record_property, **extra) -> dict:
     return numbers
 
 
-@pytest.mark.load_bench  # make bench-load: the second test below checks all of this too (see the module docstring)
 def test_eight_pipelines_at_once_share_two_slots(team_stack, record_property):
     with load_stack(team_stack, "all") as load:
         load.submit_all()
