@@ -283,18 +283,37 @@ def save_embeddings(*, embeddings: np.ndarray, ids: np.ndarray, directory: Path,
     return write_manifest(directory=directory, parts=[writer.finish()])
 
 
-def load_embeddings(*, directory: Path) -> tuple[np.ndarray, np.ndarray]:
-    """Returns (ids (N,), embeddings float32 (N, D))."""
-    directory = Path(directory)
-    manifest_path = directory / MANIFEST
+def _export_manifest(directory: Path) -> dict:
+    """The manifest of a finished export in ``directory``, or the error that says to export again."""
+    manifest_path = Path(directory) / MANIFEST
     if not manifest_path.exists():
         raise DataError(f"no finished embedding export in {directory} (manifest.json missing): the export was "
                         f"interrupted or deleted; rerun the pipeline to export again")
-    manifest = json.loads(manifest_path.read_text())
-    parts = [np.load(directory / name) for name in manifest["shards"]]
-    embeddings = np.concatenate(parts).astype(np.float32)
-    ids = np.load(directory / manifest["ids"], allow_pickle=False)
-    if len(ids) != manifest["num_samples"] or len(embeddings) != manifest["num_samples"]:
+    return json.loads(manifest_path.read_text())
+
+
+def _export_ids(directory: Path, manifest: dict) -> np.ndarray:
+    ids = np.load(Path(directory) / manifest["ids"], allow_pickle=False)
+    if len(ids) != manifest["num_samples"]:
+        raise DataError(f"embedding export in {directory} is inconsistent with its manifest: delete the directory "
+                        f"and rerun the pipeline")
+    return ids
+
+
+def load_embedding_ids(*, directory: Path) -> np.ndarray:
+    """The sample ids (N,) of an export, without reading its embeddings (what pseudo-labelling needs of it: at
+    CC12M the (N, D) float32 copy would be 37 GB at 768-d)."""
+    directory = Path(directory)
+    return _export_ids(directory, _export_manifest(directory))
+
+
+def load_embeddings(*, directory: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Returns (ids (N,), embeddings float32 (N, D))."""
+    directory = Path(directory)
+    manifest = _export_manifest(directory)
+    ids = _export_ids(directory, manifest)
+    embeddings = np.concatenate([np.load(directory / name) for name in manifest["shards"]]).astype(np.float32)
+    if len(embeddings) != manifest["num_samples"]:
         raise DataError(f"embedding export in {directory} is inconsistent with its manifest: delete the directory "
                         f"and rerun the pipeline")
     return ids, embeddings

@@ -431,6 +431,53 @@ def load_assignments(*, directory: Path) -> tuple[np.ndarray, np.ndarray]:
     return ids, assignments
 
 
+def assignments_for(*, directory: Path, ids: np.ndarray) -> np.ndarray:
+    """The cluster ids (M,) int64 written by save_clusters, aligned to ``ids`` (M,) by sample id.
+
+    When the file's ids are ``ids`` in the same order (clusters and pseudo-labels of one export: the usual case),
+    they are compared chunk by chunk as they are read and never held whole (at CC12M a second id table is ~0.4 GB);
+    otherwise the file's ids are loaded and joined (``align_labels_to_ids``, which names missing ids).
+    """
+    from contrastive.mcl.ids import align_labels_to_ids
+    path = Path(directory) / ASSIGNMENTS_FILE
+    if path.is_file() and (Path(directory) / SUMMARY_FILE).is_file() and _npz_member_equals(path, "ids", ids):
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                assignments = data["assignments"].astype(np.int64, copy=False)
+        except (OSError, ValueError, KeyError) as exc:
+            raise DataError(f"{path} is corrupt or not a cluster file ({exc}); re-run the clustering stage.") from exc
+        if assignments.shape == np.shape(ids):
+            return assignments
+    stored_ids, assignments = load_assignments(directory=directory)
+    return align_labels_to_ids(label_ids=stored_ids, labels=assignments, dataset_ids=ids)
+
+
+def _npz_member_equals(path: Path, name: str, expected: np.ndarray, *, chunk_bytes: int = 8 << 20) -> bool:
+    """Whether the 1-D array ``name`` stored (uncompressed) in the .npz ``path`` equals ``expected`` in dtype, shape and
+    every element, read ``chunk_bytes`` at a time. False for anything else (other dtype or layout, a compressed or
+    unreadable member): the caller then loads and joins."""
+    import zipfile
+    expected = np.asarray(expected)
+    try:
+        with zipfile.ZipFile(path) as archive, archive.open(f"{name}.npy") as member:
+            version = np.lib.format.read_magic(member)
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                np.lib.format.read_array_header_2_0
+            shape, fortran_order, dtype = read_header(member)
+            if shape != expected.shape or expected.ndim != 1 or dtype != expected.dtype or dtype.hasobject:
+                return False
+            rows = max(1, chunk_bytes // max(1, dtype.itemsize))
+            for start in range(0, expected.size, rows):
+                stop = min(start + rows, expected.size)
+                chunk = member.read((stop - start) * dtype.itemsize)
+                if len(chunk) != (stop - start) * dtype.itemsize or \
+                        not np.array_equal(np.frombuffer(chunk, dtype=dtype), expected[start:stop]):
+                    return False
+            return True
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+        return False
+
+
 def _atomic_write(path: Path, write: Callable) -> None:
     """Call write(file) on a temp file beside path, then rename it over path (never a half-written file)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

@@ -14,7 +14,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 import torch
 
-from contrastive.embeddings import load_embeddings
+from contrastive.embeddings import load_embedding_ids, load_embeddings
 from contrastive.engine.distributed import DistInfo, per_rank_batch
 from contrastive.engine.files import write_json
 from contrastive.engine.rng import seed_everything
@@ -56,7 +56,7 @@ def cluster_stage(*, embeddings_dir: Path, out_dir: Path, kmeans_spec: KMeansSpe
     clusters absorbed. ``gpu_devices``: the GPUs k-means may use when faiss sees them (): the CPU); where it runs
     is placement, not content, so it is no part of ``kmeans_spec``."""
     # faiss and scikit-learn cost seconds to import in every torchrun worker that never clusters.
-    from contrastive.mcl.clustering import adjusted_mutual_information, kmeans, load_assignments, save_clusters
+    from contrastive.mcl.clustering import adjusted_mutual_information, assignments_for, kmeans, save_clusters
 
     ids, features = embeddings_for(embeddings_dir=embeddings_dir, ids=ids)
     s = kmeans_spec
@@ -65,8 +65,7 @@ def cluster_stage(*, embeddings_dir: Path, out_dir: Path, kmeans_spec: KMeansSpe
     summary = save_clusters(result=result, ids=ids, directory=Path(out_dir))
     ami = {}
     for number, earlier in enumerate(earlier_cluster_dirs):
-        earlier_ids, earlier_assignments = load_assignments(directory=Path(earlier))
-        aligned = align_labels_to_ids(label_ids=earlier_ids, labels=earlier_assignments, dataset_ids=ids)
+        aligned = assignments_for(directory=Path(earlier), ids=ids)
         ami[f"stage_{number}"] = adjusted_mutual_information(a=aligned, b=result.assignments)
     for attribute, labels in (attributes or {}).items():
         if (labels >= 0).any():
@@ -85,14 +84,11 @@ def build_pseudo_labels(*, cluster_dirs: list[Path], embeddings_dirs: list[Path]
     the nearest group by centroid in the concatenated, per-stage normalised embedding space, pooled, or kept;
     counts go in the returned stats, written beside the labels.
     """
-    from contrastive.mcl.clustering import load_assignments
+    from contrastive.mcl.clustering import assignments_for
 
     if ids is None:
-        ids, _ = load_embeddings(directory=Path(embeddings_dirs[-1]))
-    stage_assignments = []
-    for cluster_dir in cluster_dirs:
-        cluster_ids, labels = load_assignments(directory=Path(cluster_dir))
-        stage_assignments.append(align_labels_to_ids(label_ids=cluster_ids, labels=labels, dataset_ids=ids))
+        ids = load_embedding_ids(directory=Path(embeddings_dirs[-1]))
+    stage_assignments = [assignments_for(directory=Path(d), ids=ids) for d in cluster_dirs]
     combined = combine_pseudo_labels(stage_assignments=stage_assignments)
     features = None
     # Only a merge into a large group reads the embeddings: all stages' (M, D) concatenated as float32 (110 GB for

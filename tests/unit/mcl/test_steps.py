@@ -1,6 +1,7 @@
 """The steps between stages, for every modality: k-means per stage and pseudo-labels combining ALL earlier stages,
 by sample key; restricted to a subset of the exported samples (a training split) with attributes to compare."""
 import numpy as np
+import pytest
 
 from contrastive.mcl.steps import KMeansSpec, build_pseudo_labels, cluster_stage
 from contrastive.embeddings import save_embeddings
@@ -72,3 +73,50 @@ def test_pseudo_labels_read_the_embeddings_only_when_a_group_must_be_merged(tmp_
     assert stats["small_groups"] == 2 and stats["num_groups"] == 1 and loads == []
     stats = build_pseudo_labels(**common, out_path=tmp_path / "c.npz", min_group_size=20)  # 10 merged into 30
     assert stats["small_groups"] == 1 and stats["num_groups"] == 1 and len(loads) == 1
+
+
+def test_pseudo_labels_hold_the_ids_and_labels_but_not_the_embeddings_nor_a_second_id_table(tmp_path):
+    """Peak traced memory of the step with no group to merge: one id table ((M,) <U9, 36 B a sample) and a few
+    (M,) int64 label arrays, not the export's (M, D) embeddings (loaded once for its ids: 220 MiB at M = 1M, D = 32,
+    where 49 MiB remain) nor the clusters' copy of the ids (compared as they are read)."""
+    import tracemalloc
+
+    from contrastive.mcl.clustering import KMeansResult, save_clusters
+    m, d = 100_000, 64
+    keys = np.array([f"{i:09d}" for i in range(m)])
+    save_embeddings(embeddings=np.zeros((m, d), np.float16), ids=keys, directory=tmp_path / "emb")
+    labels = np.arange(m) % 4
+    save_clusters(result=KMeansResult(assignments=labels, centroids=np.zeros((4, d), np.float32), inertia=0.0, k=4, sizes=np.bincount(labels),
+                                      seed=0), ids=keys, directory=tmp_path / "clu")
+    id_bytes = keys.nbytes
+    del keys, labels
+    tracemalloc.start()
+    try:
+        build_pseudo_labels(cluster_dirs=[tmp_path / "clu"], embeddings_dirs=[tmp_path / "emb"],
+                            out_path=tmp_path / "p.npz", min_group_size=8, small_group_policy="merge_nearest")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # ids, plus numpy's copy of them while np.savez writes (its chunks are up to 16 MiB), plus a few (M,) int64:
+    # 11.9 MB; the embeddings as float32 alone are 4 * d * m = 25.6 MB
+    assert peak < 2 * id_bytes + 6 * 8 * m, (peak, id_bytes)
+
+
+def test_assignments_for_reads_in_the_given_order_whether_or_not_the_file_lists_the_ids_alike(tmp_path):
+    from contrastive.errors import DataError
+    from contrastive.mcl.clustering import KMeansResult, assignments_for, save_clusters
+    keys = np.array([f"s{i}" for i in range(50)])
+    labels = np.arange(50) % 3
+    save_clusters(result=KMeansResult(assignments=labels, centroids=np.zeros((3, 2), np.float32), inertia=0.0, k=3, sizes=np.bincount(labels),
+                                      seed=0), ids=keys, directory=tmp_path)
+    np.testing.assert_array_equal(assignments_for(directory=tmp_path, ids=keys), labels)  # same order
+    order = np.random.default_rng(0).permutation(50)
+    np.testing.assert_array_equal(assignments_for(directory=tmp_path, ids=keys[order]), labels[order])
+    np.testing.assert_array_equal(assignments_for(directory=tmp_path, ids=keys[:7]), labels[:7])  # a subset
+    wide = keys.astype("<U12")  # the same ids in another width: compared after loading, not as bytes
+    np.testing.assert_array_equal(assignments_for(directory=tmp_path, ids=wide), labels)
+    with pytest.raises(DataError, match="have no label"):
+        assignments_for(directory=tmp_path, ids=np.array(["s1", "nope"]))
+    (tmp_path / "assignments.npz").write_bytes(b"not a zip")
+    with pytest.raises(DataError, match="corrupt"):
+        assignments_for(directory=tmp_path, ids=keys)
