@@ -174,9 +174,13 @@ def plot_similarity_histograms(*, diagnosis: Diagnosis, path: Path, title: str =
         bins = np.linspace(-1.0, 1.0, 81)
         baseline = float(diagnosis.random_cosines.mean())
         for ax, (name, (same, other)) in zip(axes[0], panels):
-            ax.hist(other, bins=bins, density=True, alpha=0.55, label="other pairs")
+            # One filled step artist per histogram (ax.stairs), not ax.hist's 80 bar patches: the same picture,
+            # drawn and saved in a fraction of the time.
+            ax.stairs(np.histogram(other, bins=bins, density=True)[0], bins, fill=True, alpha=0.55,
+                      label="other pairs")
             if same is not None:
-                ax.hist(same, bins=bins, density=True, alpha=0.55, label="same group")
+                ax.stairs(np.histogram(same, bins=bins, density=True)[0], bins, fill=True, alpha=0.55,
+                          label="same group", color="C1")
             ax.axvline(baseline, color="k", linestyle="--", linewidth=1, label=f"random mean {baseline:.2f}")
             ax.set_title(name)
             ax.set_xlabel("cosine similarity")

@@ -3,6 +3,7 @@ import json
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from contrastive import diagnostics as d
@@ -82,3 +83,14 @@ def test_diagnose_stage_reads_a_stage(tmp_path):
     assert expected <= set(metrics)
     assert json.loads((tmp_path / "out" / "metrics.json").read_text()) == metrics
     assert (tmp_path / "out" / "similarity.png").exists()
+
+    # Encoded as the export encodes (the stage's precision and memory format): the same alignment up to bf16's
+    # rounding, and bf16 does run (autocast's bf16 convolutions round differently from fp32's)
+    as_exported = diagnose_stage(dataset_dir=dataset_dir, embeddings_dir=tmp_path / "emb", out_dir=tmp_path / "bf16",
+                                 clusters_dir=tmp_path / "clusters", model_path=tmp_path / "model.pt",
+                                 augment_kwargs=dict(crop_scale=(0.3, 1.0), crop_ratio=(0.75, 1.33), hflip=False,
+                                                     color_jitter=0.0), num_pairs=500, alignment_samples=20,
+                                 precision="bf16", channels_last=True)["metrics"]
+    assert as_exported["diag/alignment"] == pytest.approx(metrics["diag/alignment"], rel=0.05, abs=1e-3)
+    assert as_exported["diag/alignment"] != metrics["diag/alignment"]
+    assert as_exported["diag/color/auc"] == metrics["diag/color/auc"]  # from the export's embeddings, not re-encoded

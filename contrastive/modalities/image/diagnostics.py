@@ -15,6 +15,7 @@ from contrastive.diagnostics import diagnose_embeddings, plot_similarity_histogr
 from contrastive.embeddings import load_embeddings
 from contrastive.engine.distributed import device_for
 from contrastive.engine.files import write_json
+from contrastive.engine.precision import autocast_context
 from contrastive.mcl.clustering import load_assignments
 from contrastive.mcl.ids import align_labels_to_ids
 from contrastive.modalities.image.augment import TwoViewAugment
@@ -36,11 +37,13 @@ def embed_two_views(*, encode: Callable[[torch.Tensor], torch.Tensor], images_ui
 
 def diagnose_stage(*, dataset_dir: Path, embeddings_dir: Path, out_dir: Path, clusters_dir: Path | None = None,
                    model_path: Path | None = None, augment_kwargs: dict | None = None, device: str = "cpu",
-                   num_pairs: int = 20_000, alignment_samples: int = 1_000, seed: int = 0, title: str = "") -> dict:
+                   num_pairs: int = 20_000, alignment_samples: int = 1_000, seed: int = 0, title: str = "",
+                   precision: str = "fp32", channels_last: bool = False) -> dict:
     """Diagnostics of one stage's exported embeddings over the train split; groupings = every attribute with
     labels, plus the stage's k-means clusters when ``clusters_dir`` is given. With ``model_path`` and
-    ``augment_kwargs``, alignment is measured on ``alignment_samples`` images. Writes ``out_dir/metrics.json`` and
-    ``out_dir/similarity.png``; returns {"metrics", "plot"}."""
+    ``augment_kwargs``, alignment is measured on ``alignment_samples`` images, encoded as the export encodes
+    (the stage's ``precision`` and memory format: on a 2-core CPU bf16 and channels_last make it ~2x faster).
+    Writes ``out_dir/metrics.json`` and ``out_dir/similarity.png``; returns {"metrics", "plot"}."""
     from contrastive.modalities.image.steps import load_trained_model
 
     dataset = load_dataset(dataset_dir)
@@ -56,10 +59,14 @@ def diagnose_stage(*, dataset_dir: Path, embeddings_dir: Path, out_dir: Path, cl
     if model_path is not None and augment_kwargs is not None:
         torch_device = device_for(name=device)
         model = load_trained_model(model_path=model_path, device=torch_device)
+        memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        model = model.to(memory_format=memory_format)
         chosen = np.sort(np.random.default_rng(seed).permutation(len(train))[:alignment_samples])
-        views = embed_two_views(encode=model.embed, images_uint8=dataset.get_batch(train[chosen]),
-                                augment=TwoViewAugment(**augment_kwargs), seed=seed, batch_size=256,
-                                device=torch_device)
+        with autocast_context(precision=precision, device=torch_device):
+            views = embed_two_views(encode=lambda x: model.embed(x.contiguous(memory_format=memory_format)),
+                                    images_uint8=dataset.get_batch(train[chosen]),
+                                    augment=TwoViewAugment(**augment_kwargs), seed=seed, batch_size=256,
+                                    device=torch_device)
     diagnosis = diagnose_embeddings(embeddings=embeddings[train], groupings=groupings, views=views,
                                     num_pairs=num_pairs, seed=seed)
     out_dir = Path(out_dir)

@@ -102,10 +102,12 @@ class ImageModality(Modality):
     def diagnose(self, config, *, stage: int, model_path: str, embeddings_dir: str, clusters_dir: str | None,
                  data: dict, out_dir: str, title: str) -> dict:
         from contrastive.modalities.image.diagnostics import diagnose_stage
+        stage_config = config.for_stage(stage)
         return diagnose_stage(dataset_dir=data["dir"], embeddings_dir=embeddings_dir, out_dir=Path(out_dir),
                               clusters_dir=clusters_dir, model_path=model_path,
-                              augment_kwargs=config.for_stage(stage).augment.model_dump(), device=config.device,
-                              seed=config.seed, title=title)
+                              augment_kwargs=stage_config.augment.model_dump(), device=config.device,
+                              seed=config.seed, title=title, precision=stage_config.train.precision,
+                              channels_last=stage_config.train.channels_last)
 
     # ------------------------------------------------------------------------------------------ the control run
     def control_config(self, config):
