@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[cpu,test]'
+	$(BIN)/python -m flows.local_server --make-template || echo "no Prefect database template: each new database is migrated as a run starts"
 	touch $(STAMP)
 
 install: $(STAMP)

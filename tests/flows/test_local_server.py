@@ -136,6 +136,7 @@ def owned_server(monkeypatch, tmp_path):
     home = tmp_path / "prefect-home"
     monkeypatch.setattr(local_server, "get_prefect_home", lambda: home)
     monkeypatch.setattr(local_server, "needs_local_server", lambda: True)
+    monkeypatch.setattr(local_server, "_sqlite_database", lambda: home / "prefect.db")
     earlier = SubprocessASGIServer._instances.get(None)
     spawned: list[subprocess.Popen] = []
 
@@ -197,3 +198,41 @@ def test_a_server_that_does_not_start_names_its_log(owned_server):
             pass
     message = str(raised.value)
     assert str(home / local_server.SERVER_LOG) in message and "database or disk is full" in message
+
+
+# ------------------------------------------------------------------------------------------ the database template
+def test_a_new_sqlite_database_starts_as_a_copy_of_the_template_and_nothing_else_is_touched(monkeypatch, tmp_path):
+    template, database = tmp_path / "share" / "prefect-x.db", tmp_path / "home" / "prefect.db"
+    monkeypatch.setattr(local_server, "database_template", lambda: template)
+    monkeypatch.setattr(local_server, "_sqlite_database", lambda: database)
+    assert not local_server.seed_database() and not database.exists()  # no template: Prefect migrates as before
+    template.parent.mkdir()
+    template.write_bytes(b"migrated")
+    assert local_server.seed_database() and database.read_bytes() == b"migrated"
+    template.write_bytes(b"another install")
+    assert not local_server.seed_database() and database.read_bytes() == b"migrated"  # an existing one stays
+    assert [p.name for p in database.parent.iterdir()] == ["prefect.db"]  # no partial copy left behind
+    monkeypatch.setattr(local_server, "_sqlite_database", lambda: None)  # PostgreSQL: nothing to copy
+    assert not local_server.seed_database()
+
+
+def test_the_database_url_names_the_file_to_seed():
+    from prefect.settings import PREFECT_API_DATABASE_CONNECTION_URL, temporary_settings
+    with temporary_settings({PREFECT_API_DATABASE_CONNECTION_URL: "sqlite+aiosqlite:////data/p/prefect.db"}):
+        assert str(local_server._sqlite_database()) == "/data/p/prefect.db"
+    with temporary_settings({PREFECT_API_DATABASE_CONNECTION_URL: "postgresql+asyncpg://u@db:5432/prefect"}):
+        assert local_server._sqlite_database() is None
+
+
+def test_the_template_is_a_database_prefects_migrations_made(monkeypatch, tmp_path):
+    """Prefect's own create_db in a process of its own: the tables and the migration head a server expects, so
+    a server started on a copy finds nothing to migrate."""
+    import sqlite3
+    template = tmp_path / "share" / "prefect-x.db"
+    monkeypatch.setattr(local_server, "database_template", lambda: template)
+    assert local_server.make_database_template() == template
+    with sqlite3.connect(template) as db:
+        tables = {row[0] for row in db.execute("select name from sqlite_master where type = 'table'")}
+        head = db.execute("select version_num from alembic_version").fetchall()
+    assert {"flow_run", "task_run", "deployment", "work_pool"} <= tables and len(head) == 1
+    assert [p.name for p in template.parent.iterdir()] == [template.name]  # the scratch directory is gone
