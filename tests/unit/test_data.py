@@ -58,6 +58,15 @@ def test_same_seed_same_bytes_other_seed_differs():
     assert a.tobytes() != c.tobytes()
 
 
+def test_the_bytes_do_not_depend_on_how_many_threads_render_the_chunks(monkeypatch):
+    n = 3 * trifeature_module._CHUNK * 4 + 5  # several chunks of 16 px images and a partial one
+    images = {}
+    for cores in (1, 3):
+        monkeypatch.setattr(trifeature_module, "available_cores", lambda cores=cores: cores)
+        images[cores], _ = generate_trifeature(num_train=n, num_test=0, image_size=16, seed=5)
+    np.testing.assert_array_equal(images[1], images[3])
+
+
 def test_labels_in_range_and_roughly_uniform():
     n = 1500
     _, labels = generate_trifeature(num_train=n, num_test=0, image_size=16, num_colors=3, num_shapes=5,

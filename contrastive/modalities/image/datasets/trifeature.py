@@ -13,10 +13,12 @@ different classes.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
+from contrastive.engine.device import available_cores
 from contrastive.data.dataset import atomic_dataset_dir, is_prepared, params_hash, write_dataset_files
 from contrastive.errors import ConfigError
 
@@ -331,9 +333,16 @@ def generate_trifeature(*, num_train: int, num_test: int, image_size: int = 32, 
     palette = np.asarray([COLOR_PALETTE[c] for c in COLOR_NAMES], dtype=np.float32)
     images = np.empty((n, image_size, image_size, 3), dtype=np.uint8)
     chunk = max(1, _CHUNK * 32 * 32 // (image_size * image_size))
-    for start in range(0, n, chunk):
+
+    def render(start: int) -> None:
         rows = np.arange(start, min(n, start + chunk))
         images[rows] = _render(_subset(scene, rows), image_size=image_size, palette=palette)
+
+    # Chunks on every core: numpy's array arithmetic releases the GIL, the scenes are drawn up-front and each
+    # chunk writes its own rows, so the bytes do not depend on the threads (a first run's data in 2/3 the time on
+    # 2 cores).
+    with ThreadPoolExecutor(max_workers=available_cores()) as pool:
+        list(pool.map(render, range(0, n, chunk)))
     labels = {"color": scene["color"], "shape": scene["shape"], "texture": scene["texture"]}
     return images, labels
 
