@@ -270,9 +270,13 @@ def export_ranked(*, out_dir: Path, info: DistInfo, embed: Callable[[EmbeddingWr
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
+    """``array`` as an .npy file that loads without pickle (StringDType ids, how a prepared dataset holds them, as
+    ``<U``), written atomically."""
     import io
+
+    from contrastive.data.dataset import saveable_ids
     buffer = io.BytesIO()
-    np.save(buffer, array)
+    np.save(buffer, saveable_ids(array), allow_pickle=False)
     atomic_write_bytes(path, buffer.getvalue())
 
 

@@ -38,6 +38,121 @@ LABEL_PREFIX = "label_"
 _TMP_MARK = ".tmp-"
 # Rows hashed per step when computing the digest: bounds memory for memmapped images of any size.
 _DIGEST_CHUNK_BYTES = 64 * 2**20
+#: How sample ids (and other string columns of an index) are held in memory: numpy's variable-width UTF-8 strings
+#: (16 bytes a string, plus its UTF-8 bytes when longer than 15), not ``<U`` (4 bytes a character, every string
+#: padded to the longest): a 40-character path costs 56 bytes instead of 160. Elements are Python ``str``.
+STRING_DTYPE = np.dtypes.StringDType()
+#: Strings converted, hashed or written at a time (bounds the transient ``<U`` / Python copies of a column).
+ID_CHUNK = 1 << 16
+
+
+# --------------------------------------------------------------------------------------------- string columns
+def as_string_array(values) -> np.ndarray:
+    """``values`` (a sequence of str, or a ``<U`` / ``S`` (UTF-8) / StringDType array) as a 1-D StringDType array
+    (:data:`STRING_DTYPE`), without building an O(N) ``<U`` copy; a StringDType array is returned as is."""
+    if isinstance(values, np.ndarray) and values.dtype == STRING_DTYPE:
+        return values
+    if isinstance(values, np.ndarray) and values.dtype.kind in ("U", "S"):
+        out = np.empty(values.shape, dtype=STRING_DTYPE)
+        flat, dst = values.reshape(-1), out.reshape(-1)
+        for start in range(0, flat.size, ID_CHUNK):  # S -> StringDType decodes UTF-8
+            dst[start:start + ID_CHUNK] = flat[start:start + ID_CHUNK]
+        return out
+    items = values.tolist() if isinstance(values, np.ndarray) else values
+    return np.asarray([str(v) for v in items], dtype=STRING_DTYPE)
+
+
+def saveable_ids(ids) -> np.ndarray:
+    """``ids`` as an array ``np.save`` / ``np.savez`` write without pickling: a StringDType array (how a prepared
+    dataset holds its ids) becomes ``<U`` of its longest string (what exports, clusters and pseudo-labels store);
+    any other array is returned as is."""
+    ids = np.asarray(ids)
+    if ids.dtype != STRING_DTYPE:
+        return ids
+    width = int(np.strings.str_len(ids).max()) if ids.size else 1
+    return ids.astype(f"<U{max(width, 1)}")
+
+
+def strings_unique(values: np.ndarray) -> bool:
+    """Whether the strings of the 1-D array ``values`` are all different, in 8 bytes a string (hashes, sorted;
+    only strings whose hash repeats are compared as strings) instead of a sorted copy of the strings."""
+    n = len(values)
+    hashes = np.empty(n, dtype=np.int64)
+    for start in range(0, n, ID_CHUNK):
+        chunk = values[start:start + ID_CHUNK].tolist()
+        hashes[start:start + len(chunk)] = np.fromiter((hash(str(v)) for v in chunk), dtype=np.int64,
+                                                       count=len(chunk))
+    order = np.argsort(hashes, kind="stable")
+    sorted_hashes = hashes[order]
+    del hashes
+    repeated = np.flatnonzero(sorted_hashes[1:] == sorted_hashes[:-1])
+    if not repeated.size:
+        return True
+    rows = np.unique(np.concatenate([order[repeated], order[repeated + 1]]))
+    candidates = [str(v) for v in values[rows].tolist()]
+    return len(set(candidates)) == len(candidates)
+
+
+def save_index(path: Path, index: Mapping[str, np.ndarray]) -> None:
+    """Write the 1-D arrays ``index`` as the npz ``path`` (what ``np.savez`` writes: one ``<name>.npy`` member
+    each, uncompressed): string columns as ``<U`` of their longest string, as every earlier version wrote them,
+    converted ID_CHUNK strings at a time, so a StringDType column is never held as one ``<U`` array."""
+    import zipfile
+    with zipfile.ZipFile(path, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, values in index.items():
+            values = np.asarray(values)
+            with archive.open(f"{name}.npy", mode="w", force_zip64=True) as member:
+                if values.dtype.kind not in ("T", "O"):
+                    np.lib.format.write_array(member, values, allow_pickle=False)
+                    continue
+                flat = values.reshape(-1)
+                width = max(1, max((int(np.strings.str_len(as_string_array(flat[s:s + ID_CHUNK])).max())
+                                    for s in range(0, flat.size, ID_CHUNK)), default=1))
+                dtype = np.dtype(f"<U{width}")
+                np.lib.format.write_array_header_2_0(member, {"descr": np.lib.format.dtype_to_descr(dtype),
+                                                              "fortran_order": False, "shape": values.shape})
+                for start in range(0, flat.size, ID_CHUNK):
+                    member.write(as_string_array(flat[start:start + ID_CHUNK]).astype(dtype).tobytes())
+
+
+def _npz_member(archive, name: str):
+    """(open member, shape, dtype) of the array ``name`` of the open npz ``archive`` (a ``zipfile.ZipFile``), its
+    header read; KeyError when it has no such array."""
+    member = archive.open(f"{name}.npy")
+    version = np.lib.format.read_magic(member)
+    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                   else np.lib.format.read_array_header_2_0)
+    shape, fortran, dtype = read_header(member)
+    return member, shape, fortran, dtype
+
+
+def _read_member(archive, name: str) -> np.ndarray:
+    """The array ``name`` of the npz ``archive``; a 1-D string column (``<U`` or ``S``) as StringDType, read
+    ID_CHUNK strings at a time (never whole as ``<U``)."""
+    member, shape, fortran, dtype = _npz_member(archive, name)
+    with member:
+        if dtype.hasobject:
+            raise ValueError(f"{name} holds Python objects (pickled), which are not read")
+        if dtype.kind not in ("U", "S") or len(shape) != 1:
+            count = int(np.prod(shape)) if shape else 1
+            data = np.empty(count, dtype=dtype)
+            view = memoryview(data.view(np.uint8))
+            done = 0
+            while done < view.nbytes:
+                got = member.readinto(view[done:])
+                if not got:
+                    raise ValueError(f"{name} is truncated")
+                done += got
+            return data.reshape(shape[::-1]).T if fortran else data.reshape(shape)
+        out = np.empty(shape, dtype=STRING_DTYPE)
+        for start in range(0, shape[0], ID_CHUNK):
+            count = min(ID_CHUNK, shape[0] - start)
+            chunk = np.frombuffer(member.read(count * dtype.itemsize), dtype=dtype)
+            if chunk.size != count:
+                raise ValueError(f"{name} is truncated")
+            out[start:start + count] = chunk
+        return out
+
 
 
 # --------------------------------------------------------------------------------------------- hashing
@@ -47,11 +162,18 @@ def params_hash(params: Mapping[str, Any], *, length: int = 10) -> str:
     return hashlib.sha256(blob).hexdigest()[:length]
 
 
-def _array_bytes_for_digest(array: np.ndarray) -> bytes:
-    # String arrays are hashed as UTF-8 lines so the digest does not depend on the '<U' width numpy picked.
-    if array.dtype.kind in ("U", "S", "O"):
-        return "\n".join(str(x) for x in array.tolist()).encode("utf-8")
-    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+def digest_array(digest, array: np.ndarray) -> None:
+    """Feed ``array`` to the hashlib object ``digest``: numbers as their little-endian bytes; strings as UTF-8
+    lines joined by newlines, so the digest does not depend on how the strings are held (``<U`` of any width,
+    StringDType). Strings are fed ID_CHUNK at a time, never as one O(N) Python list."""
+    array = np.asarray(array)
+    if array.dtype.kind not in ("U", "S", "O", "T"):
+        digest.update(np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes())
+        return
+    flat = array.reshape(-1)
+    for start in range(0, flat.size, ID_CHUNK):
+        text = "\n".join(str(x) for x in flat[start:start + ID_CHUNK].tolist())
+        digest.update((("\n" if start else "") + text).encode("utf-8"))
 
 
 def compute_digest(*, images: np.ndarray, index: Mapping[str, np.ndarray]) -> str:
@@ -69,7 +191,7 @@ def compute_digest(*, images: np.ndarray, index: Mapping[str, np.ndarray]) -> st
         digest.update(np.ascontiguousarray(images[start:start + step]).tobytes())
     for name in sorted(index):
         digest.update(f"|{name}|".encode())
-        digest.update(_array_bytes_for_digest(np.asarray(index[name])))
+        digest_array(digest, index[name])
     return digest.hexdigest()
 
 
@@ -192,7 +314,7 @@ def write_dataset_files(
     stored = np.load(image_path, mmap_mode="r")
     index = _build_index(ids=ids, split=split, labels=labels, attributes=attributes, num_samples=stored.shape[0])
     _check_images_array(stored, where=str(image_path))
-    np.savez(directory / INDEX_FILE, **index)
+    save_index(directory / INDEX_FILE, index)
     manifest = {
         "kind": kind,
         "num_samples": int(stored.shape[0]),
@@ -209,16 +331,19 @@ def write_dataset_files(
 
 
 def _build_index(*, ids, split, labels, attributes, num_samples: int) -> dict[str, np.ndarray]:
-    ids_arr = np.asarray([str(i) for i in ids], dtype=np.str_)
-    split_arr = np.asarray([str(s) for s in split], dtype=np.str_)
+    ids_arr = as_string_array(ids)
+    split_arr = as_string_array(split)
     if set(labels) != set(attributes):
         raise ValueError(f"labels {sorted(labels)} and attributes {sorted(attributes)} name different attributes")
     for name, arr in (("ids", ids_arr), ("split", split_arr)):
         if arr.shape != (num_samples,):
             raise ValueError(f"{name} has shape {arr.shape}, expected ({num_samples},)")
-    if len(np.unique(ids_arr)) != num_samples:
+    if not strings_unique(ids_arr):
         raise ValueError("sample ids are not unique")
-    bad_split = sorted(set(np.unique(split_arr).tolist()) - set(SPLITS))
+    known = np.zeros(split_arr.shape, dtype=bool)
+    for name in SPLITS:
+        known |= split_arr == name
+    bad_split = sorted(set(split_arr[~known][:1000].tolist()))
     if bad_split:
         raise ValueError(f"split values must be 'train' or 'test', got {bad_split[:3]}")
     index = {"ids": ids_arr, "split": split_arr}
@@ -459,17 +584,25 @@ def _load_images(path: Path, *, fix: str) -> np.ndarray:
 
 
 def _load_index(path: Path, *, attributes: list[str], fix: str) -> dict[str, np.ndarray]:
-    return load_arrays(path, names=["ids", "split"] + [LABEL_PREFIX + a for a in attributes], fix=fix)
+    # ids and split as <U, as before: an images.npy dataset holds N x S x S x 3 pixels, its ids are not what grows
+    # (the file-backed indexes, contrastive.data.image_files, keep them as StringDType).
+    index = load_arrays(path, names=["ids", "split"] + [LABEL_PREFIX + a for a in attributes], fix=fix)
+    return {name: saveable_ids(values) for name, values in index.items()}
 
 
 def load_arrays(path: Path, *, names: Sequence[str], fix: str) -> dict[str, np.ndarray]:
-    """Arrays ``names`` of the npz ``path`` (DataError naming ``fix`` when one is missing or the file is damaged)."""
+    """Arrays ``names`` of the npz ``path`` (DataError naming ``fix`` when one is missing or the file is damaged).
+
+    String columns (``<U``, as every version wrote them) come back as StringDType (:data:`STRING_DTYPE`), read a
+    chunk at a time: a few tens of bytes a sample in memory, never the 4 bytes a character of ``<U``."""
+    import zipfile
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            missing = [n for n in names if n not in npz.files]
+        with zipfile.ZipFile(path) as archive:
+            present = {n[:-len(".npy")] for n in archive.namelist() if n.endswith(".npy")}
+            missing = [n for n in names if n not in present]
             if missing:
                 raise DataError(f"{path} lacks arrays {missing}: {fix}")
-            return {n: npz[n] for n in names}
+            return {n: _read_member(archive, n) for n in names}
     except DataError:
         raise
     except Exception as err:  # zipfile.BadZipFile, OSError, ValueError: all mean a damaged file
@@ -483,7 +616,7 @@ def _check_consistent(*, path: Path, images, index, manifest, fix: str) -> None:
     for name, arr in index.items():
         if arr.shape != (n,):
             raise DataError(f"{path / INDEX_FILE}: {name} has shape {arr.shape}, expected ({n},): {fix}")
-    if len(np.unique(index["ids"])) != n:
+    if not strings_unique(index["ids"]):
         raise DataError(f"{path / INDEX_FILE}: sample ids are not unique: {fix}")
 
 
@@ -496,10 +629,15 @@ def is_index_prepared(directory: Path, *, params: dict, storage: str, kind: str 
     if (manifest is None or manifest.get("storage") != storage or (kind and manifest.get("kind") != kind)
             or manifest.get("params") != json.loads(json.dumps(params, default=str))):
         return False
-    try:
-        with np.load(Path(directory) / INDEX_FILE, allow_pickle=False) as index:
-            names = set(index.files)
-            num = index["ids"].shape[0] if "ids" in names else -1
+    import zipfile
+    try:  # the headers only: the ids are not read
+        with zipfile.ZipFile(Path(directory) / INDEX_FILE) as index:
+            names = {n[:-len(".npy")] for n in index.namelist() if n.endswith(".npy")}
+            num = -1
+            if "ids" in names:
+                member, shape, _, _ = _npz_member(index, "ids")
+                member.close()
+                num = shape[0] if len(shape) == 1 else -1
     except Exception:  # noqa: BLE001 - BadZipFile, OSError, ValueError: a damaged index is not prepared
         return False
     expected = {"ids", "split", *arrays} | {LABEL_PREFIX + a for a in manifest.get("attributes", {})}

@@ -31,7 +31,7 @@ from typing import IO
 import numpy as np
 from PIL import Image, ImageOps
 
-from contrastive.data.dataset import _array_bytes_for_digest
+from contrastive.data.dataset import digest_array
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 DECODE_SCALES = ("auto", "full")  # see the module docstring
@@ -208,5 +208,5 @@ def file_index_digest(*, index: dict[str, np.ndarray], params: dict) -> str:
         digest.update(f"|decode_scale={decode_scale_of(params)}".encode())
     for name in sorted(index):
         digest.update(f"|{name}|".encode())
-        digest.update(_array_bytes_for_digest(np.asarray(index[name])))
+        digest_array(digest, index[name])
     return digest.hexdigest()

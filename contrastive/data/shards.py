@@ -50,8 +50,8 @@ from typing import Any
 import numpy as np
 from webdataset.tariterators import base_plus_ext
 
-from contrastive.data.dataset import (INDEX_FILE, MANIFEST_FILE, _array_bytes_for_digest, _build_index,
-                                      _write_json_atomic, atomic_dataset_dir, is_index_prepared, params_hash)
+from contrastive.data.dataset import (INDEX_FILE, MANIFEST_FILE, _build_index, _write_json_atomic,
+                                      atomic_dataset_dir, digest_array, is_index_prepared, params_hash, save_index)
 from contrastive.data.image_files import DEFAULT_MAX_SKIP_FRACTION, IndexedImageDataset
 from contrastive.data.skips import SkipCounter
 from contrastive.data.urls import SHARD_IMAGE_EXTENSIONS, expand_urls, is_remote
@@ -253,7 +253,7 @@ def shard_index_digest(*, index: Mapping[str, np.ndarray], params: Mapping[str, 
     digest.update(("shards|" + json.dumps(identity, sort_keys=True, separators=(",", ":"))).encode())
     for name in sorted(index):
         digest.update(f"|{name}|".encode())
-        digest.update(_array_bytes_for_digest(np.asarray(index[name])))
+        digest_array(digest, index[name])
     return digest.hexdigest()
 
 
@@ -357,7 +357,7 @@ def _write_shard_index(tmp: Path, *, shards: list[Path], num_train_shards: int, 
     index = _build_index(ids=ids, split=split, labels=labels, attributes=attributes, num_samples=len(ids))
     index.update({"shard": shard_arr, "offset": np.asarray(offsets, dtype=np.int64),
                   "nbytes": np.asarray(nbytes, dtype=np.int64)})
-    np.savez(tmp / INDEX_FILE, **index)
+    save_index(tmp / INDEX_FILE, index)
     counts = np.bincount(shard_arr, minlength=len(shards))
     fingerprints = params["train"] + params["test"]
     manifest = {

@@ -28,6 +28,7 @@ def align_labels_to_ids(*, label_ids: np.ndarray, labels: np.ndarray, dataset_id
             f"labels has {labels.shape[0] if labels.ndim else 0} rows but label_ids has {label_ids.size}; "
             "save the ids together with the assignments they belong to."
         )
+    label_ids, dataset_ids = _same_string_kind(label_ids, dataset_ids)
     if label_ids.shape == dataset_ids.shape and np.array_equal(label_ids, dataset_ids):
         return labels
     _check_id_kinds(label_ids=label_ids, dataset_ids=dataset_ids)
@@ -165,6 +166,17 @@ def _as_id_array(ids: np.ndarray, *, name: str) -> np.ndarray:
         # Object arrays of str compare slowly and do not sort reliably with mixed types.
         arr = arr.astype(str)
     return arr
+
+
+def _same_string_kind(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both as StringDType when one is (a prepared dataset's ids) and the other holds strings of another kind
+    (``<U`` or UTF-8 ``S`` ids read from an export, clusters or pseudo-labels): numpy sorts and searches only
+    within one string kind."""
+    string_dtype = np.dtypes.StringDType()
+    kinds = {a.dtype.kind, b.dtype.kind}
+    if "T" in kinds and kinds <= {"T", "U", "S"} and len(kinds) == 2:
+        return a.astype(string_dtype, copy=False), b.astype(string_dtype, copy=False)
+    return a, b
 
 
 def _check_id_kinds(*, label_ids: np.ndarray, dataset_ids: np.ndarray) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 
 from contrastive.data.dataset import (INDEX_FILE, MANIFEST_FILE, SampleIndex, _build_index, _write_json_atomic,
                                       atomic_dataset_dir, compute_digest, params_hash, read_manifest,
-                                      read_storage_index)
+                                      read_storage_index, save_index)
 from contrastive.errors import DataError
 
 STORAGE = "features"
@@ -66,7 +66,7 @@ def write_feature_dataset(directory: Path, *, kind: str, features: np.ndarray, i
     features = np.ascontiguousarray(features, dtype=np.float32)
     index = _build_index(ids=ids, split=split, labels=labels, attributes=attributes, num_samples=len(features))
     np.save(directory / FEATURES_FILE, features, allow_pickle=False)
-    np.savez(directory / INDEX_FILE, **index)
+    save_index(directory / INDEX_FILE, index)
     manifest = {"kind": kind, "storage": STORAGE, "num_samples": int(len(features)), "dim": int(features.shape[1]),
                 "num_train": int((index["split"] == "train").sum()), "num_test": int((index["split"] == "test").sum()),
                 "attributes": {a: list(v) for a, v in attributes.items()},

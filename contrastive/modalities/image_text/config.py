@@ -104,7 +104,8 @@ class ClipMclConfig(StageClusteringConfig):
     remainder_policy: Literal["partial", "drop"] = "partial"
     active_streams: int = Field(16, ge=1, description="groups read at once by the cluster-pure reader")
     group_shuffle_buffer: int = Field(0, ge=0, description="extra per-group shuffle buffer while reading")
-    spool_mb: int = Field(256, ge=1, description="memory for the per-stage re-shard by group")
+    spool_mb: int = Field(256, ge=1, description="members the per-stage re-shard by group gathers before "
+                                                 "appending them to its files (staged on disk, up to about 2.5x)")
 
 
 class ClipEvalConfig(_Section):

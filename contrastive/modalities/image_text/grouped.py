@@ -7,10 +7,11 @@ all shards. Design chosen here (docs/clip.md, "Reader design"):
 1. **Re-shard once per stage** (:func:`reshard_by_group`). One sequential pass over the source shards copies the
    raw bytes of every labelled sample (no decoding) into ``g<group>-r<slot>.tar``. Samples of a group are dealt
    round-robin over ``slots`` data slots (by default one per training process), so each slot holds a disjoint,
-   equal-sized (+-1) part of every group. Writes go through a spool of at most ``spool_bytes``: when full, the largest per-file buffers are
-   shuffled and appended to their files (a tar is a concatenation of members, so appending needs no open
-   handles; at most one file is open at a time, whatever the number of groups). Cost: one copy of the data per
-   stage on local disk, written sequentially.
+   equal-sized (+-1) part of every group. Writes go through a spool of at most ``spool_bytes`` of members, waiting
+   in a staging file on the output's disk (not in memory): when full, the largest per-file lists are shuffled and
+   appended to their files (a tar is a concatenation of members, so appending needs no open handles; at most one
+   file is open at a time, whatever the number of groups). Cost: one copy of the data per stage on local disk,
+   written sequentially, plus the staging file (mostly still in the page cache when read back).
 2. **Read group streams** (:class:`GroupedBatchReader`, one per slot). Per epoch, every slot computes the same
    batch plan with ``plan_batches(world_size=slots, rank=slot)`` (how many batches each group yields, their
    per-slot sizes, what is dropped), and the same schedule: groups in a random order, at most ``active_streams``
@@ -20,9 +21,11 @@ all shards. Design chosen here (docs/clip.md, "Reader design"):
    A process reads one slot or several side by side, so a global batch is the same whatever the number of
    processes that share the slots.
 
-Memory is bounded independently of the dataset size: the spool while re-sharding, and while reading
-``active_streams x shuffle_buffer`` raw samples plus one open file per active stream; only the labels (M int64 and
-the key table) are O(M). With K^N = 1000 groups and 8 ranks there are 8000 files per stage.
+Memory is bounded independently of the dataset size: while re-sharding, the spool's index (16 bytes a pending
+member), its write runs (WRITE_CHUNK) and a slice of the labels (LABEL_CHUNK, read from the pseudo-labels file
+in the shards' order), plus 8 bytes a label for the check that keys are unique; while reading,
+``active_streams x shuffle_buffer`` raw samples plus one open file per active stream. With K^N = 1000 groups and
+8 ranks there are 8000 files per stage.
 
 Trade-offs against an indexed random-access reader (wids): random access needs the dataset on a local disk with
 fast random reads and reads one member per seek; this design reads every file sequentially (HDDs, network
@@ -36,6 +39,8 @@ import os
 import shutil
 import tempfile
 import time
+import zipfile
+from array import array
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,43 +63,136 @@ def group_file(*, group: int, slot: int) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------- re-shard
-class _KeyTable:
-    """Sorted sample keys -> group, looked up by binary search (O(M) strings, no per-key Python objects)."""
+LABEL_CHUNK = 1 << 15  # labels read at a time (keys as Python str: about 2 MB)
+SPOOL_FILE = ".spool"  # the spool's staging file inside the re-shard's temporary directory (removed before rename)
+WRITE_CHUNK = 4 << 20  # bytes of members gathered in memory per write when a spooled file is flushed
 
-    def __init__(self, *, keys: np.ndarray, groups: np.ndarray):
-        keys = np.asarray(keys).astype(str)
-        if keys.shape != np.asarray(groups).shape:
-            raise DataError(f"{keys.size} keys but {np.asarray(groups).size} groups; pass the ids saved with the "
-                            "pseudo-labels")
-        order = np.argsort(keys, kind="stable")
-        self.keys = keys[order]
-        if self.keys.size > 1 and (self.keys[1:] == self.keys[:-1]).any():
-            dup = self.keys[1:][self.keys[1:] == self.keys[:-1]][:3].tolist()
-            raise DataError(f"sample keys are not unique (e.g. {dup}); img2dataset keys are unique per download: "
-                            "do not list the same shard twice in data.shards")
-        self.groups = np.asarray(groups, dtype=np.int64)[order]
+
+class NpzColumn:
+    """One 1-D array of an ``np.savez`` archive read by slices, never whole: ``len()``, ``dtype`` and ``[a:b]``
+    (sequential slices are sequential reads). What :func:`reshard_by_group` walks the pseudo-labels with, so their
+    ids (``<U``: 4 bytes a character) are never held as one O(M) array."""
+
+    def __init__(self, archive: zipfile.ZipFile, name: str):
+        self._member = archive.open(f"{name}.npy")
+        version = np.lib.format.read_magic(self._member)
+        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                       else np.lib.format.read_array_header_2_0)
+        shape, _, self.dtype = read_header(self._member)
+        if len(shape) != 1 or self.dtype.hasobject:
+            raise DataError(f"{name} of {archive.filename} is not a 1-D array of numbers or strings")
+        self.shape = shape
+        self._start = self._member.tell()
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, item: slice) -> np.ndarray:
+        start, stop, step = item.indices(len(self))
+        if step != 1:
+            raise IndexError("NpzColumn reads contiguous slices only")
+        self._member.seek(self._start + start * self.dtype.itemsize)
+        return np.frombuffer(self._member.read(max(stop - start, 0) * self.dtype.itemsize), dtype=self.dtype)
+
+
+def _label_chunks(keys, groups) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(keys as ``<U``, groups as int64) of at most LABEL_CHUNK labels at a time, in order."""
+    for start in range(0, len(keys), LABEL_CHUNK):
+        stop = start + LABEL_CHUNK
+        yield np.asarray(keys[start:stop]).astype(str), np.asarray(groups[start:stop]).astype(np.int64)
+
+
+def _key_hashes(keys: np.ndarray) -> np.ndarray:
+    """64-bit FNV-1a of each ``<U`` key's code points (padding ignored): uint64 (n,)."""
+    keys = np.ascontiguousarray(keys)
+    width = keys.dtype.itemsize // 4
+    codes = keys.view(np.uint32).reshape(keys.size, width) if width else np.zeros((keys.size, 0), np.uint32)
+    hashes = np.full(keys.size, 0xCBF29CE484222325, dtype=np.uint64)
+    for column in codes.T:
+        hashes = np.where(column != 0, (hashes ^ column) * np.uint64(0x100000001B3), hashes)
+    return hashes
+
+
+def _check_labels(keys, groups) -> int:
+    """The number of groups (max + 1) of valid labels; DataError on repeated keys or negative groups.
+
+    Keys are compared by 64-bit hash (8 bytes a label, sorted in place); only keys whose hash repeats are compared
+    as strings, in a second pass."""
+    hashes = np.empty(len(keys), dtype=np.uint64)
+    num_groups, start = 0, 0
+    for chunk_keys, chunk_groups in _label_chunks(keys, groups):
+        hashes[start:start + chunk_keys.size] = _key_hashes(chunk_keys)
+        start += chunk_keys.size
+        if chunk_groups.size:
+            if chunk_groups.min() < 0:
+                raise DataError(f"negative pseudo-label groups (e.g. {int(chunk_groups.min())}): groups are 0..G-1")
+            num_groups = max(num_groups, int(chunk_groups.max()) + 1)
+    hashes.sort()
+    repeated = np.unique(hashes[1:][hashes[1:] == hashes[:-1]])
+    del hashes
+    if repeated.size:
+        seen: set[str] = set()
+        dup: list[str] = []
+        for chunk_keys, _ in _label_chunks(keys, groups):
+            for key in chunk_keys[np.isin(_key_hashes(chunk_keys), repeated)].tolist():
+                (dup.append if key in seen else seen.add)(key)
+        if dup:
+            raise DataError(f"sample keys are not unique (e.g. {dup[:3]}); img2dataset keys are unique per "
+                            "download: do not list the same shard twice in data.shards")
+    return num_groups
+
+
+class _LabelCursor:
+    """The labels walked in the shards' order (the export's order, which the pseudo-labels keep): a sample of the
+    shards is either the next labelled key or one the export skipped. O(LABEL_CHUNK) memory whatever M."""
+
+    def __init__(self, keys, groups):
+        self._chunks = _label_chunks(keys, groups)
+        self._keys: list[str] = []
+        self._groups: list[int] = []
+        self._next = 0
 
     def group_of(self, key: str) -> int:
-        i = int(np.searchsorted(self.keys, key))
-        if i < self.keys.size and self.keys[i] == key:
-            return int(self.groups[i])
-        return -1
+        """The group of ``key`` if it is the next labelled key, else -1 (unlabelled)."""
+        if self._next == len(self._keys):
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return -1
+            self._keys, self._groups = chunk[0].tolist(), chunk[1].tolist()
+            self._next = 0
+        if self._keys[self._next] != key:
+            return -1
+        self._next += 1
+        return self._groups[self._next - 1]
 
 
 class _Spool:
-    """Per-file buffers of tar members with a total byte budget; flushes append to files in ``directory``."""
+    """Per-file lists of tar members with a total byte budget; flushes append to files in ``directory``.
+
+    The members wait on disk, in one staging file (``SPOOL_FILE``), not in memory: memory holds their offsets and
+    lengths (16 bytes a member) and at most WRITE_CHUNK bytes of them at a time. The staging file is rewritten
+    with its pending members (at most ``budget`` / 2) once it passes 2 x ``budget`` bytes after a flush, so it
+    stays under about 2.5 x ``budget`` on disk (3 x while being rewritten). Which members go to which file in which
+    order depends only on their sizes, the budget and ``rng``."""
 
     def __init__(self, *, directory: Path, budget: int, rng: np.random.Generator):
         self.directory = directory
         self.budget = budget
         self.rng = rng
-        self.buffers: dict[str, list[bytes]] = {}
+        self.pending: dict[str, tuple[array, array]] = {}  # file -> (offsets, lengths) in the staging file
         self.sizes: dict[str, int] = {}
         self.total = 0
         self.flushes = 0
+        self._path = directory / SPOOL_FILE
+        self._staging = open(self._path, "w+b", buffering=1 << 20)
+        self._end = 0  # bytes appended to the staging file
 
     def add(self, name: str, blob: bytes) -> None:
-        self.buffers.setdefault(name, []).append(blob)
+        offsets, lengths = self.pending.setdefault(name, (array("q"), array("q")))
+        offsets.append(self._end)
+        lengths.append(len(blob))
+        self._staging.write(blob)
+        self._end += len(blob)
         self.sizes[name] = self.sizes.get(name, 0) + len(blob)
         self.total += len(blob)
         if self.total > self.budget:
@@ -103,61 +201,114 @@ class _Spool:
                 self.flush(name)
                 if self.total <= self.budget // 2:
                     break
+            if self._end > 2 * self.budget:
+                self._compact()
+
+    def _read(self, offsets: array, lengths: array, order: Iterator[int]) -> Iterator[bytes]:
+        """The members ``order`` of one file's list, read back from the staging file in runs of WRITE_CHUNK bytes."""
+        self._staging.flush()
+        fd, run, size = self._staging.fileno(), [], 0
+        for i in order:
+            run.append(os.pread(fd, lengths[i], offsets[i]))
+            size += lengths[i]
+            if size >= WRITE_CHUNK:
+                yield b"".join(run)
+                run, size = [], 0
+        if run:
+            yield b"".join(run)
 
     def flush(self, name: str) -> None:
-        blobs = self.buffers.pop(name, [])
-        if not blobs:
+        offsets, lengths = self.pending.pop(name, (array("q"), array("q")))
+        if not offsets:
             return
         # Shuffle within the buffer so a group's file is not in source order (more varied batches).
-        order = self.rng.permutation(len(blobs))
+        order = self.rng.permutation(len(offsets))
         with open(self.directory / name, "ab") as handle:
-            handle.write(b"".join(blobs[i] for i in order))
+            for run in self._read(offsets, lengths, iter(order.tolist())):
+                handle.write(run)
         self.total -= self.sizes.pop(name)
         self.flushes += 1
 
+    def _compact(self) -> None:
+        """Rewrite the staging file with its pending members only (same lists, same order, new offsets)."""
+        fresh_path = self.directory / (SPOOL_FILE + ".new")
+        with open(fresh_path, "wb", buffering=1 << 20) as fresh:
+            end = 0
+            for offsets, lengths in self.pending.values():
+                moved = array("q")
+                for run in self._read(offsets, lengths, iter(range(len(offsets)))):
+                    fresh.write(run)
+                for length in lengths:
+                    moved.append(end)
+                    end += length
+                offsets[:] = moved
+        self._staging.close()
+        os.replace(fresh_path, self._path)
+        self._staging = open(self._path, "r+b", buffering=1 << 20)
+        self._staging.seek(end)
+        self._end = end
+
     def flush_all(self) -> None:
-        for name in list(self.buffers):
+        for name in list(self.pending):
             self.flush(name)
 
+    def close(self) -> None:
+        """Close and remove the staging file."""
+        self._staging.close()
+        self._path.unlink(missing_ok=True)
 
-def reshard_by_group(*, urls: Sequence[str], keys: np.ndarray, groups: np.ndarray, out_dir: Path, slots: int,
+
+def reshard_by_group(*, urls: Sequence[str], keys, groups, out_dir: Path, slots: int,
                      seed: int, spool_bytes: int = 256 << 20, counter: SkipCounter | None = None) -> dict:
     """Copy every labelled sample of ``urls`` into group-sorted tars ``g<group>-r<slot>.tar`` (one pass, no decode).
 
-    keys: (M,) sample keys (``__key__``) with pseudo-labels; groups: (M,) int group of each key (dense 0..G-1).
+    keys: (M,) sample keys (``__key__``) with pseudo-labels, in the order of the shards (the export's order, which
+    the pseudo-labels keep); groups: (M,) int group of each key (dense 0..G-1). Either may be an array or an
+    :class:`NpzColumn` (read in slices: memory does not grow with M beyond 8 bytes a key for the uniqueness check).
     Samples of the shards without a label (skipped as broken at export) are not copied and are counted.
-    A labelled key that is absent from the shards raises DataError (the shards changed since the export).
-    Writes ``grouped.json`` last (atomic directory rename). Returns the manifest.
+    A labelled key that is absent from the shards (or out of their order) raises DataError (the shards changed
+    since the export). Memory: the spool's index and write runs (``_Spool``; its ``spool_bytes`` of members wait on
+    disk in the output's temporary directory). Writes ``grouped.json`` last (atomic directory rename). Returns the
+    manifest.
     """
     if slots < 1:
         raise ConfigError(f"slots must be >= 1, got {slots}")
     out_dir = Path(out_dir)
     if (out_dir / MANIFEST).is_file():
         return json.loads((out_dir / MANIFEST).read_text())
-    table = _KeyTable(keys=keys, groups=groups)
-    num_groups = int(table.groups.max()) + 1 if table.groups.size else 0
+    if not isinstance(keys, NpzColumn):
+        keys = np.asarray(keys)
+    if not isinstance(groups, NpzColumn):
+        groups = np.asarray(groups)
+    if keys.shape != groups.shape:
+        raise DataError(f"{len(keys)} keys but {len(groups)} groups; pass the ids saved with the pseudo-labels")
+    num_groups = _check_labels(keys, groups)
+    labels = _LabelCursor(keys, groups)
     counts = np.zeros((num_groups, slots), dtype=np.int64)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    spool = _Spool(directory=tmp, budget=spool_bytes, rng=np.random.default_rng([seed, 7]))
     started, unlabelled, copied_bytes = time.perf_counter(), 0, 0
     try:
-        for sample in iter_raw_samples(urls, counter=counter):
-            group = table.group_of(sample["__key__"])
-            if group < 0:
-                unlabelled += 1
-                continue
-            dealt = counts[group].sum()
-            slot = int(dealt % slots)
-            counts[group, slot] += 1
-            blob = sample_members({k: v for k, v in sample.items() if k == "__key__" or k in KEEP_FIELDS})
-            copied_bytes += len(blob)
-            spool.add(group_file(group=group, slot=slot), blob)
-        spool.flush_all()
+        spool = _Spool(directory=tmp, budget=spool_bytes, rng=np.random.default_rng([seed, 7]))
+        try:
+            for sample in iter_raw_samples(urls, counter=counter):
+                group = labels.group_of(sample["__key__"])
+                if group < 0:
+                    unlabelled += 1
+                    continue
+                dealt = counts[group].sum()
+                slot = int(dealt % slots)
+                counts[group, slot] += 1
+                blob = sample_members({k: v for k, v in sample.items() if k == "__key__" or k in KEEP_FIELDS})
+                copied_bytes += len(blob)
+                spool.add(group_file(group=group, slot=slot), blob)
+            spool.flush_all()
+        finally:
+            spool.close()
         written = int(counts.sum())
-        if written != table.keys.size:
-            raise DataError(f"{table.keys.size - written} labelled samples were not found in the shards (of "
-                            f"{table.keys.size}): the shards changed since the embeddings were exported; rerun "
+        if written != len(keys):
+            raise DataError(f"{len(keys) - written} labelled samples were not found in the shards in the labels' "
+                            f"order (of {len(keys)}): the shards changed since the embeddings were exported; rerun "
                             "the pipeline so export and clustering see the current shards")
         for name in os.listdir(tmp):
             with open(tmp / name, "ab") as handle:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -32,7 +33,8 @@ from contrastive.data.skips import SkipCounter
 from contrastive.engine.distributed import DistInfo, current_info, device_for, per_rank_batch
 from contrastive.modalities.image_text.evaluate import (average_state_dicts, concat_stage_features, encode_images, encode_texts,
                                        retrieval_recall)
-from contrastive.modalities.image_text.grouped import MANIFEST, GroupedBatchReader, manifest_slots, reshard_by_group
+from contrastive.modalities.image_text.grouped import (MANIFEST, GroupedBatchReader, NpzColumn, manifest_slots,
+                                                       reshard_by_group)
 from contrastive.engine.precision import check_precision
 from contrastive.modalities.image_text.model import (ClipSpec, create_clip, load_stage_model, load_stage_states,
                                     save_stage_model)
@@ -306,10 +308,9 @@ def reshard_stage(*, pseudo_labels_path: str, urls: list[str], out_dir: str, slo
     path = Path(pseudo_labels_path)
     if not path.is_file():
         raise DataError(f"pseudo-labels {path} are missing: rerun the pipeline so the clustering step writes them")
-    with np.load(path, allow_pickle=False) as stored:
-        keys, groups = stored["ids"], stored["groups"]
-    return reshard_by_group(urls=urls, keys=keys, groups=groups, out_dir=Path(out_dir), slots=slots,
-                            seed=seed, spool_bytes=spool_bytes)
+    with zipfile.ZipFile(path) as stored:  # the ids and groups read in slices (NpzColumn), never whole
+        return reshard_by_group(urls=urls, keys=NpzColumn(stored, "ids"), groups=NpzColumn(stored, "groups"),
+                                out_dir=Path(out_dir), slots=slots, seed=seed, spool_bytes=spool_bytes)
 
 
 # ---------------------------------------------------------------------------------------------------- evaluation

@@ -20,7 +20,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from contrastive.data.dataset import (INDEX_FILE, MANIFEST_FILE, SampleIndex, _build_index, _write_json_atomic,
-                                      atomic_dataset_dir, read_manifest, read_storage_index)
+                                      atomic_dataset_dir, read_manifest, read_storage_index,
+                                      save_index)
 from contrastive.errors import DataError
 from contrastive.modalities.text import generator as gen
 from contrastive.modalities.text.readers import (Triple, read_csts_pairs, read_sentences, read_sts_pairs, read_triples,
@@ -89,7 +90,7 @@ def write_text_dataset(directory: Path, *, kind: str, sentences: list[str], ids,
     directory = Path(directory)
     index = _build_index(ids=ids, split=split, labels=labels, attributes=attributes, num_samples=len(sentences))
     (directory / SENTENCES_FILE).write_text(json.dumps(list(sentences)))
-    np.savez(directory / INDEX_FILE, **index)
+    save_index(directory / INDEX_FILE, index)
     train = [s for s, part in zip(sentences, index["split"]) if part == "train"]
     WordTokenizer.build(train, min_count=vocab_min_count).save(directory / VOCAB_FILE)
     files = {}

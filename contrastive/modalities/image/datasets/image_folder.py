@@ -42,9 +42,9 @@ from pathlib import Path
 
 import numpy as np
 
-from contrastive.data.dataset import (IMAGES_FILE, INDEX_FILE, MANIFEST_FILE, _build_index, _write_json_atomic,
-                                      atomic_dataset_dir, is_index_prepared, is_prepared, params_hash,
-                                      write_dataset_files)
+from contrastive.data.dataset import (ID_CHUNK, IMAGES_FILE, INDEX_FILE, MANIFEST_FILE, STRING_DTYPE, _build_index,
+                                      _write_json_atomic, atomic_dataset_dir, is_index_prepared, is_prepared,
+                                      params_hash, save_index, write_dataset_files)
 from contrastive.data.image_decode import (AUTO_DECODER, DECODE_SCALES, IMAGE_EXTENSIONS, _decode_all,
                                            _files_fingerprint, decode_scale_of, file_index_digest)
 from contrastive.errors import ConfigError, DataError
@@ -61,19 +61,34 @@ _COPY_ROWS = 4096
 
 
 # --------------------------------------------------------------------------------------------- listing
-def find_images(source: Path) -> list[str]:
-    """Relative paths (forward slashes, sorted) of every image under ``source``, hidden entries skipped.
+def find_images(source: Path) -> np.ndarray:
+    """Relative paths (forward slashes, sorted by code point as ``sorted`` sorts str) of every image under
+    ``source``, hidden entries skipped: a 1-D StringDType array (``contrastive.data.dataset.STRING_DTYPE``, elements
+    are str), a few tens of bytes a path rather than a Python str and list slot (~80 bytes) each.
 
     Hidden files are skipped because macOS "._name.jpg" resource forks would otherwise count as corrupt images.
     """
     source = Path(source)
-    found = []
+    blocks: list[np.ndarray] = []
+    pending: list[str] = []
     for dirpath, dirnames, filenames in os.walk(source):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        for name in filenames:
-            if not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS):
-                found.append((Path(dirpath) / name).relative_to(source).as_posix())
-    return sorted(found)
+        folder = Path(dirpath).relative_to(source).as_posix()
+        prefix = "" if folder == "." else folder + "/"
+        pending += [prefix + name for name in filenames
+                    if not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS)]
+        if len(pending) >= ID_CHUNK:
+            blocks.append(np.asarray(pending, dtype=STRING_DTYPE))
+            pending = []
+    blocks.append(np.asarray(pending, dtype=STRING_DTYPE))
+    found = np.empty(sum(len(b) for b in blocks), dtype=STRING_DTYPE)
+    start = 0
+    for i, block in enumerate(blocks):  # each block freed once copied: never two copies of every path
+        found[start:start + len(block)] = block
+        start += len(block)
+        blocks[i] = None
+    found.sort()  # UTF-8 byte order is code point order: the order of sorted() on the str
+    return found
 
 
 # --------------------------------------------------------------------------------------------- labels CSV
@@ -156,26 +171,49 @@ def _labels_from_csv(csv_labels: CsvLabels, ids: Sequence[str]) -> tuple[dict[st
     return attributes, labels
 
 
+def _path_component(ids: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+    """(component ``depth`` of each path, whether the path has a component after it): StringDType and bool (n,)."""
+    rest = np.asarray(ids, dtype=STRING_DTYPE)
+    slash = np.asarray("/", dtype=STRING_DTYPE)  # partition has no loop for StringDType with a str separator
+    for _ in range(depth):
+        rest = np.strings.partition(rest, slash)[2]
+    head, sep, _ = np.strings.partition(rest, slash)
+    return head, sep == "/"
+
+
 def _labels_from_folders(ids: Sequence[str], *, depth: int = 0) -> tuple[dict[str, list[str]], dict[str, np.ndarray]]:
-    """Attribute ``class`` = path component ``depth`` (0: ``<class>/img``; 1: ``train/<class>/img``)."""
-    parts = [i.split("/") for i in ids]
-    classes = [p[depth] if len(p) > depth + 1 else None for p in parts]
-    if all(c is None for c in classes):
+    """Attribute ``class`` = path component ``depth`` (0: ``<class>/img``; 1: ``train/<class>/img``); computed
+    ID_CHUNK paths at a time (int64 codes, no per-path Python objects)."""
+    codes = np.full(len(ids), -1, dtype=np.int64)
+    seen: dict[str, int] = {}  # class name -> code in order of first appearance
+    for start in range(0, len(ids), ID_CHUNK):
+        head, nested = _path_component(ids[start:start + ID_CHUNK], depth)
+        if not nested.any():
+            continue
+        names, inverse = np.unique(head[nested], return_inverse=True)
+        lookup = np.asarray([seen.setdefault(str(n), len(seen)) for n in names.tolist()], dtype=np.int64)
+        chunk = codes[start:start + ID_CHUNK]
+        chunk[nested] = lookup[inverse.reshape(-1)]
+    if not seen:
         return {}, {}
-    loose = sum(c is None for c in classes)
+    loose = int(np.count_nonzero(codes < 0))
     if loose:
         where = "the source folder" if depth == 0 else "a split folder (train/, val/)"
         warnings.warn(f"{loose} image(s) sit directly in {where}, not in a class subfolder: their "
                       "'class' label is unknown (-1); move them into a subfolder or give a labels CSV",
                       stacklevel=3)
-    names = sorted({c for c in classes if c is not None})
-    lookup = {name: i for i, name in enumerate(names)}
-    return {"class": names}, {"class": np.asarray([lookup.get(c, -1) for c in classes], dtype=np.int64)}
+    names = sorted(seen)
+    to_sorted = np.empty(len(seen), dtype=np.int64)
+    to_sorted[[seen[n] for n in names]] = np.arange(len(names))
+    labelled = codes >= 0
+    codes[labelled] = to_sorted[codes[labelled]]
+    return {"class": names}, {"class": codes}
 
 
 def _assign_split(ids: Sequence[str], *, given: dict[str, str], test_fraction: float, seed: int) -> np.ndarray:
     """(N,) str split: the CSV's where given, else a seeded random split of the remaining ids."""
-    split = np.asarray([given.get(i, "") for i in ids], dtype="<U5")
+    split = (np.asarray([given.get(i, "") for i in ids], dtype=STRING_DTYPE) if given  # only a CSV gives splits
+             else np.full(len(ids), "", dtype=STRING_DTYPE))
     free = np.flatnonzero(split == "")
     num_test = int(round(len(free) * test_fraction))
     if len(free) >= 2:  # both splits non-empty whenever possible: a probe needs a test set
@@ -188,15 +226,22 @@ def _assign_split(ids: Sequence[str], *, given: dict[str, str], test_fraction: f
 
 def _split_from_folders(ids: Sequence[str], *, source: Path) -> np.ndarray:
     """(N,) str split from each id's top folder (ImageNet: train/..., val/...); DataError for any other."""
-    tops = [i.split("/", 1)[0].lower() if "/" in i else "" for i in ids]
-    bad = [i for i, top in zip(ids, tops) if top not in SPLIT_FOLDERS]
-    if bad:
-        shown = ", ".join(repr(b) for b in bad[:3])
+    head, nested = _path_component(ids, 0)
+    tops = np.where(nested, np.strings.lower(head), "")
+    known = np.zeros(len(ids), dtype=bool)
+    for folder in SPLIT_FOLDERS:
+        known |= tops == folder
+    if not known.all():
+        bad = np.asarray(ids)[~known]
+        shown = ", ".join(repr(str(b)) for b in bad[:3].tolist())
         raise DataError(f"data.image_folder.split_from_folders is set but {len(bad)} image(s) under {source} are "
                         f"not in a split folder ({', '.join(sorted(SPLIT_FOLDERS))}), e.g. {shown}: lay the "
                         "folder out as train/<class>/... and val/<class>/... (ImageNet), or unset "
                         "split_from_folders to draw a random split")
-    return np.asarray([SPLIT_FOLDERS[t] for t in tops], dtype="<U5")
+    split = np.full(len(ids), "train", dtype=STRING_DTYPE)
+    for folder, part in SPLIT_FOLDERS.items():
+        split[tops == folder] = part
+    return split
 
 
 def _labels_and_split(ids: Sequence[str], *, csv_labels: CsvLabels | None, params: dict, source: Path,
@@ -245,7 +290,7 @@ def _compact_rows(directory: Path, *, keep: np.ndarray) -> None:
 
 
 # --------------------------------------------------------------------------------------------- prepare
-def _check_source(source: Path) -> list[str]:
+def _check_source(source: Path) -> np.ndarray:
     if not source.exists():
         raise DataError(f"image folder {source} does not exist: set data.image_folder.source to a directory "
                         "of images")
@@ -253,7 +298,7 @@ def _check_source(source: Path) -> list[str]:
         raise DataError(f"image folder {source} is a file, not a directory: set data.image_folder.source to "
                         "the folder that holds the images")
     rel_paths = find_images(source)
-    if not rel_paths:
+    if not len(rel_paths):
         raise DataError(f"no images found under {source} (looked for {', '.join(IMAGE_EXTENSIONS)}, any case, "
                         "in all subfolders): point data.image_folder.source at the folder that holds them")
     return rel_paths
@@ -335,7 +380,7 @@ def prepare_image_folder(*, source: Path, root: Path, image_size: int, labels_cs
     return target
 
 
-def _write_image_folder(tmp: Path, *, source: Path, rel_paths: list[str], csv_labels: CsvLabels | None,
+def _write_image_folder(tmp: Path, *, source: Path, rel_paths: Sequence[str], csv_labels: CsvLabels | None,
                         params: dict, max_skip_fraction: float = MAX_CORRUPT_FRACTION) -> None:
     size = params["image_size"]
     images = np.lib.format.open_memmap(tmp / IMAGES_FILE, mode="w+", dtype=np.uint8,
@@ -347,19 +392,20 @@ def _write_image_folder(tmp: Path, *, source: Path, rel_paths: list[str], csv_la
     keep = np.asarray([i for i, rel in enumerate(rel_paths) if rel not in failures], dtype=np.int64)
     if failures:
         _compact_rows(tmp, keep=keep)
-    ids = [rel_paths[i] for i in keep]
+    ids = np.asarray(rel_paths)[keep]
     attributes, labels, split = _labels_and_split(ids, csv_labels=csv_labels, params=params, source=source)
     write_dataset_files(tmp, kind=KIND, ids=ids, split=split, labels=labels, attributes=attributes,
                         params=params)
 
 
-def _write_file_index(tmp: Path, *, source: Path, rel_paths: list[str], csv_labels: CsvLabels | None,
+def _write_file_index(tmp: Path, *, source: Path, rel_paths: Sequence[str], csv_labels: CsvLabels | None,
                       params: dict) -> None:
     """``index.npz`` + ``manifest.json`` (storage "files", source folder), no pixels: every file found is indexed."""
-    ids = list(rel_paths)
+    ids = rel_paths
     attributes, labels, split = _labels_and_split(ids, csv_labels=csv_labels, params=params, source=source)
     index = _build_index(ids=ids, split=split, labels=labels, attributes=attributes, num_samples=len(ids))
-    np.savez(tmp / INDEX_FILE, **index)
+    del split, labels
+    save_index(tmp / INDEX_FILE, index)
     manifest = {
         "kind": KIND,
         "storage": "files",

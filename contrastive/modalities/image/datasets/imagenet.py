@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from contrastive.data.dataset import INDEX_FILE, MANIFEST_FILE, _build_index, _write_json_atomic, atomic_dataset_dir, \
-    is_index_prepared, params_hash
+    is_index_prepared, params_hash, save_index
 from contrastive.data.image_decode import IMAGE_EXTENSIONS, _files_fingerprint, file_index_digest
 from contrastive.modalities.image.datasets.sources import missing_data
 from contrastive.errors import ConfigError, DataError
@@ -91,7 +91,7 @@ def prepare_imagenet(*, source: Path, root: Path, image_size: int = 224, class_l
     labels = {"class": np.asarray([lookup[r.split("/")[1]] for r in rel], dtype=np.int64)}
     index = _build_index(ids=rel, split=split, labels=labels, attributes={"class": names}, num_samples=len(rel))
     with atomic_dataset_dir(target, keep_existing=prepared) as tmp:
-        np.savez(tmp / INDEX_FILE, **index)
+        save_index(tmp / INDEX_FILE, index)
         _write_json_atomic(tmp / MANIFEST_FILE, {
             "kind": KIND, "storage": "files", "source": str(source.resolve()), "num_samples": len(rel),
             "num_train": int(np.count_nonzero(split == "train")), "num_test": int(np.count_nonzero(split == "test")),

@@ -104,3 +104,36 @@ def test_throughput_measurement_reports_both_readers(tmp_path, source):
     assert result["sequential_samples_per_s"] > 0 and result["grouped_samples_per_s"] > 0
     assert 110 <= result["samples"] <= 120 and result["num_groups"] == 10  # remainders of groups are dropped
     assert json.loads((tmp_path / "grouped" / MANIFEST).read_text())["samples"] == 120
+
+
+def test_reshard_memory_does_not_grow_with_the_samples(tmp_path, monkeypatch):
+    """The spool's members wait on disk and the pseudo-labels are read in slices: the re-shard's peak of traced
+    memory is the same for 5x the samples (a spool of members in memory and a ``<U`` key table grew with them),
+    and reading the labels from the file writes what the same labels as arrays write."""
+    import tracemalloc
+
+    from contrastive.modalities.image_text import grouped
+    from contrastive.modalities.image_text.steps import reshard_stage
+
+    monkeypatch.setattr(grouped, "LABEL_CHUNK", 64, raising=False)  # small slices and write runs: tiny inputs
+    monkeypatch.setattr(grouped, "WRITE_CHUNK", 64 << 10, raising=False)  # show whether anything grows with M
+    peaks = []
+    for n in (300, 1500):
+        shards = write_tiny_shards(directory=tmp_path / f"src{n}", num_samples=n, samples_per_shard=100, seed=2,
+                                   corrupt=False)
+        keys = np.array([s["__key__"] for s in iter_raw_samples(shards["urls"])])
+        groups = np.arange(keys.size) % 5
+        np.savez(tmp_path / f"labels{n}.npz", ids=keys, groups=groups)
+        tracemalloc.start()
+        try:
+            reshard_stage(pseudo_labels_path=str(tmp_path / f"labels{n}.npz"), urls=shards["urls"],
+                          out_dir=str(tmp_path / f"g{n}"), slots=1, seed=0, spool_bytes=256 << 20)
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+    assert peaks[1] <= peaks[0] + (256 << 10), peaks
+    reshard_by_group(urls=shards["urls"], keys=keys, groups=groups, out_dir=tmp_path / "arrays", slots=1, seed=0)
+    names = sorted(os.listdir(tmp_path / "arrays"))
+    assert names == sorted(os.listdir(tmp_path / "g1500")) and all(
+        (tmp_path / "arrays" / name).read_bytes() == (tmp_path / "g1500" / name).read_bytes()
+        for name in names if name.endswith(".tar"))

@@ -1,0 +1,93 @@
+"""Sample ids of a file-backed index are held compactly (StringDType, not 4 bytes a character of ``<U``), while the
+index on disk keeps the format earlier versions wrote and read."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from contrastive.data.dataset import (INDEX_FILE, MANIFEST_FILE, STRING_DTYPE, save_index, saveable_ids,
+                                      strings_unique)
+from contrastive.data.image_decode import file_index_digest
+from contrastive.data.image_files import ImageFileDataset
+from contrastive.data.loading import load_dataset
+from contrastive.errors import DataError
+from contrastive.mcl.ids import align_labels_to_ids
+from contrastive.modalities.image.datasets.image_folder import find_images, prepare_image_folder
+
+NAMES = ["cats/é-001.jpg", "cats/b.jpg", "dogs/日本/2.jpg", "dogs/a.jpg", "dogs/z.JPEG"]
+
+
+def _folder(tmp_path):
+    from PIL import Image
+    source = tmp_path / "images"
+    for i, name in enumerate(NAMES):
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (12, 10), (40 * i, 20, 200)).save(source / name, format="JPEG")
+    (source / ".hidden.jpg").write_bytes(b"x")
+    return source
+
+
+def test_find_images_is_a_sorted_string_array_not_a_list_of_str(tmp_path):
+    found = find_images(_folder(tmp_path))
+    assert isinstance(found, np.ndarray) and found.dtype == STRING_DTYPE
+    assert found.tolist() == sorted(NAMES)  # the order sorted() gives the str, non-ASCII names included
+
+
+def test_a_prepared_index_holds_its_ids_as_strings_and_writes_them_as_before(tmp_path):
+    source = _folder(tmp_path)
+    path = prepare_image_folder(source=source, root=tmp_path / "data", image_size=8, storage="files", seed=1)
+    dataset = load_dataset(path)
+    assert isinstance(dataset, ImageFileDataset)
+    assert dataset.ids.dtype == STRING_DTYPE and dataset.split.dtype == STRING_DTYPE
+    assert dataset.ids.tolist() == sorted(NAMES)
+    assert dataset.class_names == {"class": ["cats", "dogs"]}
+    assert dataset.labels["class"].tolist() == [0 if n.startswith("cats") else 1 for n in sorted(NAMES)]
+    assert all(dataset.file(row).is_file() for row in range(len(dataset)))
+    assert dataset.read(dataset.ids.tolist().index("dogs/日本/2.jpg")).shape == (3, 8, 8)
+    dataset.verify_digest()
+    with np.load(path / INDEX_FILE, allow_pickle=False) as stored:  # the on-disk format is unchanged: <U
+        assert stored["ids"].dtype.kind == "U" and stored["ids"].tolist() == sorted(NAMES)
+        assert stored["split"].dtype.kind == "U"
+        old_style = {name: stored[name] for name in stored.files}
+    manifest = json.loads((path / MANIFEST_FILE).read_text())
+    assert file_index_digest(index=old_style, params=manifest["params"]) == manifest["digest"]
+
+
+def test_an_index_written_by_np_savez_still_loads(tmp_path):
+    source = _folder(tmp_path)
+    path = prepare_image_folder(source=source, root=tmp_path / "data", image_size=8, storage="files")
+    with np.load(path / INDEX_FILE, allow_pickle=False) as stored:
+        arrays = {name: stored[name] for name in stored.files}
+    np.savez(path / INDEX_FILE, **arrays)  # what earlier versions wrote (<U, a 1.0 header)
+    dataset = load_dataset(path, verify_digest=True)
+    assert dataset.ids.dtype == STRING_DTYPE and dataset.ids.tolist() == sorted(NAMES)
+
+
+def test_a_pickled_id_column_is_refused_with_the_fix(tmp_path):
+    source = _folder(tmp_path)
+    path = prepare_image_folder(source=source, root=tmp_path / "data", image_size=8, storage="files")
+    with np.load(path / INDEX_FILE, allow_pickle=False) as stored:
+        arrays = {name: stored[name] for name in stored.files}
+    arrays["ids"] = arrays["ids"].astype(object)
+    np.savez(path / INDEX_FILE, **arrays)
+    with pytest.raises(DataError, match="run `mclpipe run` again"):
+        load_dataset(path)
+
+
+def test_save_index_round_trips_and_saveable_ids_gives_u(tmp_path):
+    ids = np.asarray(["a", "ü/ß" * 30, "c"], dtype=STRING_DTYPE)
+    save_index(tmp_path / "i.npz", {"ids": ids, "label_x": np.arange(3)})
+    with np.load(tmp_path / "i.npz", allow_pickle=False) as stored:
+        assert stored["ids"].tolist() == ids.tolist() and stored["ids"].dtype == np.dtype("<U90")
+        assert stored["label_x"].tolist() == [0, 1, 2]
+    assert saveable_ids(ids).dtype == np.dtype("<U90")
+    assert strings_unique(ids) and not strings_unique(np.asarray(["a", "b", "a"], dtype=STRING_DTYPE))
+
+
+def test_labels_align_by_id_across_string_kinds():
+    dataset_ids = np.asarray(["b/é", "a/1", "c/3"], dtype=STRING_DTYPE)
+    for label_ids in (np.asarray(["c/3", "b/é", "a/1"]), np.strings.encode(np.asarray(["c/3", "b/é", "a/1"]), "utf-8")):
+        out = align_labels_to_ids(label_ids=label_ids, labels=np.asarray([30, 10, 20]), dataset_ids=dataset_ids)
+        assert out.tolist() == [10, 20, 30]
