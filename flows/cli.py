@@ -92,10 +92,11 @@ def run_pipeline(config, rerun_from: int | None = None) -> dict:
     if rerun_from is not None and not 0 <= rerun_from < config.mcl.num_stages:
         raise MclpipeError(f"--rerun-from {rerun_from} is not a stage of this pipeline (stages are 0.."
                            f"{config.mcl.num_stages - 1})")
-    from tasks.steps import modality_of, tracker_for
     # Fail on user mistakes before anything is computed (the temporary Prefect server starting meanwhile is stopped);
-    # an unreachable tracking server is reported now, not after the first stage.
+    # an unreachable tracking server is reported now, not after the first stage. The server is spawned first, so
+    # its start-up overlaps the imports of the steps (torch, MLflow) as well as the checks.
     with starting_local_server():
+        from tasks.steps import modality_of, tracker_for
         modality_of(config).preflight(config)
         tracker_for(config)
     shutdown.quiet_user_tracebacks()

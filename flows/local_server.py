@@ -60,9 +60,35 @@ log = logging.getLogger("mclpipe")
 
 
 # ------------------------------------------------------------------------------------------------ in the CLI
+def spawn_server_process(*, port: int, output) -> subprocess.Popen:
+    """The server process on ``port`` (its output to the open file ``output``): Prefect's own command and
+    environment for its temporary server (UI off, marked ephemeral), behind this module's watchdog. Needs no import
+    of Prefect's server package (3 s on 2 cores), so the process starts before the CLI has paid for it."""
+    import prefect
+    from prefect.settings import get_current_settings
+
+    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
+           **get_current_settings().to_environment_variables(exclude_unset=True)}
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.local_server", str(os.getpid()),
+         "--app-dir", str(prefect.__module_path__.parent), "--factory",
+         "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
+         "--log-level", "error", "--lifespan", "on"],
+        env=env, start_new_session=True, stdout=output, stderr=subprocess.STDOUT)
+
+
+def _free_port() -> int:
+    """A port nobody listens on now (as Prefect's ``find_available_port`` picks one)."""
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _server_class():
     from prefect.server.api.server import SubprocessASGIServer
-    from prefect.settings import get_current_settings
 
     class OwnedServer(SubprocessASGIServer):
         """Prefect's temporary server, started in its own session under ``python -m flows.local_server``."""
@@ -74,20 +100,7 @@ def _server_class():
             return self.spawn()
 
         def spawn(self) -> subprocess.Popen:
-            import prefect
-
-            # The same command and environment as Prefect's own (UI off, marked ephemeral), behind the watchdog.
-            env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
-                   "PREFECT__SERVER_FINAL": "1",
-                   **get_current_settings().to_environment_variables(exclude_unset=True)}
-            root = str(Path(__file__).resolve().parents[1])
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-            return subprocess.Popen(
-                [sys.executable, "-m", "flows.local_server", str(os.getpid()),
-                 "--app-dir", str(prefect.__module_path__.parent), "--factory",
-                 "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
-                 "--log-level", "error", "--lifespan", "on"],
-                env=env, start_new_session=True, stdout=getattr(self, "output", None), stderr=subprocess.STDOUT)
+            return spawn_server_process(port=self.port, output=getattr(self, "output", None))
 
         def start(self, timeout: int | None = None) -> None:
             super().start(timeout)
@@ -163,12 +176,14 @@ def restart(server, *, home: Path) -> None:
 
 def needs_local_server() -> bool:
     """True when Prefect would start a temporary server: no PREFECT_API_URL, and no server of a test harness."""
-    from prefect.server.api.server import SubprocessASGIServer
     from prefect.settings import PREFECT_API_URL
 
     if PREFECT_API_URL.value():
         return False
-    existing = SubprocessASGIServer._instances.get(None)
+    # A harness's server is registered in Prefect's server module; not imported yet, there is none (and the check
+    # does not pay the module's 3 s import before the spawn).
+    server_module = sys.modules.get("prefect.server.api.server")
+    existing = server_module.SubprocessASGIServer._instances.get(None) if server_module is not None else None
     return existing is None or not existing.running
 
 
@@ -264,6 +279,11 @@ def make_database_template() -> Path:
     return target
 
 
+class StartingServer:
+    """What :func:`starting_local_server` yields: ``server``, the OwnedServer, once the body has run."""
+    server = None
+
+
 @contextlib.contextmanager
 def starting_local_server():
     """Start the temporary server described above (when Prefect would start one: no PREFECT_API_URL, no running
@@ -275,23 +295,24 @@ def starting_local_server():
     if not needs_local_server():
         yield None
         return
-    from prefect.server.api.server import SubprocessASGIServer
-
-    SubprocessASGIServer._instances.pop(None, None)
-    server = _server_class()()  # registers itself as the default instance (key None)
     home = get_prefect_home()
-    server.output = open_server_log(home)
+    output = open_server_log(home)
     with _startup_lock(home):
         seed_database()
-        server.port = server.find_available_port()
-        server.early_process = server.spawn()
+        port = _free_port()
+        early_process = spawn_server_process(port=port, output=output)
+        started = StartingServer()
         try:
-            yield server
+            yield started
         except BaseException:
-            server.early_process.kill()
-            server.early_process.wait()
-            SubprocessASGIServer._instances.pop(None, None)
+            early_process.kill()
+            early_process.wait()
             raise
+        from prefect.server.api.server import SubprocessASGIServer
+
+        SubprocessASGIServer._instances.pop(None, None)
+        server = started.server = _server_class()()  # registers itself as the default instance (key None)
+        server.output, server.port, server.early_process = output, port, early_process
         try:
             server.start()  # takes the early process (OwnedServer._run_uvicorn_command) and waits for /health
         except RuntimeError as error:

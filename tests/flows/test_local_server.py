@@ -141,12 +141,11 @@ def owned_server(monkeypatch, tmp_path):
     spawned: list[subprocess.Popen] = []
 
     def with_command(script: str):
-        class StandIn(local_server._server_class()):
-            def spawn(self):
-                spawned.append(subprocess.Popen([sys.executable, "-c", script, str(self.port)], stdout=self.output,
-                                                stderr=subprocess.STDOUT))
-                return spawned[-1]
-        monkeypatch.setattr(local_server, "_server_class", lambda: StandIn)
+        def stand_in(*, port, output):
+            spawned.append(subprocess.Popen([sys.executable, "-c", script, str(port)], stdout=output,
+                                            stderr=subprocess.STDOUT))
+            return spawned[-1]
+        monkeypatch.setattr(local_server, "spawn_server_process", stand_in)
 
     with temporary_settings({PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 2}):
         yield home, with_command, spawned
@@ -165,10 +164,11 @@ def owned_server(monkeypatch, tmp_path):
 def test_the_server_starts_while_the_body_runs_and_writes_to_its_log(owned_server, capfd):
     home, with_command, spawned = owned_server
     with_command(HEALTHY)
-    with local_server.starting_local_server() as server:
+    with local_server.starting_local_server() as started:
         # spawned on entry: its start-up overlaps the body's work
         _wait(lambda: (home / local_server.SERVER_LOG).exists()
               and "stand-in server listening" in (home / local_server.SERVER_LOG).read_text(), "the server's log")
+    server = started.server
     try:
         assert server.running
         assert httpx.get(f"{server.api_url}/health", timeout=5).status_code == 200
@@ -236,3 +236,31 @@ def test_the_template_is_a_database_prefects_migrations_made(monkeypatch, tmp_pa
         head = db.execute("select version_num from alembic_version").fetchall()
     assert {"flow_run", "task_run", "deployment", "work_pool"} <= tables and len(head) == 1
     assert [p.name for p in template.parent.iterdir()] == [template.name]  # the scratch directory is gone
+
+
+def test_the_server_process_is_spawned_before_prefects_server_package_is_imported(tmp_path):
+    """The CLI's first Prefect step is the spawn: the server package (3 s of imports on 2 cores) is imported while
+    the server process starts, not before it."""
+    import os
+    script = textwrap.dedent("""
+        import sys
+        from flows import local_server
+
+        class Spawned(Exception):
+            pass
+
+        def spawn(*, port, output):
+            raise Spawned("prefect.server.api.server" in sys.modules)
+
+        local_server.spawn_server_process = spawn
+        try:
+            with local_server.starting_local_server():
+                pass
+        except Spawned as seen:
+            sys.exit(3 if seen.args[0] else 0)
+        sys.exit(4)
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")} | {
+        "PREFECT_HOME": str(tmp_path / "home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
