@@ -115,9 +115,10 @@ def save_index(path: Path, index: Mapping[str, np.ndarray]) -> None:
                     member.write(as_string_array(flat[start:start + ID_CHUNK]).astype(dtype).tobytes())
 
 
-def _npz_member(archive, name: str):
-    """(open member, shape, dtype) of the array ``name`` of the open npz ``archive`` (a ``zipfile.ZipFile``), its
-    header read; KeyError when it has no such array."""
+def open_npz_member(archive, name: str):
+    """(open member, shape, fortran_order, dtype) of the array ``name`` of the open npz ``archive`` (a
+    ``zipfile.ZipFile``), its header read, so the member reads on at the array's first byte; KeyError when it has
+    no such array. What every reader of an npz column by slices starts from."""
     member = archive.open(f"{name}.npy")
     version = np.lib.format.read_magic(member)
     read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
@@ -129,7 +130,7 @@ def _npz_member(archive, name: str):
 def _read_member(archive, name: str) -> np.ndarray:
     """The array ``name`` of the npz ``archive``; a 1-D string column (``<U`` or ``S``) as StringDType, read
     ID_CHUNK strings at a time (never whole as ``<U``)."""
-    member, shape, fortran, dtype = _npz_member(archive, name)
+    member, shape, fortran, dtype = open_npz_member(archive, name)
     with member:
         if dtype.hasobject:
             raise ValueError(f"{name} holds Python objects (pickled), which are not read")
@@ -635,7 +636,7 @@ def is_index_prepared(directory: Path, *, params: dict, storage: str, kind: str 
             names = {n[:-len(".npy")] for n in index.namelist() if n.endswith(".npy")}
             num = -1
             if "ids" in names:
-                member, shape, _, _ = _npz_member(index, "ids")
+                member, shape, _, _ = open_npz_member(index, "ids")
                 member.close()
                 num = shape[0] if len(shape) == 1 else -1
     except Exception:  # noqa: BLE001 - BadZipFile, OSError, ValueError: a damaged index is not prepared

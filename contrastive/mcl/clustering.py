@@ -457,23 +457,23 @@ def _npz_member_equals(path: Path, name: str, expected: np.ndarray, *, chunk_byt
     every element, read ``chunk_bytes`` at a time. False for anything else (other dtype or layout, a compressed or
     unreadable member): the caller then loads and joins."""
     import zipfile
+
+    from contrastive.data.dataset import open_npz_member
     expected = np.asarray(expected)
     try:
-        with zipfile.ZipFile(path) as archive, archive.open(f"{name}.npy") as member:
-            version = np.lib.format.read_magic(member)
-            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-                np.lib.format.read_array_header_2_0
-            shape, fortran_order, dtype = read_header(member)
-            if shape != expected.shape or expected.ndim != 1 or dtype != expected.dtype or dtype.hasobject:
-                return False
-            rows = max(1, chunk_bytes // max(1, dtype.itemsize))
-            for start in range(0, expected.size, rows):
-                stop = min(start + rows, expected.size)
-                chunk = member.read((stop - start) * dtype.itemsize)
-                if len(chunk) != (stop - start) * dtype.itemsize or \
-                        not np.array_equal(np.frombuffer(chunk, dtype=dtype), expected[start:stop]):
+        with zipfile.ZipFile(path) as archive:
+            member, shape, _, dtype = open_npz_member(archive, name)
+            with member:
+                if shape != expected.shape or expected.ndim != 1 or dtype != expected.dtype or dtype.hasobject:
                     return False
-            return True
+                rows = max(1, chunk_bytes // max(1, dtype.itemsize))
+                for start in range(0, expected.size, rows):
+                    stop = min(start + rows, expected.size)
+                    chunk = member.read((stop - start) * dtype.itemsize)
+                    if len(chunk) != (stop - start) * dtype.itemsize or \
+                            not np.array_equal(np.frombuffer(chunk, dtype=dtype), expected[start:stop]):
+                        return False
+                return True
     except (OSError, ValueError, KeyError, zipfile.BadZipFile):
         return False
 

@@ -51,6 +51,7 @@ import numpy as np
 from contrastive.modalities.image_text.data import (TAR_END, ClipBatch, SampleDecodePool, SkipCounter,
                                                     decode_image_text, decode_pool, iter_raw_samples, sample_members,
                                                     shuffled)
+from contrastive.data.dataset import open_npz_member
 from contrastive.errors import ConfigError, DataError
 from contrastive.mcl.batch_plan import plan_batches
 
@@ -74,11 +75,7 @@ class NpzColumn:
     ids (``<U``: 4 bytes a character) are never held as one O(M) array."""
 
     def __init__(self, archive: zipfile.ZipFile, name: str):
-        self._member = archive.open(f"{name}.npy")
-        version = np.lib.format.read_magic(self._member)
-        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                       else np.lib.format.read_array_header_2_0)
-        shape, _, self.dtype = read_header(self._member)
+        self._member, shape, _, self.dtype = open_npz_member(archive, name)
         if len(shape) != 1 or self.dtype.hasobject:
             raise DataError(f"{name} of {archive.filename} is not a 1-D array of numbers or strings")
         self.shape = shape
