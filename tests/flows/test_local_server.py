@@ -225,8 +225,9 @@ def test_the_database_url_names_the_file_to_seed():
 
 
 def test_the_template_is_a_database_prefects_migrations_made(monkeypatch, tmp_path):
-    """Prefect's own create_db in a process of its own: the tables and the migration head a server expects, so
-    a server started on a copy finds nothing to migrate."""
+    """Prefect's own create_db and block registration in a process of its own: the tables, the migration head and
+    the block types a server expects, so a server started on a copy finds nothing to migrate and no block type to
+    add (4 MB of writes on a new database: on a small disk, before the run's first step)."""
     import sqlite3
     template = tmp_path / "share" / "prefect-x.db"
     monkeypatch.setattr(local_server, "database_template", lambda: template)
@@ -234,7 +235,10 @@ def test_the_template_is_a_database_prefects_migrations_made(monkeypatch, tmp_pa
     with sqlite3.connect(template) as db:
         tables = {row[0] for row in db.execute("select name from sqlite_master where type = 'table'")}
         head = db.execute("select version_num from alembic_version").fetchall()
+        block_types = {row[0] for row in db.execute("select slug from block_type")}
+        schemas = db.execute("select count(*) from block_schema").fetchone()[0]
     assert {"flow_run", "task_run", "deployment", "work_pool"} <= tables and len(head) == 1
+    assert {"local-file-system", "secret", "webhook"} <= block_types and schemas >= len(block_types)
     assert [p.name for p in template.parent.iterdir()] == [template.name]  # the scratch directory is gone
 
 
