@@ -93,26 +93,32 @@ def strings_unique(values: np.ndarray) -> bool:
     return len(set(candidates)) == len(candidates)
 
 
+def write_npy(file, values) -> None:
+    """``values`` as the .npy ``np.save`` writes without pickling, into the open binary ``file``: a StringDType (or
+    object) string array as ``<U`` of its longest string, as every earlier version wrote ids, converted ID_CHUNK
+    strings at a time, so it is never held as one ``<U`` array (at 12M 30-character ids: 1.4 GB)."""
+    values = np.asarray(values)
+    if values.dtype.kind not in ("T", "O"):
+        np.lib.format.write_array(file, values, allow_pickle=False)
+        return
+    flat = values.reshape(-1)
+    width = max(1, max((int(np.strings.str_len(as_string_array(flat[s:s + ID_CHUNK])).max())
+                        for s in range(0, flat.size, ID_CHUNK)), default=1))
+    dtype = np.dtype(f"<U{width}")
+    np.lib.format.write_array_header_2_0(file, {"descr": np.lib.format.dtype_to_descr(dtype),
+                                                "fortran_order": False, "shape": values.shape})
+    for start in range(0, flat.size, ID_CHUNK):
+        file.write(as_string_array(flat[start:start + ID_CHUNK]).astype(dtype).tobytes())
+
+
 def save_index(path: Path, index: Mapping[str, np.ndarray]) -> None:
     """Write the 1-D arrays ``index`` as the npz ``path`` (what ``np.savez`` writes: one ``<name>.npy`` member
-    each, uncompressed): string columns as ``<U`` of their longest string, as every earlier version wrote them,
-    converted ID_CHUNK strings at a time, so a StringDType column is never held as one ``<U`` array."""
+    each, uncompressed), each written by :func:`write_npy`."""
     import zipfile
     with zipfile.ZipFile(path, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
         for name, values in index.items():
-            values = np.asarray(values)
             with archive.open(f"{name}.npy", mode="w", force_zip64=True) as member:
-                if values.dtype.kind not in ("T", "O"):
-                    np.lib.format.write_array(member, values, allow_pickle=False)
-                    continue
-                flat = values.reshape(-1)
-                width = max(1, max((int(np.strings.str_len(as_string_array(flat[s:s + ID_CHUNK])).max())
-                                    for s in range(0, flat.size, ID_CHUNK)), default=1))
-                dtype = np.dtype(f"<U{width}")
-                np.lib.format.write_array_header_2_0(member, {"descr": np.lib.format.dtype_to_descr(dtype),
-                                                              "fortran_order": False, "shape": values.shape})
-                for start in range(0, flat.size, ID_CHUNK):
-                    member.write(as_string_array(flat[start:start + ID_CHUNK]).astype(dtype).tobytes())
+                write_npy(member, values)
 
 
 def open_npz_member(archive, name: str):

@@ -11,7 +11,9 @@ import errno
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from contrastive.errors import DiskFullError
 
@@ -65,13 +67,17 @@ def step_disk_full_error(exc: OSError, *, out_dir: Path) -> DiskFullError:
     return disk_full_error(directory=where, what=f"the outputs of step {Path(out_dir).name}", kept=STEP_KEPT)
 
 
-def _write_temporary(path: Path, payload: bytes, *, what: str) -> Path:
-    """``payload`` fsynced into a temporary file beside ``path``; on a full disk the partial file is removed."""
+def _write_temporary(path: Path, payload: bytes | Callable[[BinaryIO], None], *, what: str) -> Path:
+    """``payload`` (bytes, or a function that writes them to the open file: a file larger than one buffer) fsynced
+    into a temporary file beside ``path``; on a full disk the partial file is removed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     try:
         with open(tmp, "wb") as handle:
-            handle.write(payload)
+            if callable(payload):
+                payload(handle)
+            else:
+                handle.write(payload)
             handle.flush()
             os.fsync(handle.fileno())
     except OSError as exc:
@@ -82,8 +88,9 @@ def _write_temporary(path: Path, payload: bytes, *, what: str) -> Path:
     return tmp
 
 
-def atomic_write_bytes(path: Path, payload: bytes, *, what: str = "a file") -> None:
-    """Write then rename, so a reader never sees a half-written file."""
+def atomic_write_bytes(path: Path, payload: bytes | Callable[[BinaryIO], None], *, what: str = "a file") -> None:
+    """Write then rename, so a reader never sees a half-written file. ``payload``: the bytes, or a function that
+    writes them to the open file."""
     path = Path(path)
     os.replace(_write_temporary(path, payload, what=what), path)
 

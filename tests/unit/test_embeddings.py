@@ -215,3 +215,21 @@ def test_ranks_write_their_shares_and_rank_0_the_manifest_in_rank_order(tmp_path
     manifest = json.loads((tmp_path / "three" / embeddings.MANIFEST).read_text())
     assert manifest["shards"] == ["rank000-part-00000.npy", "rank001-part-00000.npy", "rank002-part-00000.npy"]
     assert json.loads((tmp_path / "six" / "export_summary.json").read_text())["num_samples"] == 5
+
+
+def test_string_ids_are_held_compact_and_written_as_u_of_the_longest(tmp_path):
+    """The writer holds string ids as StringDType (a <U batch costs 4 B a character of its longest id, each), and
+    ids.npy holds them as <U of the longest one, loadable without pickle; integer ids stay integers."""
+    ids = np.array(["a", "é/ü-longer-than-fifteen-characters", "c"] * 4)
+    writer = EmbeddingWriter(tmp_path / "strings", shard_size=5)
+    for start in range(0, 12, 4):
+        writer.add(np.ones((4, 3), np.float32), ids[start:start + 4])
+    assert all(held.dtype == np.dtypes.StringDType() for held in writer.ids)
+    embeddings.write_manifest(directory=tmp_path / "strings", parts=[writer.finish()])
+    saved = np.load(tmp_path / "strings" / "ids.npy", allow_pickle=False)
+    assert saved.dtype == ids.dtype == np.dtype("<U34") and saved.tolist() == ids.tolist()
+
+    numbered = EmbeddingWriter(tmp_path / "numbers")
+    numbered.add(np.ones((3, 2), np.float32), np.arange(3))
+    embeddings.write_manifest(directory=tmp_path / "numbers", parts=[numbered.finish()])
+    assert np.load(tmp_path / "numbers" / "ids.npy").dtype == np.int64

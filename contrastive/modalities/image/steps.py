@@ -15,7 +15,6 @@ import torch
 
 from contrastive.modalities.image.augment import TwoViewAugment
 from contrastive.data.loading import BatchReader, iter_batches, load_dataset, resolve_workers
-from contrastive.data.dataset import saveable_ids
 from contrastive.embeddings import ExportBatch, compute_embeddings, export_ranked, rank_share
 from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
 from contrastive.engine.checkpoint import save_torch
@@ -165,7 +164,7 @@ def export_stage_embeddings(*, dataset_dir: Path, model_path: Path, out_dir: Pat
 
     def embed(writer) -> dict[str, int]:
         read = iter_batches(dataset, planned, workers=resolve_workers(workers))
-        batches = (ExportBatch(ids=saveable_ids(dataset.ids[rows]), inputs=(images,), present=np.isin(rows, kept))
+        batches = (ExportBatch(ids=dataset.ids[rows], inputs=(images,), present=np.isin(rows, kept))
                    for rows, (kept, images) in zip(planned, read))
         unreadable = compute_embeddings(encode=pixels_to_embedding(model, channels_last=channels_last),
                                         batches=batches, device=torch_device,
