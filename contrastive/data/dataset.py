@@ -21,7 +21,7 @@ import os
 import shutil
 import socket
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,24 +73,52 @@ def saveable_ids(ids) -> np.ndarray:
     return ids.astype(f"<U{max(width, 1)}")
 
 
-def strings_unique(values: np.ndarray) -> bool:
-    """Whether the strings of the 1-D array ``values`` are all different, in 8 bytes a string (hashes, sorted;
-    only strings whose hash repeats are compared as strings) instead of a sorted copy of the strings."""
-    n = len(values)
-    hashes = np.empty(n, dtype=np.int64)
-    for start in range(0, n, ID_CHUNK):
-        chunk = values[start:start + ID_CHUNK].tolist()
-        hashes[start:start + len(chunk)] = np.fromiter((hash(str(v)) for v in chunk), dtype=np.int64,
-                                                       count=len(chunk))
-    order = np.argsort(hashes, kind="stable")
-    sorted_hashes = hashes[order]
+def string_hashes(values: np.ndarray) -> np.ndarray:
+    """64-bit FNV-1a of each string's code points (a ``<U`` array's padding ignored): uint64 (n,). The same in
+    every process (Python's ``hash`` of a str is salted per process); any string array, converted to ``<U`` here,
+    so pass at most a chunk (ID_CHUNK strings) at a time."""
+    values = np.asarray(values).reshape(-1)
+    values = np.ascontiguousarray(saveable_ids(values) if values.dtype == STRING_DTYPE else values.astype(str))
+    width = values.dtype.itemsize // 4
+    codes = values.view(np.uint32).reshape(values.size, width) if width else np.zeros((values.size, 0), np.uint32)
+    hashes = np.full(values.size, 0xCBF29CE484222325, dtype=np.uint64)
+    for column in codes.T:
+        hashes = np.where(column != 0, (hashes ^ column) * np.uint64(0x100000001B3), hashes)
+    return hashes
+
+
+def chunks_of(values: np.ndarray) -> Callable[[], Iterator[np.ndarray]]:
+    """What :func:`repeated_strings` walks for one array: its ID_CHUNK-string slices, in order."""
+    return lambda: (values[start:start + ID_CHUNK] for start in range(0, len(values), ID_CHUNK))
+
+
+def repeated_strings(chunks: Callable[[], Iterable[np.ndarray]], *, count: int, examples: int = 3) -> list[str]:
+    """Up to ``examples`` strings that occur more than once among the string arrays ``chunks()`` yields (at most
+    ``count`` strings in all), in order of their second occurrence; [] when all differ. In 8 bytes a string: the
+    64-bit hashes of all (:func:`string_hashes`), sorted in place; only the strings whose hash repeats are compared
+    as strings, in a second walk of ``chunks()``. Neither the strings nor a sorted copy are held whole."""
+    hashes = np.empty(count, dtype=np.uint64)
+    filled = 0
+    for chunk in chunks():
+        hashes[filled:filled + len(chunk)] = string_hashes(chunk)
+        filled += len(chunk)
+    hashes = hashes[:filled]
+    hashes.sort()
+    repeated = np.unique(hashes[1:][hashes[1:] == hashes[:-1]])
     del hashes
-    repeated = np.flatnonzero(sorted_hashes[1:] == sorted_hashes[:-1])
+    seen: set[str] = set()
+    found: list[str] = []
     if not repeated.size:
-        return True
-    rows = np.unique(np.concatenate([order[repeated], order[repeated + 1]]))
-    candidates = [str(v) for v in values[rows].tolist()]
-    return len(set(candidates)) == len(candidates)
+        return found
+    for chunk in chunks():
+        for value in np.asarray(chunk)[np.isin(string_hashes(chunk), repeated)].tolist():
+            if value not in seen:
+                seen.add(value)
+            elif value not in found:
+                found.append(value)
+                if len(found) == examples:
+                    return found
+    return found
 
 
 def write_npy(file, values) -> None:
@@ -345,8 +373,9 @@ def _build_index(*, ids, split, labels, attributes, num_samples: int) -> dict[st
     for name, arr in (("ids", ids_arr), ("split", split_arr)):
         if arr.shape != (num_samples,):
             raise ValueError(f"{name} has shape {arr.shape}, expected ({num_samples},)")
-    if not strings_unique(ids_arr):
-        raise ValueError("sample ids are not unique")
+    repeated = repeated_strings(chunks_of(ids_arr), count=len(ids_arr))
+    if repeated:
+        raise ValueError(f"sample ids are not unique (e.g. {repeated})")
     known = np.zeros(split_arr.shape, dtype=bool)
     for name in SPLITS:
         known |= split_arr == name
@@ -623,8 +652,9 @@ def _check_consistent(*, path: Path, images, index, manifest, fix: str) -> None:
     for name, arr in index.items():
         if arr.shape != (n,):
             raise DataError(f"{path / INDEX_FILE}: {name} has shape {arr.shape}, expected ({n},): {fix}")
-    if not strings_unique(index["ids"]):
-        raise DataError(f"{path / INDEX_FILE}: sample ids are not unique: {fix}")
+    repeated = repeated_strings(chunks_of(index["ids"]), count=len(index["ids"]))
+    if repeated:
+        raise DataError(f"{path / INDEX_FILE}: sample ids are not unique (e.g. {repeated}): {fix}")
 
 
 def is_index_prepared(directory: Path, *, params: dict, storage: str, kind: str | None = None,

@@ -34,8 +34,8 @@ import numpy as np
 import torch
 
 from contrastive.data.dataset import (INDEX_FILE, LABEL_PREFIX, MANIFEST_FILE, ImageArrayDataset, SampleIndex,
-                                      _as_index_array, _manifest_fields_ok, load_arrays, read_manifest,
-                                      strings_unique)
+                                      _as_index_array, _manifest_fields_ok, chunks_of, load_arrays, read_manifest,
+                                      repeated_strings)
 from contrastive.data.image_decode import decode_scale_of, file_index_digest, load_square_rgb
 from contrastive.data.skips import SkipCounter
 from contrastive.data.workers import result_tensor
@@ -131,8 +131,9 @@ class IndexedImageDataset(SampleIndex):
         for name, arr in index.items():
             if arr.shape != (n,):
                 raise DataError(f"{path / INDEX_FILE}: {name} has shape {arr.shape}, expected ({n},): {fix}")
-        if not strings_unique(index["ids"]):
-            raise DataError(f"{path / INDEX_FILE}: sample ids are not unique: {fix}")
+        repeated = repeated_strings(chunks_of(index["ids"]), count=len(index["ids"]))
+        if repeated:
+            raise DataError(f"{path / INDEX_FILE}: sample ids are not unique (e.g. {repeated}): {fix}")
         return manifest, index, fix
 
     # ----------------------------------------------------------------------------------------- access

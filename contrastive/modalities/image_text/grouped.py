@@ -51,7 +51,7 @@ import numpy as np
 from contrastive.modalities.image_text.data import (TAR_END, ClipBatch, SampleDecodePool, SkipCounter,
                                                     decode_image_text, decode_pool, iter_raw_samples, sample_members,
                                                     shuffled)
-from contrastive.data.dataset import open_npz_member
+from contrastive.data.dataset import open_npz_member, repeated_strings
 from contrastive.errors import ConfigError, DataError
 from contrastive.mcl.batch_plan import plan_batches
 
@@ -99,43 +99,21 @@ def _label_chunks(keys, groups) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         yield np.asarray(keys[start:stop]).astype(str), np.asarray(groups[start:stop]).astype(np.int64)
 
 
-def _key_hashes(keys: np.ndarray) -> np.ndarray:
-    """64-bit FNV-1a of each ``<U`` key's code points (padding ignored): uint64 (n,)."""
-    keys = np.ascontiguousarray(keys)
-    width = keys.dtype.itemsize // 4
-    codes = keys.view(np.uint32).reshape(keys.size, width) if width else np.zeros((keys.size, 0), np.uint32)
-    hashes = np.full(keys.size, 0xCBF29CE484222325, dtype=np.uint64)
-    for column in codes.T:
-        hashes = np.where(column != 0, (hashes ^ column) * np.uint64(0x100000001B3), hashes)
-    return hashes
-
-
 def _check_labels(keys, groups) -> int:
-    """The number of groups (max + 1) of valid labels; DataError on repeated keys or negative groups.
-
-    Keys are compared by 64-bit hash (8 bytes a label, sorted in place); only keys whose hash repeats are compared
-    as strings, in a second pass."""
-    hashes = np.empty(len(keys), dtype=np.uint64)
-    num_groups, start = 0, 0
-    for chunk_keys, chunk_groups in _label_chunks(keys, groups):
-        hashes[start:start + chunk_keys.size] = _key_hashes(chunk_keys)
-        start += chunk_keys.size
+    """The number of groups (max + 1) of valid labels; DataError on repeated keys or negative groups. Keys are
+    checked by :func:`repeated_strings` (8 bytes a label), read a chunk at a time."""
+    num_groups = 0
+    for start in range(0, len(groups), LABEL_CHUNK):
+        chunk_groups = np.asarray(groups[start:start + LABEL_CHUNK]).astype(np.int64)
         if chunk_groups.size:
             if chunk_groups.min() < 0:
                 raise DataError(f"negative pseudo-label groups (e.g. {int(chunk_groups.min())}): groups are 0..G-1")
             num_groups = max(num_groups, int(chunk_groups.max()) + 1)
-    hashes.sort()
-    repeated = np.unique(hashes[1:][hashes[1:] == hashes[:-1]])
-    del hashes
-    if repeated.size:
-        seen: set[str] = set()
-        dup: list[str] = []
-        for chunk_keys, _ in _label_chunks(keys, groups):
-            for key in chunk_keys[np.isin(_key_hashes(chunk_keys), repeated)].tolist():
-                (dup.append if key in seen else seen.add)(key)
-        if dup:
-            raise DataError(f"sample keys are not unique (e.g. {dup[:3]}); img2dataset keys are unique per "
-                            "download: do not list the same shard twice in data.shards")
+    repeated = repeated_strings(lambda: (np.asarray(keys[start:start + LABEL_CHUNK])
+                                         for start in range(0, len(keys), LABEL_CHUNK)), count=len(keys))
+    if repeated:
+        raise DataError(f"sample keys are not unique (e.g. {repeated}); img2dataset keys are unique per "
+                        "download: do not list the same shard twice in data.shards")
     return num_groups
 
 

@@ -7,8 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from contrastive.data.dataset import (INDEX_FILE, MANIFEST_FILE, STRING_DTYPE, save_index, saveable_ids,
-                                      strings_unique)
+from contrastive.data import dataset as dataset_module
+from contrastive.data.dataset import (INDEX_FILE, MANIFEST_FILE, STRING_DTYPE, chunks_of, repeated_strings, save_index,
+                                      saveable_ids, string_hashes)
 from contrastive.data.image_decode import file_index_digest
 from contrastive.data.image_files import ImageFileDataset
 from contrastive.data.loading import load_dataset
@@ -83,7 +84,35 @@ def test_save_index_round_trips_and_saveable_ids_gives_u(tmp_path):
         assert stored["ids"].tolist() == ids.tolist() and stored["ids"].dtype == np.dtype("<U90")
         assert stored["label_x"].tolist() == [0, 1, 2]
     assert saveable_ids(ids).dtype == np.dtype("<U90")
-    assert strings_unique(ids) and not strings_unique(np.asarray(["a", "b", "a"], dtype=STRING_DTYPE))
+
+
+def test_repeated_strings_names_each_repeat_once_in_order_of_its_second_occurrence(monkeypatch):
+    monkeypatch.setattr(dataset_module, "ID_CHUNK", 2)  # repeats across chunks
+    for kind in (STRING_DTYPE, None):
+        values = np.asarray(["b", "a", "ü/ß" * 9, "c", "a", "b", "a", "ü/ß" * 9, "d"], dtype=kind)
+        assert repeated_strings(chunks_of(values), count=len(values)) == ["a", "b", "ü/ß" * 9]
+        assert repeated_strings(chunks_of(values), count=len(values), examples=1) == ["a"]
+        assert repeated_strings(chunks_of(values[[0, 1, 2, 3, 8]]), count=5) == []
+
+
+def test_equal_hashes_of_different_strings_are_told_apart_by_the_strings(monkeypatch):
+    """Every string hashes alike: the second pass compares the strings themselves."""
+    monkeypatch.setattr(dataset_module, "string_hashes", lambda values: np.zeros(len(values), np.uint64))
+    values = np.asarray(["x", "y", "z", "y"], dtype=STRING_DTYPE)
+    assert repeated_strings(chunks_of(values), count=4) == ["y"]
+    assert repeated_strings(chunks_of(values[:3]), count=3) == []
+
+
+def test_string_hashes_are_fnv1a_of_the_code_points_whatever_the_array_kind():
+    def fnv1a(text):  # the 64-bit FNV-1a of the code points, by hand
+        value = 0xCBF29CE484222325
+        for char in text:
+            value = ((value ^ ord(char)) * 0x100000001B3) % 2**64
+        return value
+    texts = ["", "a", "dogs/日本/2.jpg", "longer-than-fifteen-characters"]
+    expected = [fnv1a(text) for text in texts]
+    assert string_hashes(np.asarray(texts)).tolist() == expected
+    assert string_hashes(np.asarray(texts, dtype=STRING_DTYPE)).tolist() == expected
 
 
 def test_labels_align_by_id_across_string_kinds():
