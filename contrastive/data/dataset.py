@@ -136,12 +136,13 @@ def write_npy(file, values) -> None:
     np.lib.format.write_array_header_2_0(file, {"descr": np.lib.format.dtype_to_descr(dtype),
                                                 "fortran_order": False, "shape": values.shape})
     for start in range(0, flat.size, ID_CHUNK):
-        file.write(as_string_array(flat[start:start + ID_CHUNK]).astype(dtype).tobytes())
+        file.write(memoryview(as_string_array(flat[start:start + ID_CHUNK]).astype(dtype)).cast("B"))
 
 
-def save_index(path: Path, index: Mapping[str, np.ndarray]) -> None:
-    """Write the 1-D arrays ``index`` as the npz ``path`` (what ``np.savez`` writes: one ``<name>.npy`` member
-    each, uncompressed), each written by :func:`write_npy`."""
+def save_index(path, index: Mapping[str, np.ndarray]) -> None:
+    """Write the 1-D arrays ``index`` as the npz ``path`` (a path or an open binary file; what ``np.savez`` writes:
+    one ``<name>.npy`` member each, uncompressed), each written by :func:`write_npy`: string ids are never pickled
+    nor held whole as ``<U``."""
     import zipfile
     with zipfile.ZipFile(path, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
         for name, values in index.items():
@@ -159,6 +160,34 @@ def open_npz_member(archive, name: str):
                    else np.lib.format.read_array_header_2_0)
     shape, fortran, dtype = read_header(member)
     return member, shape, fortran, dtype
+
+
+def npz_member_equals(path: Path, name: str, expected: np.ndarray, *, chunk_bytes: int = 1 << 20) -> bool:
+    """Whether the 1-D array ``name`` stored (uncompressed) in the .npz ``path`` equals ``expected`` in dtype (a
+    StringDType ``expected`` equals a ``<U`` column of the same strings), shape and every element, read
+    ``chunk_bytes`` at a time, never whole. False for anything else (other dtype or layout, a compressed or
+    unreadable member): the caller then loads and joins."""
+    import zipfile
+    expected = np.asarray(expected)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            member, shape, _, dtype = open_npz_member(archive, name)
+            with member:
+                # a prepared dataset's ids (StringDType) against the <U the file holds: compared as strings
+                as_strings = expected.dtype == STRING_DTYPE and dtype.kind == "U"
+                if shape != expected.shape or expected.ndim != 1 or dtype.hasobject or \
+                        (dtype != expected.dtype and not as_strings):
+                    return False
+                rows = max(1, chunk_bytes // max(1, dtype.itemsize))
+                for start in range(0, expected.size, rows):
+                    stop = min(start + rows, expected.size)
+                    chunk = member.read((stop - start) * dtype.itemsize)
+                    if len(chunk) != (stop - start) * dtype.itemsize or \
+                            not np.array_equal(np.frombuffer(chunk, dtype=dtype), expected[start:stop]):
+                        return False
+                return True
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+        return False
 
 
 def _read_member(archive, name: str) -> np.ndarray:

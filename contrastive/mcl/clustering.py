@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal
@@ -27,6 +25,8 @@ from sklearn.cluster import kmeans_plusplus
 from sklearn.metrics import adjusted_mutual_info_score
 from threadpoolctl import threadpool_limits
 
+from contrastive.data.dataset import npz_member_equals, save_index
+from contrastive.engine.files import atomic_write_bytes
 from contrastive.errors import ConfigError, DataError
 
 __all__ = [
@@ -396,8 +396,10 @@ def save_clusters(*, result: KMeansResult, ids: np.ndarray, directory: Path) -> 
         )
     directory.mkdir(parents=True, exist_ok=True)
     assignments = result.assignments
-    _atomic_write(directory / ASSIGNMENTS_FILE, lambda f: np.savez(f, ids=ids, assignments=assignments))
-    _atomic_write(directory / CENTROIDS_FILE, lambda f: np.save(f, result.centroids))
+    atomic_write_bytes(directory / ASSIGNMENTS_FILE, lambda f: save_index(f, {"ids": ids, "assignments": assignments}),
+                       what="a clustering")
+    atomic_write_bytes(directory / CENTROIDS_FILE, lambda f: np.save(f, result.centroids, allow_pickle=False),
+                       what="a clustering")
     summary = {
         "k": int(result.k),
         "sizes": [int(s) for s in result.sizes],
@@ -408,8 +410,7 @@ def save_clusters(*, result: KMeansResult, ids: np.ndarray, directory: Path) -> 
         "empty_clusters": int((result.sizes == 0).sum()),
         "backend": result.backend,
     }
-    text = json.dumps(summary, indent=2).encode()
-    _atomic_write(directory / SUMMARY_FILE, lambda f: f.write(text))
+    atomic_write_bytes(directory / SUMMARY_FILE, json.dumps(summary, indent=2).encode(), what="a clustering")
     return summary
 
 
@@ -440,7 +441,7 @@ def assignments_for(*, directory: Path, ids: np.ndarray) -> np.ndarray:
     """
     from contrastive.mcl.ids import align_labels_to_ids
     path = Path(directory) / ASSIGNMENTS_FILE
-    if path.is_file() and (Path(directory) / SUMMARY_FILE).is_file() and _npz_member_equals(path, "ids", ids):
+    if path.is_file() and (Path(directory) / SUMMARY_FILE).is_file() and npz_member_equals(path, "ids", ids):
         try:
             with np.load(path, allow_pickle=False) as data:
                 assignments = data["assignments"].astype(np.int64, copy=False)
@@ -452,41 +453,3 @@ def assignments_for(*, directory: Path, ids: np.ndarray) -> np.ndarray:
     return align_labels_to_ids(label_ids=stored_ids, labels=assignments, dataset_ids=ids)
 
 
-def _npz_member_equals(path: Path, name: str, expected: np.ndarray, *, chunk_bytes: int = 8 << 20) -> bool:
-    """Whether the 1-D array ``name`` stored (uncompressed) in the .npz ``path`` equals ``expected`` in dtype, shape and
-    every element, read ``chunk_bytes`` at a time. False for anything else (other dtype or layout, a compressed or
-    unreadable member): the caller then loads and joins."""
-    import zipfile
-
-    from contrastive.data.dataset import open_npz_member
-    expected = np.asarray(expected)
-    try:
-        with zipfile.ZipFile(path) as archive:
-            member, shape, _, dtype = open_npz_member(archive, name)
-            with member:
-                if shape != expected.shape or expected.ndim != 1 or dtype != expected.dtype or dtype.hasobject:
-                    return False
-                rows = max(1, chunk_bytes // max(1, dtype.itemsize))
-                for start in range(0, expected.size, rows):
-                    stop = min(start + rows, expected.size)
-                    chunk = member.read((stop - start) * dtype.itemsize)
-                    if len(chunk) != (stop - start) * dtype.itemsize or \
-                            not np.array_equal(np.frombuffer(chunk, dtype=dtype), expected[start:stop]):
-                        return False
-                return True
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile):
-        return False
-
-
-def _atomic_write(path: Path, write: Callable) -> None:
-    """Call write(file) on a temp file beside path, then rename it over path (never a half-written file)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

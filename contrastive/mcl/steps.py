@@ -14,6 +14,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 import torch
 
+from contrastive.data.dataset import npz_member_equals, save_index
 from contrastive.embeddings import load_embedding_ids, load_embeddings
 from contrastive.engine.distributed import DistInfo, per_rank_batch
 from contrastive.engine.files import write_json
@@ -103,7 +104,7 @@ def build_pseudo_labels(*, cluster_dirs: list[Path], embeddings_dirs: list[Path]
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.stem + ".tmp.npz")  # renamed once complete: a killed run never leaves half a file
-    np.savez(tmp, ids=ids, groups=groups)
+    save_index(tmp, {"ids": ids, "groups": groups})  # string ids without pickle, never whole as <U
     tmp.replace(out)
     stats = {**stats, "stages_combined": len(cluster_dirs), "num_groups": int(sizes.size),
              "min_group": int(sizes.min()), "max_group": int(sizes.max()), "samples": int(ids.size), "path": str(out)}
@@ -112,12 +113,19 @@ def build_pseudo_labels(*, cluster_dirs: list[Path], embeddings_dirs: list[Path]
 
 
 def load_pseudo_labels(*, path: Path, ids: np.ndarray) -> np.ndarray:
-    """Pseudo-label groups (M,) aligned to ``ids``, verified by sample id."""
+    """Pseudo-label groups (M,) aligned to ``ids``, verified by sample id. When the file's ids are ``ids`` in the
+    same order (the labels of this dataset's training split: the usual case) they are compared chunk by chunk as
+    they are read, never held whole (a ``<U`` copy costs 4 B a character of the longest id, each: 120 MB at 1M
+    30-character paths); otherwise they are loaded and joined."""
     path = Path(path)
     if not path.exists():
         raise DataError(f"pseudo-labels {path} are missing: rerun the pipeline so the clustering step writes them")
-    stored = np.load(path, allow_pickle=False)
-    return align_labels_to_ids(label_ids=stored["ids"], labels=stored["groups"], dataset_ids=ids)
+    with np.load(path, allow_pickle=False) as stored:
+        if npz_member_equals(path, "ids", ids):
+            groups = stored["groups"]
+            if groups.shape == np.shape(ids):
+                return groups
+        return align_labels_to_ids(label_ids=stored["ids"], labels=stored["groups"], dataset_ids=ids)
 
 
 class StagePlan(NamedTuple):

@@ -124,8 +124,9 @@ class Modality:
             return None, None
         dataset = self.open_dataset(data["dir"])
         train = dataset.indices("train")
-        from contrastive.data.dataset import saveable_ids  # the clustering steps write these ids
-        return saveable_ids(dataset.ids[train]), {name: labels[train] for name, labels in dataset.labels.items()}
+        # as the dataset holds them (StringDType for string ids): the clustering steps compare and write them a
+        # chunk at a time
+        return dataset.ids[train], {name: labels[train] for name, labels in dataset.labels.items()}
 
     def open_dataset(self, directory: str):
         """The prepared dataset in ``directory`` (a ``contrastive.data.dataset.SampleIndex``: ids, split, labels)."""

@@ -120,3 +120,53 @@ def test_assignments_for_reads_in_the_given_order_whether_or_not_the_file_lists_
     (tmp_path / "assignments.npz").write_bytes(b"not a zip")
     with pytest.raises(DataError, match="corrupt"):
         assignments_for(directory=tmp_path, ids=keys)
+
+
+def _dataset_ids(m: int) -> np.ndarray:
+    """(m,) ids as a prepared dataset holds them: StringDType paths of 30 characters."""
+    return np.asarray([f"class_{i % 7}/image_{i:012d}.jpg" for i in range(m)], dtype=np.dtypes.StringDType())
+
+
+def test_pseudo_labels_of_a_datasets_ids_are_written_and_read_without_a_u_copy_of_them(tmp_path):
+    """The training split's ids as the dataset holds them (StringDType): clusters and pseudo-labels are written
+    without pickle (<U on disk, as every version wrote them), and reading them back for the same ids compares the
+    file's ids a chunk at a time: no (M,) <U table (120 B a sample here) is held."""
+    import tracemalloc
+
+    from contrastive.mcl.clustering import KMeansResult, save_clusters
+    from contrastive.mcl.steps import load_pseudo_labels
+    m = 300_000
+    ids = _dataset_ids(m)
+    labels = np.arange(m) % 4
+    save_embeddings(embeddings=np.zeros((m, 2), np.float16), ids=ids, directory=tmp_path / "emb")
+    save_clusters(result=KMeansResult(assignments=labels, centroids=np.zeros((4, 2), np.float32), inertia=0.0, k=4,
+                                      sizes=np.bincount(labels), seed=0), ids=ids, directory=tmp_path / "clu")
+    u_table = m * 4 * 30
+    tracemalloc.start()
+    try:
+        build_pseudo_labels(cluster_dirs=[tmp_path / "clu"], embeddings_dirs=[tmp_path / "emb"], ids=ids,
+                            out_path=tmp_path / "p.npz", min_group_size=8, small_group_policy="merge_nearest")
+        written = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        groups = load_pseudo_labels(path=tmp_path / "p.npz", ids=ids)
+        read = tracemalloc.get_traced_memory()[1] - tracemalloc.get_traced_memory()[0] + groups.nbytes
+    finally:
+        tracemalloc.stop()
+    with np.load(tmp_path / "p.npz", allow_pickle=False) as stored:
+        assert stored["ids"].dtype == np.dtype("<U30") and stored["ids"].tolist() == ids.tolist()
+    with np.load(tmp_path / "clu" / "assignments.npz", allow_pickle=False) as stored:
+        assert stored["ids"].dtype == np.dtype("<U30")
+    assert np.bincount(groups).tolist() == [m // 4] * 4 and (groups == labels).all()
+    assert written < u_table / 2 and read < u_table / 3, (written, read, u_table)
+
+
+def test_pseudo_labels_listed_in_another_order_are_joined_by_id(tmp_path, monkeypatch):
+    from contrastive.mcl import steps
+    from contrastive.data.dataset import save_index
+    ids = _dataset_ids(40)
+    order = np.random.default_rng(0).permutation(40)
+    save_index(tmp_path / "p.npz", {"ids": ids[order], "groups": order % 5})
+    assert steps.load_pseudo_labels(path=tmp_path / "p.npz", ids=ids).tolist() == (np.arange(40) % 5).tolist()
+    save_index(tmp_path / "q.npz", {"ids": ids, "groups": np.arange(40) % 3})
+    monkeypatch.setattr(steps, "align_labels_to_ids", None)  # the same ids in the same order: no join
+    assert steps.load_pseudo_labels(path=tmp_path / "q.npz", ids=ids).tolist() == (np.arange(40) % 3).tolist()
