@@ -169,13 +169,14 @@ def _as_id_array(ids: np.ndarray, *, name: str) -> np.ndarray:
 
 
 def _same_string_kind(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Both as StringDType when one is (a prepared dataset's ids) and the other holds strings of another kind
-    (``<U`` or UTF-8 ``S`` ids read from an export, clusters or pseudo-labels): numpy sorts and searches only
-    within one string kind."""
-    string_dtype = np.dtypes.StringDType()
+    """Both as ``<U`` when either holds StringDType strings (a prepared dataset's ids) and the other strings of any
+    kind (``<U`` or UTF-8 ``S`` ids read from an export, clusters or pseudo-labels): numpy sorts and searches only
+    within one string kind, and its ``searchsorted`` on StringDType arrays of more than a few elements returns
+    wrong positions (numpy 2.4: every query past the end), so the join runs on ``<U``."""
+    from contrastive.data.dataset import as_string_array, saveable_ids
     kinds = {a.dtype.kind, b.dtype.kind}
-    if "T" in kinds and kinds <= {"T", "U", "S"} and len(kinds) == 2:
-        return a.astype(string_dtype, copy=False), b.astype(string_dtype, copy=False)
+    if "T" in kinds and kinds <= {"T", "U", "S"}:
+        return tuple(saveable_ids(as_string_array(x)) if x.dtype.kind in ("T", "S") else x for x in (a, b))
     return a, b
 
 

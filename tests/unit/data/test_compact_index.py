@@ -115,6 +115,18 @@ def test_string_hashes_are_fnv1a_of_the_code_points_whatever_the_array_kind():
     assert string_hashes(np.asarray(texts, dtype=STRING_DTYPE)).tolist() == expected
 
 
+def test_a_datasets_ids_join_labels_listed_in_another_order_at_any_size():
+    """numpy 2.4's searchsorted on StringDType arrays of more than a few elements returns wrong positions: the join
+    of a dataset's ids (StringDType) with labels keyed by <U, S or StringDType ids must not go through it."""
+    names = [f"c{i % 3}/b{i // 1000:05d}/{i:08d}.jpg" for i in range(3000)]
+    dataset_ids = np.asarray(names[::2], dtype=STRING_DTYPE)
+    order = np.random.default_rng(0).permutation(len(names))
+    listed = np.asarray(names)[order]
+    for label_ids in (listed, listed.astype(STRING_DTYPE), np.strings.encode(listed, "utf-8")):
+        out = align_labels_to_ids(label_ids=label_ids, labels=order, dataset_ids=dataset_ids)
+        assert out.tolist() == list(range(0, 3000, 2))
+
+
 def test_labels_align_by_id_across_string_kinds():
     dataset_ids = np.asarray(["b/é", "a/1", "c/3"], dtype=STRING_DTYPE)
     for label_ids in (np.asarray(["c/3", "b/é", "a/1"]), np.strings.encode(np.asarray(["c/3", "b/é", "a/1"]), "utf-8")):
