@@ -172,7 +172,8 @@ def _same_string_kind(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndar
     """Both as ``<U`` when either holds StringDType strings (a prepared dataset's ids) and the other strings of any
     kind (``<U`` or UTF-8 ``S`` ids read from an export, clusters or pseudo-labels): numpy sorts and searches only
     within one string kind, and its ``searchsorted`` on StringDType arrays of more than a few elements returns
-    wrong positions (numpy 2.4: every query past the end), so the join runs on ``<U``."""
+    wrong positions (numpy 2.4 here: every query past the end; numpy issue #31533, fixed in 2.5), so the join runs
+    on ``<U``."""
     from contrastive.data.dataset import as_string_array, saveable_ids
     kinds = {a.dtype.kind, b.dtype.kind}
     if "T" in kinds and kinds <= {"T", "U", "S"}:
