@@ -190,6 +190,18 @@ def npz_member_equals(path: Path, name: str, expected: np.ndarray, *, chunk_byte
         return False
 
 
+def npz_column_for_ids(path: Path, *, ids: np.ndarray, name: str) -> np.ndarray | None:
+    """The 1-D column ``name`` of the npz ``path`` (labels keyed by its ``ids`` column) when that file lists ``ids``
+    in the same order (compared a chunk at a time by :func:`npz_member_equals`, never loaded whole) and the column
+    has their shape; None otherwise: the caller then loads the file's ids and joins by id. Raises what ``np.load``
+    raises on a damaged file."""
+    if not npz_member_equals(path, "ids", ids):
+        return None
+    with np.load(path, allow_pickle=False) as stored:
+        column = stored[name]
+    return column if column.shape == np.shape(ids) else None
+
+
 def _read_member(archive, name: str) -> np.ndarray:
     """The array ``name`` of the npz ``archive``; a 1-D string column (``<U`` or ``S``) as StringDType, read
     ID_CHUNK strings at a time (never whole as ``<U``)."""

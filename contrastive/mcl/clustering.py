@@ -25,7 +25,7 @@ from sklearn.cluster import kmeans_plusplus
 from sklearn.metrics import adjusted_mutual_info_score
 from threadpoolctl import threadpool_limits
 
-from contrastive.data.dataset import npz_member_equals, save_index
+from contrastive.data.dataset import npz_column_for_ids, save_index
 from contrastive.engine.files import atomic_write_bytes
 from contrastive.errors import ConfigError, DataError
 
@@ -441,14 +441,13 @@ def assignments_for(*, directory: Path, ids: np.ndarray) -> np.ndarray:
     """
     from contrastive.mcl.ids import align_labels_to_ids
     path = Path(directory) / ASSIGNMENTS_FILE
-    if path.is_file() and (Path(directory) / SUMMARY_FILE).is_file() and npz_member_equals(path, "ids", ids):
+    if path.is_file() and (Path(directory) / SUMMARY_FILE).is_file():
         try:
-            with np.load(path, allow_pickle=False) as data:
-                assignments = data["assignments"].astype(np.int64, copy=False)
+            assignments = npz_column_for_ids(path, ids=ids, name="assignments")
         except (OSError, ValueError, KeyError) as exc:
             raise DataError(f"{path} is corrupt or not a cluster file ({exc}); re-run the clustering stage.") from exc
-        if assignments.shape == np.shape(ids):
-            return assignments
+        if assignments is not None:
+            return assignments.astype(np.int64, copy=False)
     stored_ids, assignments = load_assignments(directory=directory)
     return align_labels_to_ids(label_ids=stored_ids, labels=assignments, dataset_ids=ids)
 

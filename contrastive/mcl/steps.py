@@ -14,7 +14,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 import torch
 
-from contrastive.data.dataset import npz_member_equals, save_index
+from contrastive.data.dataset import npz_column_for_ids, save_index
 from contrastive.embeddings import load_embedding_ids, load_embeddings
 from contrastive.engine.distributed import DistInfo, per_rank_batch
 from contrastive.engine.files import write_json
@@ -120,11 +120,10 @@ def load_pseudo_labels(*, path: Path, ids: np.ndarray) -> np.ndarray:
     path = Path(path)
     if not path.exists():
         raise DataError(f"pseudo-labels {path} are missing: rerun the pipeline so the clustering step writes them")
+    groups = npz_column_for_ids(path, ids=ids, name="groups")
+    if groups is not None:
+        return groups
     with np.load(path, allow_pickle=False) as stored:
-        if npz_member_equals(path, "ids", ids):
-            groups = stored["groups"]
-            if groups.shape == np.shape(ids):
-                return groups
         return align_labels_to_ids(label_ids=stored["ids"], labels=stored["groups"], dataset_ids=ids)
 
 

@@ -51,7 +51,7 @@ import numpy as np
 from contrastive.modalities.image_text.data import (TAR_END, ClipBatch, SampleDecodePool, SkipCounter,
                                                     decode_image_text, decode_pool, iter_raw_samples, sample_members,
                                                     shuffled)
-from contrastive.data.dataset import open_npz_member, repeated_strings
+from contrastive.data.dataset import chunks_of, open_npz_member, repeated_strings
 from contrastive.errors import ConfigError, DataError
 from contrastive.mcl.batch_plan import plan_batches
 
@@ -109,8 +109,7 @@ def _check_labels(keys, groups) -> int:
             if chunk_groups.min() < 0:
                 raise DataError(f"negative pseudo-label groups (e.g. {int(chunk_groups.min())}): groups are 0..G-1")
             num_groups = max(num_groups, int(chunk_groups.max()) + 1)
-    repeated = repeated_strings(lambda: (np.asarray(keys[start:start + LABEL_CHUNK])
-                                         for start in range(0, len(keys), LABEL_CHUNK)), count=len(keys))
+    repeated = repeated_strings(chunks_of(keys), count=len(keys))
     if repeated:
         raise DataError(f"sample keys are not unique (e.g. {repeated}); img2dataset keys are unique per "
                         "download: do not list the same shard twice in data.shards")
