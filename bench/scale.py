@@ -272,6 +272,7 @@ def image_reader_epoch(config, work: Path, *, data: dict, pseudo_labels_path: st
     """One epoch of stage 1's cluster-pure batches as ``contrastive.modalities.image.steps.train_stage`` reads them
     (``stage_sampler`` + ``BatchReader`` + ``ImageBatchSource``, decoding in this process: ``train.workers: 0``),
     without the augmentation; then the batch-plan metrics ``finish_train_record`` logs."""
+    from contrastive.data.dataset import RowsOf
     from contrastive.data.loading import BatchReader, load_dataset
     from contrastive.engine.distributed import DistInfo
     from contrastive.mcl.steps import stage_sampler
@@ -285,7 +286,7 @@ def image_reader_epoch(config, work: Path, *, data: dict, pseudo_labels_path: st
                                           batch_size=stage.train.batch_size, seed=stage_seed(config, 1),
                                           remainder_policy=stage.mcl.remainder_policy)
     reader = BatchReader(dataset, workers=0)
-    source = ImageBatchSource(sampler=sampler, ids=dataset.ids[rows], groups=groups, info=DistInfo(),
+    source = ImageBatchSource(sampler=sampler, ids=RowsOf(dataset.ids, rows), groups=groups, info=DistInfo(),
                               read_batches=lambda planned: read_image_batches(reader=reader, rows_in_split=rows,
                                                                               planned=planned))
     samples = batches = 0

@@ -122,14 +122,16 @@ def repeated_strings(chunks: Callable[[], Iterable[np.ndarray]], *, count: int, 
 
 
 def write_npy(file, values) -> None:
-    """``values`` as the .npy ``np.save`` writes without pickling, into the open binary ``file``: a StringDType (or
-    object) string array as ``<U`` of its longest string, as every earlier version wrote ids, converted ID_CHUNK
-    strings at a time, so it is never held as one ``<U`` array (at 12M 30-character ids: 1.4 GB)."""
-    values = np.asarray(values)
+    """``values`` (an array or a :class:`StoredColumn`) as the .npy ``np.save`` writes without pickling, into the
+    open binary ``file``: a StringDType (or object) string array as ``<U`` of its longest string, as every earlier
+    version wrote ids, converted ID_CHUNK strings at a time, so it is never held as one ``<U`` array (at 12M
+    30-character ids: 1.4 GB)."""
+    if not isinstance(values, StoredColumn):  # a column on disk is copied a slice at a time
+        values = np.asarray(values)
     if values.dtype.kind not in ("T", "O"):
-        np.lib.format.write_array(file, values, allow_pickle=False)
+        np.lib.format.write_array(file, np.asarray(values), allow_pickle=False)
         return
-    flat = values.reshape(-1)
+    flat = values if isinstance(values, StoredColumn) else values.reshape(-1)
     width = max(1, max((int(np.strings.str_len(as_string_array(flat[s:s + ID_CHUNK])).max())
                         for s in range(0, flat.size, ID_CHUNK)), default=1))
     dtype = np.dtype(f"<U{width}")
@@ -163,12 +165,13 @@ def open_npz_member(archive, name: str):
 
 
 def npz_member_equals(path: Path, name: str, expected: np.ndarray, *, chunk_bytes: int = 1 << 20) -> bool:
-    """Whether the 1-D array ``name`` stored (uncompressed) in the .npz ``path`` equals ``expected`` in dtype (a
-    StringDType ``expected`` equals a ``<U`` column of the same strings), shape and every element, read
-    ``chunk_bytes`` at a time, never whole. False for anything else (other dtype or layout, a compressed or
-    unreadable member): the caller then loads and joins."""
+    """Whether the 1-D array ``name`` stored (uncompressed) in the .npz ``path`` equals ``expected`` (an array, a
+    :class:`StoredColumn` or :class:`RowsOf`) in dtype (a StringDType ``expected`` equals a ``<U`` column of the
+    same strings), shape and every element, both read ``chunk_bytes`` at a time, never whole. False for anything
+    else (other dtype or layout, a compressed or unreadable member): the caller then loads and joins."""
     import zipfile
-    expected = np.asarray(expected)
+    if not isinstance(expected, (StoredColumn, RowsOf)):  # those are read a slice at a time, never whole
+        expected = np.asarray(expected)
     try:
         with zipfile.ZipFile(path) as archive:
             member, shape, _, dtype = open_npz_member(archive, name)
@@ -231,6 +234,173 @@ def _read_member(archive, name: str) -> np.ndarray:
 
 
 
+#: Rows between two wanted ones still read in the same call (a read costs a system call: about as much as copying
+#: a few KiB), and the most bytes one read of a :class:`StoredColumn` takes.
+_GAP_ROWS = 64
+_READ_BYTES = 1 << 20
+
+
+def _local_data_offset(handle, info) -> int:
+    """Where the bytes of the zip member ``info`` start in the open archive file ``handle``: after its local
+    header, whose name and extra field lengths may differ from the central directory's (zip64)."""
+    import struct
+    handle.seek(info.header_offset)
+    header = handle.read(30)
+    if len(header) != 30 or header[:4] != b"PK\x03\x04":
+        raise ValueError(f"bad local header of {info.filename}")
+    name_length, extra_length = struct.unpack("<HH", header[26:30])
+    return info.header_offset + 30 + name_length + extra_length
+
+
+class StoredColumn:
+    """A 1-D column of an index on disk (the ``name`` member of an uncompressed .npz, as :func:`save_index` and
+    ``np.savez`` write it), read from the file when indexed and never held whole.
+
+    What a file-backed dataset (image files, webdataset shards) keeps of its sample ids instead of an (N,) array:
+    a 30-character path costs 46 bytes a sample as StringDType, in the training process and again in every
+    DataLoader worker the dataset is pickled to (550 MB at 12M samples, times one plus the workers); a column costs
+    nothing until read. Indexing with an int, a slice or an array of rows reads only those rows (rows close together
+    in one read), so a batch's ids cost a few system calls next to the batch's decoding.
+
+    Strings come back as StringDType (:data:`STRING_DTYPE`, elements ``str``), as :func:`load_arrays` gives them;
+    numbers in their stored dtype. Picklable: a process opens the file again on its first read.
+
+    Attributes:
+        path: the .npz file. name: the column. shape: (N,). dtype: what indexing returns.
+    """
+
+    def __init__(self, *, path: Path, name: str, offset: int, stored: np.dtype, length: int) -> None:
+        self.path, self.name = Path(path), name
+        self._offset, self._stored, self._length = int(offset), np.dtype(stored), int(length)
+        self.dtype = STRING_DTYPE if self._stored.kind in ("U", "S") else self._stored
+        self._handle = None
+        self._pid = None
+
+    @classmethod
+    def open(cls, path: Path, name: str) -> "StoredColumn | None":
+        """The column ``name`` of the npz ``path``; None when it cannot be read in place (a compressed member, more
+        than one dimension, Python objects): the caller then loads it. Raises ValueError (or what ``zipfile``
+        raises) on a damaged file, naming a truncated column."""
+        import zipfile
+        with zipfile.ZipFile(path) as archive:
+            info = archive.getinfo(f"{name}.npy")
+            member, shape, _, stored = open_npz_member(archive, name)
+            with member:
+                header_bytes = member.tell()
+            if info.compress_type != zipfile.ZIP_STORED or len(shape) != 1 or stored.hasobject \
+                    or stored.itemsize == 0:
+                return None
+            with open(path, "rb") as handle:
+                offset = _local_data_offset(handle, info) + header_bytes
+        if header_bytes + shape[0] * stored.itemsize > info.file_size:
+            raise ValueError(f"{name} is truncated")
+        return cls(path=path, name=name, offset=offset, stored=stored, length=shape[0])
+
+    # ----------------------------------------------------------------------------------------- array-like
+    @property
+    def shape(self) -> tuple[int]:
+        return (self._length,)
+
+    ndim = 1
+
+    @property
+    def size(self) -> int:
+        return self._length
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __repr__(self) -> str:
+        return f"StoredColumn({str(self.path)!r}, {self.name!r}, n={self._length}, stored={self._stored})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_handle": None, "_pid": None}  # an open file does not cross a process boundary
+
+    def __getitem__(self, key):
+        if isinstance(key, (int, np.integer)):
+            row = int(key) + (self._length if key < 0 else 0)
+            if not 0 <= row < self._length:
+                raise IndexError(f"row {int(key)} is out of range for {self._length} rows")
+            return self._read_range(row, row + 1)[0]
+        if isinstance(key, slice):
+            start, stop, step = key.indices(self._length)
+            if step == 1:
+                return self._read_range(start, max(start, stop))
+            key = np.arange(start, stop, step)
+        return self._read_rows(np.asarray(key))
+
+    def __array__(self, dtype=None, copy=None):
+        values = self[:]
+        return values if dtype is None else values.astype(dtype)
+
+    def __iter__(self) -> Iterator:
+        for start in range(0, self._length, ID_CHUNK):
+            yield from self._read_range(start, min(start + ID_CHUNK, self._length)).tolist()
+
+    def tolist(self) -> list:
+        return self[:].tolist()
+
+    # Compared element by element, as the array it stands for (reads the whole column).
+    def __eq__(self, other):
+        return self[:] == (other[:] if isinstance(other, StoredColumn) else other)
+
+    def __ne__(self, other):
+        return ~(self == other)
+
+    __hash__ = None
+
+    # ----------------------------------------------------------------------------------------- reading
+    def _pread(self, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) as stored (a ``<U`` / number array over the bytes read)."""
+        if self._handle is None or self._pid != os.getpid():
+            self._handle, self._pid = open(self.path, "rb", buffering=0), os.getpid()
+        size = (stop - start) * self._stored.itemsize
+        data = os.pread(self._handle.fileno(), size, self._offset + start * self._stored.itemsize)
+        if len(data) != size:
+            raise DataError(f"{self.path} ends inside its {self.name!r} column (rows {start}..{stop}): the file was "
+                            "cut short after it was opened; prepare the dataset again")
+        return np.frombuffer(data, dtype=self._stored)
+
+    def _held(self, stored: np.ndarray) -> np.ndarray:
+        return stored.astype(STRING_DTYPE) if self.dtype == STRING_DTYPE else stored.copy()
+
+    def _read_range(self, start: int, stop: int) -> np.ndarray:
+        out = np.empty(stop - start, dtype=self.dtype)
+        step = max(1, _READ_BYTES // self._stored.itemsize)
+        for first in range(start, stop, step):
+            last = min(first + step, stop)
+            out[first - start:last - start] = self._held(self._pread(first, last))
+        return out
+
+    def _read_rows(self, rows: np.ndarray) -> np.ndarray:
+        """``self[rows]`` for an int (or boolean mask) array ``rows`` of any order: read in ascending order, rows
+        at most _GAP_ROWS apart in one read spanning at most _READ_BYTES, ID_CHUNK rows converted at a time."""
+        if rows.dtype == bool:
+            if rows.shape != self.shape:
+                raise IndexError(f"boolean index of shape {rows.shape} for a column of {self._length} rows")
+            rows = np.flatnonzero(rows)
+        if rows.size and rows.dtype.kind not in "iu":
+            raise IndexError(f"rows must be integers, got {rows.dtype}")
+        rows = np.where(rows < 0, rows + self._length, rows).astype(np.int64, copy=False).reshape(-1)
+        if rows.size and (rows.min() < 0 or rows.max() >= self._length):
+            raise IndexError(f"rows out of range for {self._length} rows")
+        order = np.argsort(rows, kind="stable")
+        out = np.empty(rows.size, dtype=self.dtype)
+        most = max(1, _READ_BYTES // self._stored.itemsize)
+        for begin in range(0, rows.size, ID_CHUNK):
+            positions = order[begin:begin + ID_CHUNK]
+            wanted = rows[positions]
+            # a new read where the next row is more than _GAP_ROWS on, or the read would pass _READ_BYTES
+            stored = np.empty(wanted.size, dtype=self._stored)
+            for part in np.split(np.arange(wanted.size), np.flatnonzero(np.diff(wanted) > _GAP_ROWS) + 1):
+                span = (wanted[part] - wanted[part[0]]) // most  # reads of at most `most` rows
+                for piece in np.split(part, np.flatnonzero(np.diff(span)) + 1):
+                    first, last = int(wanted[piece[0]]), int(wanted[piece[-1]])
+                    stored[piece] = self._pread(first, last + 1)[wanted[piece] - first]
+            out[positions] = self._held(stored)
+        return out.reshape(np.shape(rows))
+
+
 # --------------------------------------------------------------------------------------------- hashing
 def params_hash(params: Mapping[str, Any], *, length: int = 10) -> str:
     """Short, stable hex hash of JSON-serialisable ``params`` (key order does not matter)."""
@@ -242,11 +412,13 @@ def digest_array(digest, array: np.ndarray) -> None:
     """Feed ``array`` to the hashlib object ``digest``: numbers as their little-endian bytes; strings as UTF-8
     lines joined by newlines, so the digest does not depend on how the strings are held (``<U`` of any width,
     StringDType). Strings are fed ID_CHUNK at a time, never as one O(N) Python list."""
-    array = np.asarray(array)
+    if not isinstance(array, StoredColumn):
+        array = np.asarray(array)
     if array.dtype.kind not in ("U", "S", "O", "T"):
+        array = np.asarray(array)
         digest.update(np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes())
         return
-    flat = array.reshape(-1)
+    flat = array if isinstance(array, StoredColumn) else array.reshape(-1)  # a column on disk: read by slices
     for start in range(0, flat.size, ID_CHUNK):
         text = "\n".join(str(x) for x in flat[start:start + ID_CHUNK].tolist())
         digest.update((("\n" if start else "") + text).encode("utf-8"))
@@ -311,6 +483,35 @@ def clean_stale_tmp_dirs(target: Path) -> list[Path]:
     return removed
 
 
+def _new_tmp_dir(target: Path) -> Path:
+    """A new empty hidden directory next to ``target``, named so :func:`clean_stale_tmp_dirs` removes it once its
+    writer (this process) is gone; stale ones of ``target`` are removed first."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale_tmp_dirs(target)
+    tmp = target.parent / f"{_tmp_prefix(target)}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    return tmp
+
+
+@contextlib.contextmanager
+def scratch_dir(target: Path) -> Iterator[Path]:
+    """A temporary directory next to ``target`` for the duration of the block, deleted after it (and, should this
+    process be killed, by the next :func:`clean_stale_tmp_dirs` of ``target``)."""
+    tmp = _new_tmp_dir(Path(target))
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def column_on_disk(values: np.ndarray, *, path: Path) -> StoredColumn:
+    """The 1-D array ``values`` written to the new npz ``path`` and opened as a :class:`StoredColumn`: a step that
+    reads an O(N) column a chunk at a time can then drop the array (a listing of 1M image paths: 46 MB) while it
+    holds the others. The caller deletes ``path`` (a :func:`scratch_dir` does)."""
+    save_index(path, {"values": values})
+    return StoredColumn.open(path, "values")
+
+
 @contextlib.contextmanager
 def atomic_dataset_dir(target: Path, *, keep_existing: Callable[[Path], bool] | None = None) -> Iterator[Path]:
     """Yield a fresh temporary directory; on success rename it to ``target``, on error delete it.
@@ -321,10 +522,7 @@ def atomic_dataset_dir(target: Path, *, keep_existing: Callable[[Path], bool] | 
             ours is discarded instead of pulling a finished dataset from under its readers.
     """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale_tmp_dirs(target)
-    tmp = target.parent / f"{_tmp_prefix(target)}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+    tmp = _new_tmp_dir(target)
     try:
         yield tmp
         if keep_existing is not None and keep_existing(target):
@@ -407,7 +605,7 @@ def write_dataset_files(
 
 
 def _build_index(*, ids, split, labels, attributes, num_samples: int) -> dict[str, np.ndarray]:
-    ids_arr = as_string_array(ids)
+    ids_arr = ids if isinstance(ids, StoredColumn) else as_string_array(ids)  # a column on disk: read by chunks
     split_arr = as_string_array(split)
     if set(labels) != set(attributes):
         raise ValueError(f"labels {sorted(labels)} and attributes {sorted(attributes)} name different attributes")
@@ -496,6 +694,8 @@ class SampleIndex:
         ids: (N,) str sample ids, unique and stable.
         split: (N,) str, "train" or "test".
         labels: attr -> (N,) int64 class index, -1 where unknown.
+        (Arrays, or for the file-backed storages :class:`StoredColumn` s read from the index on disk: index them
+        with rows or slices, or ``np.asarray`` them to read them whole.)
         attributes: attribute names in manifest order.
         class_names: attr -> list of class names.
         manifest: the parsed ``manifest.json``.
@@ -504,12 +704,12 @@ class SampleIndex:
 
     def __init__(self, *, path: Path, index: Mapping[str, np.ndarray], manifest: Mapping[str, Any]) -> None:
         self.path = Path(path)
-        self.ids: np.ndarray = index["ids"]
-        self.split: np.ndarray = index["split"]
+        self.ids: np.ndarray | StoredColumn = index["ids"]
+        self.split: np.ndarray | StoredColumn = index["split"]
         self.manifest: dict[str, Any] = dict(manifest)
         self.class_names: dict[str, list[str]] = {a: list(n) for a, n in manifest["attributes"].items()}
         self.attributes: list[str] = list(self.class_names)
-        self.labels: dict[str, np.ndarray] = {a: index[LABEL_PREFIX + a] for a in self.attributes}
+        self.labels: dict[str, np.ndarray | StoredColumn] = {a: index[LABEL_PREFIX + a] for a in self.attributes}
         self.digest: str = str(manifest["digest"])
 
     def __len__(self) -> int:
@@ -538,7 +738,10 @@ class SampleIndex:
             return np.arange(len(self), dtype=np.int64)
         if split not in SPLITS:
             raise ConfigError(f"unknown split {split!r}: use 'train', 'test' or 'all'")
-        return np.flatnonzero(self.split == split).astype(np.int64)
+        # a chunk at a time: the split may be a column on disk (StoredColumn), never read whole
+        rows = [np.flatnonzero(self.split[start:start + ID_CHUNK] == split) + start
+                for start in range(0, len(self), ID_CHUNK)]
+        return np.concatenate(rows).astype(np.int64, copy=False) if rows else np.zeros(0, dtype=np.int64)
 
     def verify_ids(self, ids: Sequence[str] | np.ndarray, *, split: str = "all") -> None:
         """Check that ``ids`` are exactly this dataset's ids of ``split``, in the same order.
@@ -662,7 +865,7 @@ def _load_images(path: Path, *, fix: str) -> np.ndarray:
 
 def _load_index(path: Path, *, attributes: list[str], fix: str) -> dict[str, np.ndarray]:
     # ids and split as <U, as before: an images.npy dataset holds N x S x S x 3 pixels, its ids are not what grows
-    # (the file-backed indexes, contrastive.data.image_files, keep them as StringDType).
+    # (the file-backed indexes, contrastive.data.image_files, leave them on disk: StoredColumn).
     index = load_arrays(path, names=["ids", "split"] + [LABEL_PREFIX + a for a in attributes], fix=fix)
     return {name: saveable_ids(values) for name, values in index.items()}
 
@@ -684,6 +887,59 @@ def load_arrays(path: Path, *, names: Sequence[str], fix: str) -> dict[str, np.n
         raise
     except Exception as err:  # zipfile.BadZipFile, OSError, ValueError: all mean a damaged file
         raise DataError(f"{path} is unreadable ({type(err).__name__}: {err}): {fix}") from err
+
+
+class RowsOf:
+    """``values[rows]`` without the copy: the values of a column (an array or a :class:`StoredColumn`) at ``rows``
+    (int64 (M,), e.g. the training split's rows), indexed by position in ``rows``. What a stage keeps of its
+    training samples' ids: an (M,) copy of 30-character paths is 46 bytes a sample (and 120 as ``<U``); a batch
+    looks up only its own rows.
+
+    Attributes:
+        values: the column. rows: int64 (M,). shape: (M,). dtype: the column's.
+    """
+
+    ndim = 1
+
+    def __init__(self, values, rows: np.ndarray) -> None:
+        self.values, self.rows = values, np.asarray(rows, dtype=np.int64)
+        self.dtype = values.dtype
+
+    @property
+    def shape(self) -> tuple[int]:
+        return self.rows.shape
+
+    @property
+    def size(self) -> int:
+        return int(self.rows.size)
+
+    def __len__(self) -> int:
+        return int(self.rows.size)
+
+    def __repr__(self) -> str:
+        return f"RowsOf({self.values!r}, {self.rows.size} rows)"
+
+    def __getitem__(self, key):
+        if isinstance(key, (int, np.integer)):
+            return self.values[int(self.rows[key])]
+        return self.values[self.rows[key]]
+
+    def __array__(self, dtype=None, copy=None):
+        values = np.asarray(self.values[self.rows])
+        return values if dtype is None else values.astype(dtype)
+
+
+def load_column(path: Path, name: str, *, fix: str) -> StoredColumn | np.ndarray:
+    """The 1-D column ``name`` of the npz ``path`` left on disk (a :class:`StoredColumn`), or loaded as
+    :func:`load_arrays` loads it when it cannot be read in place (a compressed member); DataError naming ``fix``
+    when it is missing or the file is damaged."""
+    try:
+        column = StoredColumn.open(path, name)
+    except KeyError:
+        raise DataError(f"{path} lacks arrays {[name]}: {fix}") from None
+    except Exception as err:  # zipfile.BadZipFile, OSError, ValueError: all mean a damaged file
+        raise DataError(f"{path} is unreadable ({type(err).__name__}: {err}): {fix}") from err
+    return column if column is not None else load_arrays(path, names=[name], fix=fix)[name]
 
 
 def _check_consistent(*, path: Path, images, index, manifest, fix: str) -> None:

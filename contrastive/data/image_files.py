@@ -6,7 +6,9 @@
     manifest.json  {"kind": "image_folder", "storage": "files", "source": "/abs/path/to/images",
                     "num_samples", "num_train", "num_test", "image_size", "attributes", "params", "digest"}
 
-Its size grows with the number of ids (O(N) bytes), not with the pixels. :class:`ImageFileDataset` opens it and
+Its size grows with the number of ids (O(N) bytes), not with the pixels; a process that opens it leaves the ids,
+split and labels on disk (:class:`contrastive.data.dataset.StoredColumn`) and reads the rows a batch asks for, so
+neither it nor its DataLoader workers hold O(N) bytes of index. :class:`ImageFileDataset` opens it and
 decodes each file with the same function the "memory" storage uses when it fills ``images.npy``
 (:func:`contrastive.data.image_decode.load_square_rgb`: EXIF rotation, RGB, the centre square of side
 min(width, height) resampled to ``image_size`` x ``image_size``, i.e. the shorter side resized to ``image_size``
@@ -34,8 +36,8 @@ import numpy as np
 import torch
 
 from contrastive.data.dataset import (INDEX_FILE, LABEL_PREFIX, MANIFEST_FILE, ImageArrayDataset, SampleIndex,
-                                      _as_index_array, _manifest_fields_ok, chunks_of, load_arrays, read_manifest,
-                                      repeated_strings)
+                                      _as_index_array, _manifest_fields_ok, chunks_of, load_arrays, load_column,
+                                      read_manifest, repeated_strings)
 from contrastive.data.image_decode import decode_scale_of, file_index_digest, load_square_rgb
 from contrastive.data.skips import SkipCounter
 from contrastive.data.workers import result_tensor
@@ -125,8 +127,11 @@ class IndexedImageDataset(SampleIndex):
                 or any(k not in manifest for k in required)):
             raise DataError(f"{path / MANIFEST_FILE} is corrupt, from an incompatible version or not an index of "
                             f"storage {cls.storage!r}: {fix}")
-        names = ["ids", "split", *(LABEL_PREFIX + a for a in manifest["attributes"]), *extra_arrays]
-        index = load_arrays(path / INDEX_FILE, names=names, fix=fix)
+        # ids, split and labels stay on disk, read a batch's rows (or a chunk) at a time: in memory they would cost
+        # 70 bytes a sample (1M paths: 70 MB), in this process and in every DataLoader worker it is pickled to.
+        columns = ["ids", "split", *(LABEL_PREFIX + a for a in manifest["attributes"])]
+        index = {name: load_column(path / INDEX_FILE, name, fix=fix) for name in columns}
+        index.update(load_arrays(path / INDEX_FILE, names=list(extra_arrays), fix=fix))
         n = int(manifest["num_samples"])
         for name, arr in index.items():
             if arr.shape != (n,):
@@ -232,7 +237,7 @@ class IndexedImageDataset(SampleIndex):
 
 
 class ImageFileDataset(IndexedImageDataset):
-    """A file-backed image folder (storage "files") opened for reading: an index in memory, pixels on demand.
+    """A file-backed image folder (storage "files") opened for reading: an index on disk, pixels on demand.
 
     Attributes:
         source: the image folder the ids are relative to.

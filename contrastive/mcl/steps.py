@@ -14,7 +14,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 import torch
 
-from contrastive.data.dataset import npz_column_for_ids, save_index
+from contrastive.data.dataset import RowsOf, npz_column_for_ids, save_index
 from contrastive.embeddings import load_embedding_ids, load_embeddings
 from contrastive.engine.distributed import DistInfo, per_rank_batch
 from contrastive.engine.files import write_json
@@ -112,8 +112,9 @@ def build_pseudo_labels(*, cluster_dirs: list[Path], embeddings_dirs: list[Path]
     return stats
 
 
-def load_pseudo_labels(*, path: Path, ids: np.ndarray) -> np.ndarray:
-    """Pseudo-label groups (M,) aligned to ``ids``, verified by sample id. When the file's ids are ``ids`` in the
+def load_pseudo_labels(*, path: Path, ids) -> np.ndarray:
+    """Pseudo-label groups (M,) aligned to ``ids`` (an array, or a ``RowsOf`` view of a dataset's ids), verified
+    by sample id. When the file's ids are ``ids`` in the
     same order (the labels of this dataset's training split: the usual case) they are compared chunk by chunk as
     they are read, never held whole (a ``<U`` copy costs 4 B a character of the longest id, each: 120 MB at 1M
     30-character paths); otherwise they are loaded and joined."""
@@ -141,9 +142,9 @@ def stage_sampler(*, dataset, pseudo_labels_path: Path | str | None, batch_size:
     batches of ``batch_size`` per rank from the pseudo-labels at ``pseudo_labels_path`` (MCL stages >= 1,
     Algorithm 1), random batches without it (stage 0, the control run)."""
     train_rows = dataset.indices("train")
-    train_ids = dataset.ids[train_rows]
+    train_ids = RowsOf(dataset.ids, train_rows)  # compared with the pseudo-labels' ids a slice at a time, not copied
     groups = None if pseudo_labels_path is None else load_pseudo_labels(path=Path(pseudo_labels_path), ids=train_ids)
-    sampler = ClusterBatchSampler(groups=groups, num_samples=len(train_ids), batch_size=batch_size, seed=seed,
+    sampler = ClusterBatchSampler(groups=groups, num_samples=len(train_rows), batch_size=batch_size, seed=seed,
                                   world_size=world_size, rank=rank, remainder_policy=remainder_policy)
     return StagePlan(train_rows=train_rows, sampler=sampler, groups=groups)
 

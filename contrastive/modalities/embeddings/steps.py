@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from contrastive.data.dataset import RowsOf
 from contrastive.embeddings import save_embeddings
 from contrastive.engine.checkpoint import save_torch
 from contrastive.engine.files import write_json
@@ -61,7 +62,7 @@ def train_feature_stage(spec: FeatureStageSpec, *, callbacks: list[TrainCallback
                            feature_dropout=spec.views["feature_dropout"], noise=spec.views["noise"], seed=spec.seed)
     torch_device = device_for(name=spec.device, info=info)
     result = train(task=task, source=FeatureBatchSource(sampler=plan.sampler, features=features,
-                                                        ids=dataset.ids[plan.train_rows]),
+                                                        ids=RowsOf(dataset.ids, plan.train_rows)),
                    optim=spec.optim, loop=spec.loop, device=torch_device,
                    checkpoint_path=stage_dir / "checkpoints" / "last.pt", info=info, callbacks=list(callbacks),
                    stop_after_steps=stop_after_steps)

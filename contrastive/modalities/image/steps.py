@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from contrastive.modalities.image.augment import TwoViewAugment
+from contrastive.data.dataset import RowsOf
 from contrastive.data.loading import BatchReader, iter_batches, load_dataset, resolve_workers
 from contrastive.embeddings import ExportBatch, compute_embeddings, export_ranked, rank_share
 from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
@@ -72,7 +73,7 @@ def train_stage(spec: ImageStageSpec, *, info: DistInfo | None = None, callbacks
                                 channels_last=spec.loop.channels_last, epochs=spec.loop.epochs)
     reader = BatchReader(dataset, workers=resolve_workers(spec.workers))  # its workers serve every epoch
     source = ImageBatchSource(
-        sampler=sampler, ids=dataset.ids[train_indices], groups=groups, info=info,
+        sampler=sampler, ids=RowsOf(dataset.ids, train_indices), groups=groups, info=info,
         read_batches=lambda planned: read_image_batches(reader=reader, rows_in_split=train_indices,
                                                         planned=planned),
         # On the CPU a background thread augments the next batches while the step runs; a GPU augments in it.

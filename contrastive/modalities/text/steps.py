@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from contrastive.data.dataset import RowsOf
 from contrastive.embeddings import ExportBatch, compute_embeddings, export_ranked, rank_share
 from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
 from contrastive.engine.checkpoint import save_torch
@@ -110,7 +111,7 @@ def train_text_stage(spec: TextStageSpec, *, info: DistInfo | None = None, callb
     if spec.method["name"] == "simcse_sup":
         pos, neg = triples_for(dataset, train_rows)
         positives, negatives = tokenize(tokenizer, pos, max_length=length), tokenize(tokenizer, neg, max_length=length)
-    source = TextBatchSource(sampler=sampler, tokens=tokens, ids=dataset.ids[train_rows], groups=groups,
+    source = TextBatchSource(sampler=sampler, tokens=tokens, ids=RowsOf(dataset.ids, train_rows), groups=groups,
                              positives=positives, negatives=negatives)
     iso = spec.isotropy
     probe = None

@@ -43,8 +43,8 @@ from pathlib import Path
 import numpy as np
 
 from contrastive.data.dataset import (ID_CHUNK, IMAGES_FILE, INDEX_FILE, MANIFEST_FILE, STRING_DTYPE, _build_index,
-                                      _write_json_atomic, atomic_dataset_dir, is_index_prepared, is_prepared,
-                                      params_hash, save_index, write_dataset_files)
+                                      _write_json_atomic, atomic_dataset_dir, column_on_disk, is_index_prepared,
+                                      is_prepared, params_hash, save_index, scratch_dir, write_dataset_files)
 from contrastive.data.image_decode import (AUTO_DECODER, DECODE_SCALES, IMAGE_EXTENSIONS, _decode_all,
                                            _files_fingerprint, decode_scale_of, file_index_digest)
 from contrastive.errors import ConfigError, DataError
@@ -212,35 +212,47 @@ def _labels_from_folders(ids: Sequence[str], *, depth: int = 0) -> tuple[dict[st
 
 def _assign_split(ids: Sequence[str], *, given: dict[str, str], test_fraction: float, seed: int) -> np.ndarray:
     """(N,) str split: the CSV's where given, else a seeded random split of the remaining ids."""
-    split = (np.asarray([given.get(i, "") for i in ids], dtype=STRING_DTYPE) if given  # only a CSV gives splits
-             else np.full(len(ids), "", dtype=STRING_DTYPE))
-    free = np.flatnonzero(split == "")
-    num_test = int(round(len(free) * test_fraction))
-    if len(free) >= 2:  # both splits non-empty whenever possible: a probe needs a test set
-        num_test = min(max(num_test, 1), len(free) - 1)
-    order = np.random.default_rng(seed).permutation(len(free))
-    split[free] = "train"
-    split[free[order[:num_test]]] = "test"
+    # only a CSV gives splits; without one every id is free (the same draw, without the (N,) row list)
+    split = np.full(len(ids), "", dtype=STRING_DTYPE)
+    if given:
+        for start in range(0, len(ids), ID_CHUNK):
+            split[start:start + ID_CHUNK] = [given.get(i, "") for i in ids[start:start + ID_CHUNK].tolist()]
+    free = np.flatnonzero(split == "") if given else None
+    num_free = len(ids) if free is None else len(free)
+    num_test = int(round(num_free * test_fraction))
+    if num_free >= 2:  # both splits non-empty whenever possible: a probe needs a test set
+        num_test = min(max(num_test, 1), num_free - 1)
+    test = np.random.default_rng(seed).permutation(num_free)[:num_test]
+    if free is not None:
+        split[free] = "train"
+        split[free[test]] = "test"
+    else:
+        split[:] = "train"
+        split[test] = "test"
     return split
 
 
 def _split_from_folders(ids: Sequence[str], *, source: Path) -> np.ndarray:
-    """(N,) str split from each id's top folder (ImageNet: train/..., val/...); DataError for any other."""
-    head, nested = _path_component(ids, 0)
-    tops = np.where(nested, np.strings.lower(head), "")
-    known = np.zeros(len(ids), dtype=bool)
-    for folder in SPLIT_FOLDERS:
-        known |= tops == folder
-    if not known.all():
-        bad = np.asarray(ids)[~known]
-        shown = ", ".join(repr(str(b)) for b in bad[:3].tolist())
-        raise DataError(f"data.image_folder.split_from_folders is set but {len(bad)} image(s) under {source} are "
-                        f"not in a split folder ({', '.join(sorted(SPLIT_FOLDERS))}), e.g. {shown}: lay the "
-                        "folder out as train/<class>/... and val/<class>/... (ImageNet), or unset "
+    """(N,) str split from each id's top folder (ImageNet: train/..., val/...); DataError for any other. ID_CHUNK
+    paths at a time (``ids`` may be a column on disk)."""
+    split = np.empty(len(ids), dtype=STRING_DTYPE)
+    outside, shown = 0, []
+    for start in range(0, len(ids), ID_CHUNK):
+        chunk = ids[start:start + ID_CHUNK]
+        head, nested = _path_component(chunk, 0)
+        tops = np.where(nested, np.strings.lower(head), "")
+        part = np.full(len(chunk), "", dtype=STRING_DTYPE)
+        for folder, name in SPLIT_FOLDERS.items():
+            part[tops == folder] = name
+        unknown = part == ""
+        outside += int(np.count_nonzero(unknown))
+        shown += [repr(str(b)) for b in chunk[unknown][:3 - len(shown)].tolist()]
+        split[start:start + len(chunk)] = part
+    if outside:
+        raise DataError(f"data.image_folder.split_from_folders is set but {outside} image(s) under {source} are "
+                        f"not in a split folder ({', '.join(sorted(SPLIT_FOLDERS))}), e.g. {', '.join(shown)}: lay "
+                        "the folder out as train/<class>/... and val/<class>/... (ImageNet), or unset "
                         "split_from_folders to draw a random split")
-    split = np.full(len(ids), "train", dtype=STRING_DTYPE)
-    for folder, part in SPLIT_FOLDERS.items():
-        split[tops == folder] = part
     return split
 
 
@@ -343,41 +355,44 @@ def prepare_image_folder(*, source: Path, root: Path, image_size: int, labels_cs
         raise ConfigError(f"unknown storage {storage!r}: set data.image_folder.storage to 'memory' (decode once "
                           "into images.npy) or 'files' (index only, for ImageNet-size folders)")
     source = Path(source).expanduser()
-    rel_paths = _check_source(source)
-    csv_labels = None
-    if labels_csv is not None:
-        csv_labels = read_labels_csv(Path(labels_csv), source=source, image_ids=rel_paths)
-    params = {
-        "format_version": FORMAT_VERSION, "source": str(source.resolve()), "image_size": int(image_size),
-        "test_fraction": float(test_fraction), "seed": int(seed), "num_files": len(rel_paths),
-        "files_sha256": _files_fingerprint(source, rel_paths),
-        "labels_csv": None if labels_csv is None else str(Path(labels_csv).resolve()),
-        "labels_csv_sha256": None if labels_csv is None else hashlib.sha256(Path(labels_csv).read_bytes()).hexdigest(),
-    }
-    # Added only when not the default, so folders prepared before these options existed keep their directory.
-    if storage != "memory":
-        params["storage"] = storage
-    if split_from_folders:
-        params["split_from_folders"] = True
-    if decode_scale != "full":
-        params["decode_scale"] = decode_scale
-        params["auto_decoder"] = AUTO_DECODER
-    target = Path(root) / f"{KIND}-{params_hash(params)}"
-    if storage == "files":
-        def prepared(t: Path) -> bool:
-            return is_index_prepared(t, params=params, storage="files", kind=KIND)
-    else:
-        def prepared(t: Path) -> bool:
-            return is_prepared(t, kind=KIND, params=params)
-    if prepared(target):
-        return target
-    with atomic_dataset_dir(target, keep_existing=prepared) as tmp:
+    # The listing is read back from disk a chunk at a time from here on: held in memory it would sit beside every
+    # column built from it (46 of the ~90 bytes a sample that preparing a folder of 1M files held at its peak).
+    with scratch_dir(Path(root) / f"{KIND}-listing") as scratch:
+        rel_paths = column_on_disk(_check_source(source), path=scratch / "ids.npz")
+        csv_labels = None
+        if labels_csv is not None:
+            csv_labels = read_labels_csv(Path(labels_csv), source=source, image_ids=rel_paths)
+        params = {
+            "format_version": FORMAT_VERSION, "source": str(source.resolve()), "image_size": int(image_size),
+            "test_fraction": float(test_fraction), "seed": int(seed), "num_files": len(rel_paths),
+            "files_sha256": _files_fingerprint(source, rel_paths),
+            "labels_csv": None if labels_csv is None else str(Path(labels_csv).resolve()),
+            "labels_csv_sha256": None if labels_csv is None else hashlib.sha256(Path(labels_csv).read_bytes()).hexdigest(),
+        }
+        # Added only when not the default, so folders prepared before these options existed keep their directory.
+        if storage != "memory":
+            params["storage"] = storage
+        if split_from_folders:
+            params["split_from_folders"] = True
+        if decode_scale != "full":
+            params["decode_scale"] = decode_scale
+            params["auto_decoder"] = AUTO_DECODER
+        target = Path(root) / f"{KIND}-{params_hash(params)}"
         if storage == "files":
-            _write_file_index(tmp, source=source, rel_paths=rel_paths, csv_labels=csv_labels, params=params)
+            def prepared(t: Path) -> bool:
+                return is_index_prepared(t, params=params, storage="files", kind=KIND)
         else:
-            _write_image_folder(tmp, source=source, rel_paths=rel_paths, csv_labels=csv_labels, params=params,
-                                max_skip_fraction=max_skip_fraction)
-    return target
+            def prepared(t: Path) -> bool:
+                return is_prepared(t, kind=KIND, params=params)
+        if prepared(target):
+            return target
+        with atomic_dataset_dir(target, keep_existing=prepared) as tmp:
+            if storage == "files":
+                _write_file_index(tmp, source=source, rel_paths=rel_paths, csv_labels=csv_labels, params=params)
+            else:
+                _write_image_folder(tmp, source=source, rel_paths=rel_paths, csv_labels=csv_labels, params=params,
+                                    max_skip_fraction=max_skip_fraction)
+        return target
 
 
 def _write_image_folder(tmp: Path, *, source: Path, rel_paths: Sequence[str], csv_labels: CsvLabels | None,
@@ -392,7 +407,7 @@ def _write_image_folder(tmp: Path, *, source: Path, rel_paths: Sequence[str], cs
     keep = np.asarray([i for i, rel in enumerate(rel_paths) if rel not in failures], dtype=np.int64)
     if failures:
         _compact_rows(tmp, keep=keep)
-    ids = np.asarray(rel_paths)[keep]
+    ids = rel_paths[keep]
     attributes, labels, split = _labels_and_split(ids, csv_labels=csv_labels, params=params, source=source)
     write_dataset_files(tmp, kind=KIND, ids=ids, split=split, labels=labels, attributes=attributes,
                         params=params)
