@@ -124,32 +124,46 @@ def repeated_strings(chunks: Callable[[], Iterable[np.ndarray]], *, count: int, 
 def write_npy(file, values) -> None:
     """``values`` (an array or a :class:`StoredColumn`) as the .npy ``np.save`` writes without pickling, into the
     open binary ``file``: a StringDType (or object) string array as ``<U`` of its longest string, as every earlier
-    version wrote ids, converted ID_CHUNK strings at a time, so it is never held as one ``<U`` array (at 12M
-    30-character ids: 1.4 GB)."""
+    version wrote ids, converted ID_CHUNK strings at a time (:func:`write_strings_npy`)."""
     if not isinstance(values, StoredColumn):  # a column on disk is copied a slice at a time
         values = np.asarray(values)
     if values.dtype.kind not in ("T", "O"):
         np.lib.format.write_array(file, np.asarray(values), allow_pickle=False)
         return
     flat = values if isinstance(values, StoredColumn) else values.reshape(-1)
-    width = max(1, max((int(np.strings.str_len(as_string_array(flat[s:s + ID_CHUNK])).max())
-                        for s in range(0, flat.size, ID_CHUNK)), default=1))
+    write_strings_npy(file, chunks_of(flat), shape=values.shape)
+
+
+def write_strings_npy(file, chunks: Callable[[], Iterable[np.ndarray]], *, shape: tuple[int, ...]) -> None:
+    """The strings the 1-D arrays ``chunks()`` yields (prod(``shape``) in all, in order) as one ``<U`` .npy of
+    their longest string, into the open binary ``file``: two walks of ``chunks()`` (the width, then the rows), a
+    chunk converted at a time, so they are never held as one ``<U`` array (at 12M 30-character ids: 1.4 GB)."""
+    width = max(1, max((int(np.strings.str_len(as_string_array(chunk)).max()) for chunk in chunks() if len(chunk)),
+                       default=1))
     dtype = np.dtype(f"<U{width}")
     np.lib.format.write_array_header_2_0(file, {"descr": np.lib.format.dtype_to_descr(dtype),
-                                                "fortran_order": False, "shape": values.shape})
-    for start in range(0, flat.size, ID_CHUNK):
-        file.write(memoryview(as_string_array(flat[start:start + ID_CHUNK]).astype(dtype)).cast("B"))
+                                                "fortran_order": False, "shape": tuple(shape)})
+    for chunk in chunks():
+        file.write(memoryview(as_string_array(chunk).astype(dtype)).cast("B"))
+
+
+@contextlib.contextmanager
+def _npz_members(path) -> Iterator[Callable[[str], Any]]:
+    """An npz being written to ``path`` (a path or an open binary file) as ``np.savez`` writes one, uncompressed:
+    yields ``member(name)``, a new ``<name>.npy`` member open for writing."""
+    import zipfile
+    with zipfile.ZipFile(path, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+        yield lambda name: archive.open(f"{name}.npy", mode="w", force_zip64=True)
 
 
 def save_index(path, index: Mapping[str, np.ndarray]) -> None:
     """Write the 1-D arrays ``index`` as the npz ``path`` (a path or an open binary file; what ``np.savez`` writes:
     one ``<name>.npy`` member each, uncompressed), each written by :func:`write_npy`: string ids are never pickled
     nor held whole as ``<U``."""
-    import zipfile
-    with zipfile.ZipFile(path, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+    with _npz_members(path) as member:
         for name, values in index.items():
-            with archive.open(f"{name}.npy", mode="w", force_zip64=True) as member:
-                write_npy(member, values)
+            with member(name) as file:
+                write_npy(file, values)
 
 
 def open_npz_member(archive, name: str):
@@ -504,11 +518,16 @@ def scratch_dir(target: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def column_on_disk(values: np.ndarray, *, path: Path) -> StoredColumn:
-    """The 1-D array ``values`` written to the new npz ``path`` and opened as a :class:`StoredColumn`: a step that
-    reads an O(N) column a chunk at a time can then drop the array (a listing of 1M image paths: 46 MB) while it
-    holds the others. The caller deletes ``path`` (a :func:`scratch_dir` does)."""
-    save_index(path, {"values": values})
+def column_on_disk(blocks: Sequence[np.ndarray], *, path: Path) -> StoredColumn:
+    """The strings of the 1-D arrays ``blocks``, in order, written as one column to the new npz ``path`` and opened
+    as a :class:`StoredColumn`: a step that reads an O(N) column a chunk at a time can then drop the blocks (a
+    listing of 1M image paths: 46 MB) while it builds the others, and the blocks are never copied into one array
+    (which would hold the strings twice). One array is one block. The caller deletes ``path`` (a
+    :func:`scratch_dir` does)."""
+    if isinstance(blocks, np.ndarray):
+        blocks = [blocks]
+    with _npz_members(path) as member, member("values") as file:
+        write_strings_npy(file, lambda: iter(blocks), shape=(sum(len(block) for block in blocks),))
     return StoredColumn.open(path, "values")
 
 

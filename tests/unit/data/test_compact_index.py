@@ -3,6 +3,7 @@ index on disk keeps the format earlier versions wrote and read."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -15,7 +16,8 @@ from contrastive.data.image_files import ImageFileDataset
 from contrastive.data.loading import load_dataset
 from contrastive.errors import DataError
 from contrastive.mcl.ids import align_labels_to_ids
-from contrastive.modalities.image.datasets.image_folder import find_images, prepare_image_folder
+from contrastive.modalities.image.datasets import image_folder
+from contrastive.modalities.image.datasets.image_folder import IMAGE_EXTENSIONS, list_images, prepare_image_folder
 
 NAMES = ["cats/é-001.jpg", "cats/b.jpg", "dogs/日本/2.jpg", "dogs/a.jpg", "dogs/z.JPEG"]
 
@@ -30,10 +32,39 @@ def _folder(tmp_path):
     return source
 
 
-def test_find_images_is_a_sorted_string_array_not_a_list_of_str(tmp_path):
-    found = find_images(_folder(tmp_path))
-    assert isinstance(found, np.ndarray) and found.dtype == STRING_DTYPE
-    assert found.tolist() == sorted(NAMES)  # the order sorted() gives the str, non-ASCII names included
+def test_list_images_is_sorted_string_arrays_not_a_list_of_str(tmp_path):
+    blocks = list_images(_folder(tmp_path))
+    assert all(isinstance(b, np.ndarray) and b.dtype == STRING_DTYPE for b in blocks)
+    assert np.concatenate(blocks).tolist() == sorted(NAMES)  # the order sorted() gives the str, non-ASCII too
+
+
+def _os_walk_listing(source):
+    """What the listing was before the sorted walk: os.walk (hidden entries skipped), then one sort."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(source):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        folder = os.path.relpath(dirpath, source).replace(os.sep, "/")
+        found += [("" if folder == "." else folder + "/") + name for name in filenames
+                  if not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS)]
+    return sorted(found)
+
+
+def test_the_sorted_walk_lists_what_os_walk_and_a_sort_did_in_blocks(tmp_path, monkeypatch):
+    source = tmp_path / "images"
+    # folders whose names sort differently with and without the "/" after them, files beside folders of the same
+    # stem, upper case, non-ASCII, hidden files and folders, a linked folder (not entered), a linked file (listed)
+    names = ["a.jpg", "a/b.jpg", "a-b/c.png", "a0/x.jpg", "A/z.JPG", "a/é/1.jpg", "a/e/2.jpg", "b.txt", "ab.jpg",
+             ".hidden/q.jpg", "a/.q.jpg", "zz/yy/xx/deep.webp"]
+    for name in names:
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).write_bytes(b"x")
+    (source / "linked").symlink_to(source / "a", target_is_directory=True)
+    (source / "link.jpg").symlink_to(source / "a.jpg")
+    monkeypatch.setattr(image_folder, "ID_CHUNK", 3)
+    blocks = list_images(source)
+    assert [len(b) for b in blocks[:-1]] == [3] * (len(blocks) - 1)
+    listed = np.concatenate(blocks).tolist()
+    assert listed == _os_walk_listing(source) and "link.jpg" in listed and not any("linked/" in p for p in listed)
 
 
 def test_a_prepared_index_holds_its_ids_as_strings_and_writes_them_as_before(tmp_path):

@@ -112,9 +112,11 @@ def test_rows_of_is_the_column_at_the_rows_without_the_copy(stored, tmp_path):
 
 def test_a_column_on_disk_lives_in_a_scratch_dir_that_is_gone_after_it(tmp_path):
     with scratch_dir(tmp_path / "listing") as scratch:
-        column = column_on_disk(_ids(100), path=scratch / "ids.npz")
+        ids = _ids(100)
+        column = column_on_disk([ids[:40], ids[40:40], ids[40:]], path=scratch / "ids.npz")  # blocks, in order
         assert scratch.parent == tmp_path and scratch.name.startswith(".listing.tmp-")
-        assert column[[99, 0]].tolist() == _ids(100)[[99, 0]].tolist()
+        assert column.tolist() == ids.tolist() and column._stored == np.dtype(f"<U{max(map(len, ids.tolist()))}")
+        assert column_on_disk(ids, path=scratch / "one.npz").tolist() == ids.tolist()  # one array: one block
     assert list(tmp_path.iterdir()) == []
 
 

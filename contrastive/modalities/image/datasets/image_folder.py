@@ -36,7 +36,7 @@ import hashlib
 import json
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,34 +61,55 @@ _COPY_ROWS = 4096
 
 
 # --------------------------------------------------------------------------------------------- listing
-def find_images(source: Path) -> np.ndarray:
-    """Relative paths (forward slashes, sorted by code point as ``sorted`` sorts str) of every image under
-    ``source``, hidden entries skipped: a 1-D StringDType array (``contrastive.data.dataset.STRING_DTYPE``, elements
-    are str), a few tens of bytes a path rather than a Python str and list slot (~80 bytes) each.
+def _walk_sorted(folder: Path, prefix: str) -> Iterator[str]:
+    """The image paths under ``folder`` (each ``prefix`` + its path below ``folder``), in code-point order of the
+    whole path, as ``sorted`` would order them all; one folder's entry names held at a time.
 
-    Hidden files are skipped because macOS "._name.jpg" resource forks would otherwise count as corrupt images.
+    A folder's entries are visited in the order of their name, plus "/" for a folder: whole paths compare as these
+    keys do ("a.jpg" < "a/b.jpg", since "." < "/"), so the walk needs no sort of the whole listing. Hidden entries
+    are skipped (macOS "._name.jpg" resource forks would otherwise count as corrupt images), and, as ``os.walk``
+    does, linked folders are not entered; a subfolder that cannot be read is skipped with a warning.
     """
-    source = Path(source)
+    entries = []
+    with os.scandir(folder) as listing:
+        for entry in listing:
+            if entry.name.startswith("."):
+                continue
+            try:
+                is_dir, linked = entry.is_dir(), entry.is_symlink()
+            except OSError:
+                is_dir = linked = False
+            if is_dir and not linked:
+                entries.append(entry.name + "/")
+            elif not is_dir and entry.name.lower().endswith(IMAGE_EXTENSIONS):
+                entries.append(entry.name)
+    entries.sort()
+    for name in entries:
+        if not name.endswith("/"):
+            yield prefix + name
+            continue
+        try:
+            yield from _walk_sorted(folder / name[:-1], prefix + name)
+        except OSError as err:
+            warnings.warn(f"skipped the folder {folder / name[:-1]} ({err}): its images are not listed; make it "
+                          "readable and run again to include them", stacklevel=2)
+
+
+def list_images(source: Path) -> list[np.ndarray]:
+    """Relative paths (forward slashes, sorted by code point as ``sorted`` sorts str) of every image under
+    ``source``, hidden entries skipped, in blocks of ID_CHUNK: 1-D StringDType arrays
+    (``contrastive.data.dataset.STRING_DTYPE``, elements are str), a few tens of bytes a path rather than a Python
+    str and list slot (~80 bytes) each, never copied into one array (``column_on_disk`` writes the blocks; for a
+    small folder ``np.concatenate`` them)."""
     blocks: list[np.ndarray] = []
     pending: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(source):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        folder = Path(dirpath).relative_to(source).as_posix()
-        prefix = "" if folder == "." else folder + "/"
-        pending += [prefix + name for name in filenames
-                    if not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS)]
-        if len(pending) >= ID_CHUNK:
+    for path in _walk_sorted(Path(source), ""):
+        pending.append(path)
+        if len(pending) == ID_CHUNK:
             blocks.append(np.asarray(pending, dtype=STRING_DTYPE))
             pending = []
     blocks.append(np.asarray(pending, dtype=STRING_DTYPE))
-    found = np.empty(sum(len(b) for b in blocks), dtype=STRING_DTYPE)
-    start = 0
-    for i, block in enumerate(blocks):  # each block freed once copied: never two copies of every path
-        found[start:start + len(block)] = block
-        start += len(block)
-        blocks[i] = None
-    found.sort()  # UTF-8 byte order is code point order: the order of sorted() on the str
-    return found
+    return blocks
 
 
 # --------------------------------------------------------------------------------------------- labels CSV
@@ -302,18 +323,18 @@ def _compact_rows(directory: Path, *, keep: np.ndarray) -> None:
 
 
 # --------------------------------------------------------------------------------------------- prepare
-def _check_source(source: Path) -> np.ndarray:
+def _check_source(source: Path) -> list[np.ndarray]:
     if not source.exists():
         raise DataError(f"image folder {source} does not exist: set data.image_folder.source to a directory "
                         "of images")
     if not source.is_dir():
         raise DataError(f"image folder {source} is a file, not a directory: set data.image_folder.source to "
                         "the folder that holds the images")
-    rel_paths = find_images(source)
-    if not len(rel_paths):
+    listing = list_images(source)
+    if not any(len(block) for block in listing):
         raise DataError(f"no images found under {source} (looked for {', '.join(IMAGE_EXTENSIONS)}, any case, "
                         "in all subfolders): point data.image_folder.source at the folder that holds them")
-    return rel_paths
+    return listing
 
 
 def prepare_image_folder(*, source: Path, root: Path, image_size: int, labels_csv: Path | None = None,
@@ -358,7 +379,7 @@ def prepare_image_folder(*, source: Path, root: Path, image_size: int, labels_cs
     # The listing is read back from disk a chunk at a time from here on: held in memory it would sit beside every
     # column built from it (46 of the ~90 bytes a sample that preparing a folder of 1M files held at its peak).
     with scratch_dir(Path(root) / f"{KIND}-listing") as scratch:
-        rel_paths = column_on_disk(_check_source(source), path=scratch / "ids.npz")
+        rel_paths = column_on_disk(_check_source(source), path=scratch / "ids.npz")  # the blocks freed on return
         csv_labels = None
         if labels_csv is not None:
             csv_labels = read_labels_csv(Path(labels_csv), source=source, image_ids=rel_paths)
