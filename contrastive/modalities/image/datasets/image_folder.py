@@ -32,6 +32,7 @@ Two decodings (``decode_scale``), the same for both storages: see :mod:`contrast
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import json
 import os
@@ -380,31 +381,13 @@ def prepare_image_folder(*, source: Path, root: Path, image_size: int, labels_cs
     # column built from it (46 of the ~90 bytes a sample that preparing a folder of 1M files held at its peak).
     with scratch_dir(Path(root) / f"{KIND}-listing") as scratch:
         rel_paths = column_on_disk(_check_source(source), path=scratch / "ids.npz")  # the blocks freed on return
-        csv_labels = None
-        if labels_csv is not None:
-            csv_labels = read_labels_csv(Path(labels_csv), source=source, image_ids=rel_paths)
-        params = {
-            "format_version": FORMAT_VERSION, "source": str(source.resolve()), "image_size": int(image_size),
-            "test_fraction": float(test_fraction), "seed": int(seed), "num_files": len(rel_paths),
-            "files_sha256": _files_fingerprint(source, rel_paths),
-            "labels_csv": None if labels_csv is None else str(Path(labels_csv).resolve()),
-            "labels_csv_sha256": None if labels_csv is None else hashlib.sha256(Path(labels_csv).read_bytes()).hexdigest(),
-        }
-        # Added only when not the default, so folders prepared before these options existed keep their directory.
-        if storage != "memory":
-            params["storage"] = storage
-        if split_from_folders:
-            params["split_from_folders"] = True
-        if decode_scale != "full":
-            params["decode_scale"] = decode_scale
-            params["auto_decoder"] = AUTO_DECODER
+        csv_labels = None if labels_csv is None else read_labels_csv(Path(labels_csv), source=source,
+                                                                     image_ids=rel_paths)
+        params = _folder_params(source, rel_paths, image_size=image_size, test_fraction=test_fraction, seed=seed,
+                                labels_csv=labels_csv, storage=storage, split_from_folders=split_from_folders,
+                                decode_scale=decode_scale)
         target = Path(root) / f"{KIND}-{params_hash(params)}"
-        if storage == "files":
-            def prepared(t: Path) -> bool:
-                return is_index_prepared(t, params=params, storage="files", kind=KIND)
-        else:
-            def prepared(t: Path) -> bool:
-                return is_prepared(t, kind=KIND, params=params)
+        prepared = functools.partial(_is_folder_prepared, params=params, storage=storage)
         if prepared(target):
             return target
         with atomic_dataset_dir(target, keep_existing=prepared) as tmp:
@@ -414,6 +397,34 @@ def prepare_image_folder(*, source: Path, root: Path, image_size: int, labels_cs
                 _write_image_folder(tmp, source=source, rel_paths=rel_paths, csv_labels=csv_labels, params=params,
                                     max_skip_fraction=max_skip_fraction)
         return target
+
+
+def _folder_params(source: Path, rel_paths: Sequence[str], *, image_size: int, test_fraction: float, seed: int,
+                   labels_csv: Path | None, storage: str, split_from_folders: bool, decode_scale: str) -> dict:
+    """What a prepared folder is made from (its directory is named by their hash): the options, and every file's
+    path, size and mtime and the CSV's bytes."""
+    params = {
+        "format_version": FORMAT_VERSION, "source": str(source.resolve()), "image_size": int(image_size),
+        "test_fraction": float(test_fraction), "seed": int(seed), "num_files": len(rel_paths),
+        "files_sha256": _files_fingerprint(source, rel_paths),
+        "labels_csv": None if labels_csv is None else str(Path(labels_csv).resolve()),
+        "labels_csv_sha256": None if labels_csv is None else hashlib.sha256(Path(labels_csv).read_bytes()).hexdigest(),
+    }
+    # Added only when not the default, so folders prepared before these options existed keep their directory.
+    if storage != "memory":
+        params["storage"] = storage
+    if split_from_folders:
+        params["split_from_folders"] = True
+    if decode_scale != "full":
+        params["decode_scale"] = decode_scale
+        params["auto_decoder"] = AUTO_DECODER
+    return params
+
+
+def _is_folder_prepared(target: Path, *, params: dict, storage: str) -> bool:
+    if storage == "files":
+        return is_index_prepared(target, params=params, storage="files", kind=KIND)
+    return is_prepared(target, kind=KIND, params=params)
 
 
 def _write_image_folder(tmp: Path, *, source: Path, rel_paths: Sequence[str], csv_labels: CsvLabels | None,
