@@ -335,7 +335,8 @@ class StoredColumn:
             row = int(key) + (self._length if key < 0 else 0)
             if not 0 <= row < self._length:
                 raise IndexError(f"row {int(key)} is out of range for {self._length} rows")
-            return self._read_range(row, row + 1)[0]
+            value = self._pread(row, row + 1)[0]
+            return str(value) if self.dtype == STRING_DTYPE else value  # a str, as a StringDType array gives
         if isinstance(key, slice):
             start, stop, step = key.indices(self._length)
             if step == 1:
@@ -404,13 +405,19 @@ class StoredColumn:
         for begin in range(0, rows.size, ID_CHUNK):
             positions = order[begin:begin + ID_CHUNK]
             wanted = rows[positions]
-            # a new read where the next row is more than _GAP_ROWS on, or the read would pass _READ_BYTES
             stored = np.empty(wanted.size, dtype=self._stored)
-            for part in np.split(np.arange(wanted.size), np.flatnonzero(np.diff(wanted) > _GAP_ROWS) + 1):
-                span = (wanted[part] - wanted[part[0]]) // most  # reads of at most `most` rows
-                for piece in np.split(part, np.flatnonzero(np.diff(span)) + 1):
-                    first, last = int(wanted[piece[0]]), int(wanted[piece[-1]])
-                    stored[piece] = self._pread(first, last + 1)[wanted[piece] - first]
+            # a new read where the next row is more than _GAP_ROWS on (a batch's scattered rows: one read each) ...
+            bounds = [0, *(np.flatnonzero(np.diff(wanted) > _GAP_ROWS) + 1).tolist(), wanted.size]
+            for start, stop in zip(bounds[:-1], bounds[1:]):
+                first, last = int(wanted[start]), int(wanted[stop - 1])
+                if last - first < most:
+                    stored[start:stop] = self._pread(first, last + 1)[wanted[start:stop] - first]
+                    continue
+                # ... and where a dense run would pass _READ_BYTES
+                run = np.arange(start, stop)
+                for piece in np.split(run, np.flatnonzero(np.diff((wanted[run] - first) // most)) + 1):
+                    low = int(wanted[piece[0]])
+                    stored[piece] = self._pread(low, int(wanted[piece[-1]]) + 1)[wanted[piece] - low]
             out[positions] = self._held(stored)
         return out.reshape(np.shape(rows))
 

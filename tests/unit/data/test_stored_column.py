@@ -61,6 +61,8 @@ def test_reads_span_the_rows_asked_for_not_the_column(stored, monkeypatch):
     spans.clear()
     monkeypatch.setattr(dataset_module, "_READ_BYTES", 40 * column._stored.itemsize)
     assert column[:].tolist() == ids.tolist() and max(spans) <= 40
+    spans.clear()  # rows all close together: read in runs of at most _READ_BYTES too
+    assert column[np.arange(N)[::-2]].tolist() == ids[::-1][::2].tolist() and max(spans) <= 40
 
 
 def test_a_stored_column_behaves_as_its_array_where_callers_use_one(stored):
