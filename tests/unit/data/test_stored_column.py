@@ -150,3 +150,16 @@ def test_a_file_backed_dataset_keeps_its_index_on_disk_and_plans_from_it(tmp_pat
     assert plan.groups.tolist() == (np.arange(train.size) % 2).tolist()
     for batch in plan.sampler:  # cluster-pure: each batch one group
         assert len({int(plan.groups[row]) for row in batch}) == 1
+
+
+def test_a_folder_prepared_before_is_found_without_writing_anything(tmp_path, monkeypatch):
+    # a team's cache of prepared folders may be mounted read-only: finding one must not need the scratch listing
+    from contrastive.modalities.image.datasets import image_folder
+    source = _image_folder(tmp_path / "images")
+    first = prepare_image_folder(source=source, root=tmp_path / "cache", image_size=8, storage="files")
+
+    def no_writes(target):
+        raise AssertionError(f"wrote a scratch directory next to {target}")
+
+    monkeypatch.setattr(image_folder, "scratch_dir", no_writes)
+    assert prepare_image_folder(source=source, root=tmp_path / "cache", image_size=8, storage="files") == first

@@ -34,10 +34,11 @@ from __future__ import annotations
 import csv
 import functools
 import hashlib
+import itertools
 import json
 import os
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,7 +131,7 @@ def _normalise_id(raw: str) -> str:
     return rel
 
 
-def read_labels_csv(path: Path, *, source: Path, image_ids: Sequence[str]) -> CsvLabels:
+def read_labels_csv(path: Path, *, source: Path, image_ids: Iterable[str]) -> CsvLabels:
     """Read and check a labels CSV against the images found in ``source``.
 
     Raises:
@@ -171,13 +172,17 @@ def _add_csv_row(labels: CsvLabels, *, row: dict[str, str], id_column: str, path
         labels.split[sample_id] = split
 
 
-def _check_csv_ids(labels: CsvLabels, *, path: Path, source: Path, image_ids: Sequence[str]) -> None:
-    known = set(image_ids)
+def _check_csv_ids(labels: CsvLabels, *, path: Path, source: Path, image_ids: Iterable[str]) -> None:
+    known: set[str] = set()
+    first = None
+    for image_id in image_ids:
+        first = image_id if first is None else first
+        known.add(image_id)
     unknown = [i for i in labels.values if i not in known]
     if unknown:
         shown = ", ".join(repr(u) for u in unknown[:3])
         raise DataError(f"labels CSV {path}: {len(unknown)} id(s) match no image under {source} (e.g. {shown}; "
-                        f"ids look like {image_ids[0]!r}): write ids as paths relative to the source folder, "
+                        f"ids look like {first!r}): write ids as paths relative to the source folder, "
                         "with forward slashes and the file extension")
 
 
@@ -377,36 +382,43 @@ def prepare_image_folder(*, source: Path, root: Path, image_size: int, labels_cs
         raise ConfigError(f"unknown storage {storage!r}: set data.image_folder.storage to 'memory' (decode once "
                           "into images.npy) or 'files' (index only, for ImageNet-size folders)")
     source = Path(source).expanduser()
+    listing = _check_source(source)  # sorted StringDType blocks
+    csv_labels = None if labels_csv is None else read_labels_csv(Path(labels_csv), source=source,
+                                                                 image_ids=_each_path(listing))
+    params = _folder_params(source, listing, image_size=image_size, test_fraction=test_fraction, seed=seed,
+                            labels_csv=labels_csv, storage=storage, split_from_folders=split_from_folders,
+                            decode_scale=decode_scale)
+    target = Path(root) / f"{KIND}-{params_hash(params)}"
+    prepared = functools.partial(_is_folder_prepared, params=params, storage=storage)
+    if prepared(target):  # nothing written: a cache of prepared folders may be read-only
+        return target
     # The listing is read back from disk a chunk at a time from here on: held in memory it would sit beside every
     # column built from it (46 of the ~90 bytes a sample that preparing a folder of 1M files held at its peak).
     with scratch_dir(Path(root) / f"{KIND}-listing") as scratch:
-        rel_paths = column_on_disk(_check_source(source), path=scratch / "ids.npz")  # the blocks freed on return
-        csv_labels = None if labels_csv is None else read_labels_csv(Path(labels_csv), source=source,
-                                                                     image_ids=rel_paths)
-        params = _folder_params(source, rel_paths, image_size=image_size, test_fraction=test_fraction, seed=seed,
-                                labels_csv=labels_csv, storage=storage, split_from_folders=split_from_folders,
-                                decode_scale=decode_scale)
-        target = Path(root) / f"{KIND}-{params_hash(params)}"
-        prepared = functools.partial(_is_folder_prepared, params=params, storage=storage)
-        if prepared(target):
-            return target
+        rel_paths = column_on_disk(listing, path=scratch / "ids.npz")
+        del listing
         with atomic_dataset_dir(target, keep_existing=prepared) as tmp:
             if storage == "files":
                 _write_file_index(tmp, source=source, rel_paths=rel_paths, csv_labels=csv_labels, params=params)
             else:
                 _write_image_folder(tmp, source=source, rel_paths=rel_paths, csv_labels=csv_labels, params=params,
                                     max_skip_fraction=max_skip_fraction)
-        return target
+    return target
 
 
-def _folder_params(source: Path, rel_paths: Sequence[str], *, image_size: int, test_fraction: float, seed: int,
+def _each_path(listing: list[np.ndarray]) -> Iterator[str]:
+    """The paths of the blocks ``listing``, one str at a time."""
+    return itertools.chain.from_iterable(block.tolist() for block in listing)
+
+
+def _folder_params(source: Path, listing: list[np.ndarray], *, image_size: int, test_fraction: float, seed: int,
                    labels_csv: Path | None, storage: str, split_from_folders: bool, decode_scale: str) -> dict:
     """What a prepared folder is made from (its directory is named by their hash): the options, and every file's
-    path, size and mtime and the CSV's bytes."""
+    path (the blocks ``listing``), size and mtime and the CSV's bytes."""
     params = {
         "format_version": FORMAT_VERSION, "source": str(source.resolve()), "image_size": int(image_size),
-        "test_fraction": float(test_fraction), "seed": int(seed), "num_files": len(rel_paths),
-        "files_sha256": _files_fingerprint(source, rel_paths),
+        "test_fraction": float(test_fraction), "seed": int(seed), "num_files": sum(len(b) for b in listing),
+        "files_sha256": _files_fingerprint(source, _each_path(listing)),
         "labels_csv": None if labels_csv is None else str(Path(labels_csv).resolve()),
         "labels_csv_sha256": None if labels_csv is None else hashlib.sha256(Path(labels_csv).read_bytes()).hexdigest(),
     }
