@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import socket
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -252,6 +253,7 @@ def _read_member(archive, name: str) -> np.ndarray:
 #: a few KiB), and the most bytes one read of a :class:`StoredColumn` takes.
 _GAP_ROWS = 64
 _READ_BYTES = 1 << 20
+_OPEN_LOCK = threading.Lock()  # opening a StoredColumn's file (a lock per column would not pickle)
 
 
 def _local_data_offset(handle, info) -> int:
@@ -365,12 +367,23 @@ class StoredColumn:
     __hash__ = None
 
     # ----------------------------------------------------------------------------------------- reading
+    def _file(self):
+        """This process's open file of the column (opened on first use, again after a fork). Under a lock: a
+        dataset's decode threads read ids at once, and a handle opened twice would close the one another thread is
+        reading through."""
+        handle = self._handle
+        if handle is None or self._pid != os.getpid():
+            with _OPEN_LOCK:
+                if self._handle is None or self._pid != os.getpid():
+                    self._handle, self._pid = open(self.path, "rb", buffering=0), os.getpid()
+                handle = self._handle
+        return handle
+
     def _pread(self, start: int, stop: int) -> np.ndarray:
         """Rows [start, stop) as stored (a ``<U`` / number array over the bytes read)."""
-        if self._handle is None or self._pid != os.getpid():
-            self._handle, self._pid = open(self.path, "rb", buffering=0), os.getpid()
+        handle = self._file()  # held here: the file stays open for this read whatever other threads do
         size = (stop - start) * self._stored.itemsize
-        data = os.pread(self._handle.fileno(), size, self._offset + start * self._stored.itemsize)
+        data = os.pread(handle.fileno(), size, self._offset + start * self._stored.itemsize)
         if len(data) != size:
             raise DataError(f"{self.path} ends inside its {self.name!r} column (rows {start}..{stop}): the file was "
                             "cut short after it was opened; prepare the dataset again")

@@ -163,3 +163,30 @@ def test_a_folder_prepared_before_is_found_without_writing_anything(tmp_path, mo
 
     monkeypatch.setattr(image_folder, "scratch_dir", no_writes)
     assert prepare_image_folder(source=source, root=tmp_path / "cache", image_size=8, storage="files") == first
+
+
+def test_threads_reading_a_fresh_column_open_its_file_once(stored, monkeypatch):
+    import threading
+    ids, _, column, _ = stored
+    opened = []
+    real_open = open
+
+    def counting_open(*args, **kwargs):
+        opened.append(args[0])
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", counting_open)
+    barrier = threading.Barrier(8)
+    results = [None] * 8
+
+    def read(i):
+        barrier.wait()
+        results[i] = [column[j] for j in range(i, N, 97)]
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert opened == [column.path]
+    assert all(results[i] == ids[i::97].tolist() for i in range(8))
