@@ -967,6 +967,9 @@ class RowsOf:
         values = np.asarray(self.values[self.rows])
         return values if dtype is None else values.astype(dtype)
 
+    def __iter__(self) -> Iterator:
+        return iter(np.asarray(self).tolist())  # one gather (one read of a column on disk), not one a row
+
 
 def load_column(path: Path, name: str, *, fix: str) -> StoredColumn | np.ndarray:
     """The 1-D column ``name`` of the npz ``path`` left on disk (a :class:`StoredColumn`), or loaded as

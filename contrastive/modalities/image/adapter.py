@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from contrastive.data.dataset import RowsOf
 from contrastive.engine.prefetch import prefetched
 from contrastive.engine.distributed import DistInfo
 from contrastive.engine.task import StageTask
@@ -27,13 +28,14 @@ from contrastive.methods.base import step_input
 @dataclass
 class ImageBatch:
     """rows: int64 (b,) positions in the training split; images: uint8 (b, C, H, W); groups: int64 (b,) pseudo-label
-    of each sample or None; ids: the samples' stable ids; global_size / offset: the global batch this is a slice of
+    of each sample or None; ids: the samples' stable ids (a ``RowsOf`` view, read only when asked for: ``keys``);
+    global_size / offset: the global batch this is a slice of
     (rows [offset, offset + b) of it); epoch / index: which batch of which epoch (the augmentation's key);
     views: the two augmented float views when they were made ahead of the step (CPU), else None."""
     rows: np.ndarray
     images: torch.Tensor
     groups: torch.Tensor | None
-    ids: np.ndarray
+    ids: RowsOf | np.ndarray
     global_size: int
     offset: int
     epoch: int = 0
@@ -91,7 +93,9 @@ class ImageBatchSource:
                                                start=start):
             local = len(rows)
             groups = None if self.groups is None else torch.from_numpy(self.groups[rows].astype(np.int64))
-            yield ImageBatch(rows=rows, images=images, groups=groups, ids=self.ids[rows],
+            # the ids only as a view: the step never reads them (a recorder of keys does), and a dataset on disk
+            # would read them from its index for every batch
+            yield ImageBatch(rows=rows, images=images, groups=groups, ids=RowsOf(self.ids, rows),
                              global_size=local * self.info.world_size, offset=local * self.info.rank, epoch=epoch,
                              index=index)
 

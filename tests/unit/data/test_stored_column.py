@@ -190,3 +190,24 @@ def test_threads_reading_a_fresh_column_open_its_file_once(stored, monkeypatch):
         thread.join()
     assert opened == [column.path]
     assert all(results[i] == ids[i::97].tolist() for i in range(8))
+
+
+def test_an_image_batch_reads_its_ids_only_when_its_keys_are_asked_for(stored, monkeypatch):
+    import torch
+
+    from contrastive.engine.distributed import DistInfo
+    from contrastive.mcl.sampler import ClusterBatchSampler
+    from contrastive.modalities.image.adapter import ImageBatchSource
+    ids, _, column, _ = stored
+    train_rows = np.arange(0, N, 5)
+    reads = []
+    read = StoredColumn._pread
+    monkeypatch.setattr(StoredColumn, "_pread", lambda self, a, b: reads.append((a, b)) or read(self, a, b))
+    source = ImageBatchSource(
+        sampler=ClusterBatchSampler(groups=None, num_samples=train_rows.size, batch_size=16, seed=0),
+        ids=RowsOf(column, train_rows), groups=None, info=DistInfo(),
+        read_batches=lambda planned: ((rows, torch.zeros((len(rows), 3, 2, 2), dtype=torch.uint8))
+                                      for rows in planned))
+    batches = list(source.batches(epoch=0, start=0))
+    assert len(batches) == len(source) and reads == []  # the training step never needs them
+    assert [b.keys for b in batches[:3]] == [ids[train_rows[b.rows]].tolist() for b in batches[:3]]
