@@ -122,16 +122,21 @@ def repeated_strings(chunks: Callable[[], Iterable[np.ndarray]], *, count: int, 
     return found
 
 
+def _array_or_column(values):
+    """``values`` as an array, unless it is a column read by slices (:class:`StoredColumn`, :class:`RowsOf`): the
+    writers, hashers and comparers of string columns walk those a chunk at a time instead of reading them whole."""
+    return values if isinstance(values, (StoredColumn, RowsOf)) else np.asarray(values)
+
+
 def write_npy(file, values) -> None:
-    """``values`` (an array or a :class:`StoredColumn`) as the .npy ``np.save`` writes without pickling, into the
-    open binary ``file``: a StringDType (or object) string array as ``<U`` of its longest string, as every earlier
-    version wrote ids, converted ID_CHUNK strings at a time (:func:`write_strings_npy`)."""
-    if not isinstance(values, StoredColumn):  # a column on disk is copied a slice at a time
-        values = np.asarray(values)
+    """``values`` (an array, a :class:`StoredColumn` or :class:`RowsOf`) as the .npy ``np.save`` writes without
+    pickling, into the open binary ``file``: a StringDType (or object) string array as ``<U`` of its longest
+    string, as every earlier version wrote ids, converted ID_CHUNK strings at a time (:func:`write_strings_npy`)."""
+    values = _array_or_column(values)
     if values.dtype.kind not in ("T", "O"):
         np.lib.format.write_array(file, np.asarray(values), allow_pickle=False)
         return
-    flat = values if isinstance(values, StoredColumn) else values.reshape(-1)
+    flat = values.reshape(-1) if isinstance(values, np.ndarray) else values
     write_strings_npy(file, chunks_of(flat), shape=values.shape)
 
 
@@ -185,8 +190,7 @@ def npz_member_equals(path: Path, name: str, expected: np.ndarray, *, chunk_byte
     same strings), shape and every element, both read ``chunk_bytes`` at a time, never whole. False for anything
     else (other dtype or layout, a compressed or unreadable member): the caller then loads and joins."""
     import zipfile
-    if not isinstance(expected, (StoredColumn, RowsOf)):  # those are read a slice at a time, never whole
-        expected = np.asarray(expected)
+    expected = _array_or_column(expected)
     try:
         with zipfile.ZipFile(path) as archive:
             member, shape, _, dtype = open_npz_member(archive, name)
@@ -446,13 +450,12 @@ def digest_array(digest, array: np.ndarray) -> None:
     """Feed ``array`` to the hashlib object ``digest``: numbers as their little-endian bytes; strings as UTF-8
     lines joined by newlines, so the digest does not depend on how the strings are held (``<U`` of any width,
     StringDType). Strings are fed ID_CHUNK at a time, never as one O(N) Python list."""
-    if not isinstance(array, StoredColumn):
-        array = np.asarray(array)
+    array = _array_or_column(array)
     if array.dtype.kind not in ("U", "S", "O", "T"):
         array = np.asarray(array)
         digest.update(np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes())
         return
-    flat = array if isinstance(array, StoredColumn) else array.reshape(-1)  # a column on disk: read by slices
+    flat = array.reshape(-1) if isinstance(array, np.ndarray) else array  # a column: read by slices
     for start in range(0, flat.size, ID_CHUNK):
         text = "\n".join(str(x) for x in flat[start:start + ID_CHUNK].tolist())
         digest.update((("\n" if start else "") + text).encode("utf-8"))

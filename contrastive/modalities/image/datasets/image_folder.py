@@ -244,18 +244,14 @@ def _assign_split(ids: Sequence[str], *, given: dict[str, str], test_fraction: f
     if given:
         for start in range(0, len(ids), ID_CHUNK):
             split[start:start + ID_CHUNK] = [given.get(i, "") for i in ids[start:start + ID_CHUNK].tolist()]
-    free = np.flatnonzero(split == "") if given else None
+    free = np.flatnonzero(split == "") if given else None  # None: every row
     num_free = len(ids) if free is None else len(free)
     num_test = int(round(num_free * test_fraction))
     if num_free >= 2:  # both splits non-empty whenever possible: a probe needs a test set
         num_test = min(max(num_test, 1), num_free - 1)
     test = np.random.default_rng(seed).permutation(num_free)[:num_test]
-    if free is not None:
-        split[free] = "train"
-        split[free[test]] = "test"
-    else:
-        split[:] = "train"
-        split[test] = "test"
+    split[slice(None) if free is None else free] = "train"
+    split[test if free is None else free[test]] = "test"
     return split
 
 
