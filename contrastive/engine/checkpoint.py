@@ -208,6 +208,15 @@ def load_checkpoint(path: Path, *, map_location: str | torch.device = "cpu") -> 
     return None
 
 
+def _unreadable(path: Path, exc: BaseException) -> DataError:
+    """The one line for a file the converter cannot read as a torch file (torch's own error, first line only, says
+    why): nothing of it was loaded or converted."""
+    why = (str(exc).strip().splitlines() or [""])[0][:200]
+    return DataError(f"{path} is not a checkpoint or model file an earlier mclpipe wrote (torch cannot read it: "
+                     f"{type(exc).__name__}{': ' + why if why else ''}), so nothing of it was loaded or converted: "
+                     "delete it and rerun the step that writes it")
+
+
 def convert_to_safe_format(path: Path) -> str:
     """Rewrite a checkpoint or model file of an earlier mclpipe in the format that loads without running code: read
     with the few data types earlier versions stored allowed (numpy arrays, dtypes and scalars, paths:
@@ -223,7 +232,14 @@ def convert_to_safe_format(path: Path) -> str:
         return f"{path} already loads without running code; nothing to convert"
     except UnsafeFileError:
         pass
-    original = load_earlier_format(path, what="file")
+    except Exception as exc:  # torch's reader on a file that is no torch file: empty, text, a truncated archive
+        raise _unreadable(path, exc) from None
+    try:
+        original = load_earlier_format(path, what="file")
+    except DataError:
+        raise
+    except Exception as exc:  # e.g. a raw (non-zip) pickle: earlier mclpipe versions wrote only torch's archive
+        raise _unreadable(path, exc) from None
     save_torch(plain_copy(original, what=str(path)), path, what="a converted file")
     _digest_path(path).unlink(missing_ok=True)  # the earlier format's digest, of bytes that are gone
     _WRITTEN.pop(str(path), None)

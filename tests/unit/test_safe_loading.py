@@ -126,6 +126,47 @@ def test_the_convert_command_is_one_line(tmp_path):
     assert missing.exit_code == 2 and "is not a file" in missing.output
 
 
+def _raw_pickle(path: Path, sentinel: Path) -> Path:
+    path.write_bytes(pickle.dumps({"state_dict": Planted(sentinel)}, protocol=2))
+    return path
+
+
+def _written(path: Path, content: bytes) -> Path:
+    path.write_bytes(content)
+    return path
+
+
+def _truncated(path: Path, sentinel: Path) -> Path:
+    buffer = io.BytesIO()
+    torch.save({"w": torch.ones(3)}, buffer)
+    path.write_bytes(buffer.getvalue()[:200])
+    return path
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+@pytest.mark.parametrize("make, says", [
+    (plant, "_create_sentinel, which mclpipe never stored"),  # torch's zip archive holding a planted pickle
+    (_raw_pickle, "is not a checkpoint or model file an earlier mclpipe wrote"),  # a plain pickle stream
+    (lambda path, _: _written(path, b""), "EOFError"),  # empty
+    (lambda path, _: _written(path, b"not a checkpoint"), "is not a checkpoint or model file"),
+    (_truncated, "PytorchStreamReader failed"),  # a copy cut short
+])
+def test_the_convert_command_refuses_an_unreadable_or_planted_file_in_one_line(tmp_path, sentinel, make, says):
+    """Exit 2 and one line (the file, why, the fix) whatever the file holds; a planted pickle never runs (the
+    sentinel fixture) and the file is left as it was."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+    path = make(tmp_path / "last.pt", sentinel)
+    before = path.read_bytes()
+    result = CliRunner().invoke(app, ["convert-checkpoint", str(path)])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert lines[0].startswith("error: ") and str(path) in lines[0] and says in lines[0]
+    assert "delete it and rerun the step that writes it" in lines[0]
+    assert path.read_bytes() == before
+
+
 def test_what_the_engine_saves_reads_back_without_unpickling_code(tmp_path):
     """Everything a training checkpoint stores (model, optimizer, scheduler, scaler, RNG states of every rank, the
     non-finite guard) is tensors and plain data; a writer that slips anything else in is stopped when it saves."""
@@ -178,11 +219,21 @@ def test_an_image_stage_model_for_export_and_serving_that_is_a_planted_pickle_is
     with pytest.raises(UnsafeFileError) as refused:
         serving.load_encoder(str(model))
     assert_refused(refused, model)
-    # the real one, and one written before this change (plain torch.save, no digest), load
+    # the real one, and one written before this change (plain torch.save, no digest), load: the stage's weights
     real = image_stage[1] / "model" / "model.pt"
-    assert stages.load_trained_model(model_path=real, device=torch.device("cpu")) is not None
-    torch.save(torch.load(real, weights_only=True), tmp_path / "old.pt")
-    assert stages.load_trained_model(model_path=tmp_path / "old.pt", device=torch.device("cpu")) is not None
+    saved = torch.load(real, weights_only=True)
+    assert_same_weights(stages.load_trained_model(model_path=real, device=torch.device("cpu")).state_dict(),
+                        saved["state_dict"])
+    torch.save(saved, tmp_path / "old.pt")
+    assert_same_weights(stages.load_trained_model(model_path=tmp_path / "old.pt", device=torch.device("cpu"))
+                        .state_dict(), saved["state_dict"])
+
+
+def assert_same_weights(loaded: dict, expected: dict) -> None:
+    """The same parameter names and, name by name, equal tensors."""
+    assert list(loaded) == list(expected) and expected
+    for name, tensor in expected.items():
+        assert torch.equal(loaded[name].cpu(), tensor.cpu()), name
 
 
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")
@@ -263,10 +314,13 @@ def test_clip_stage_models_soup_inputs_serving_files_and_pretrained_weights_that
     with pytest.raises(Exception, match="weights_only"):
         create_clip(spec=ClipSpec(model_name=TINY_MODEL, extra={"weights_only": False}))
 
-    # the files mclpipe writes load: the soup and the serving copy
+    # the files mclpipe writes load: the soup of [good, good] is good, the serving copy holds good's weights
+    original = load_stage_model(path=good).model.state_dict()
+    assert_same_weights(original, bundle.model.state_dict())
     soup = make_soup(model_paths=[str(good), str(good)], out_path=str(tmp_path / "soup.pt"))
-    assert load_stage_model(path=Path(soup)) is not None
-    assert serving.load_encoder(serving.write_serving_file(str(good), out_dir=tmp_path / "serving")) is not None
+    assert_same_weights(load_stage_model(path=Path(soup)).model.state_dict(), original)
+    served = serving.load_encoder(serving.write_serving_file(str(good), out_dir=tmp_path / "serving"))
+    assert_same_weights(served.model.state_dict(), original)
 
 
 def test_a_file_that_is_not_mclpipe_s_cannot_be_converted(tmp_path, sentinel):
