@@ -294,6 +294,10 @@ def test_clip_stage_models_soup_inputs_serving_files_and_pretrained_weights_that
                                                          save_stage_model)
     from contrastive.modalities.image_text.steps import make_soup
     bundle = create_clip(spec=ClipSpec(model_name=TINY_MODEL, trainable_image_blocks=1))
+    with torch.no_grad():  # "trained": weights a rebuilt init would not have
+        for parameter in bundle.model.parameters():
+            if parameter.requires_grad:
+                parameter.add_(torch.randn_like(parameter))
     good = save_stage_model(model=bundle.model, spec=bundle.spec, path=tmp_path / "s0" / "model.pt",
                             weights_file=None)
     planted = plant(tmp_path / "s1" / "model.pt", sentinel, key="trainable_state", spec=bundle.spec.to_dict())
