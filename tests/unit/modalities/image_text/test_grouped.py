@@ -115,8 +115,8 @@ def test_reshard_memory_does_not_grow_with_the_samples(tmp_path, monkeypatch):
     from contrastive.modalities.image_text import grouped
     from contrastive.modalities.image_text.steps import reshard_stage
 
-    monkeypatch.setattr(grouped, "LABEL_CHUNK", 64, raising=False)  # small slices and write runs: tiny inputs
-    monkeypatch.setattr(grouped, "WRITE_CHUNK", 64 << 10, raising=False)  # show whether anything grows with M
+    monkeypatch.setattr(grouped, "LABEL_CHUNK", 64)  # small slices and write runs: tiny inputs
+    monkeypatch.setattr(grouped, "WRITE_CHUNK", 64 << 10)  # show whether anything grows with M
     peaks = []
     for n in (300, 1500):
         shards = write_tiny_shards(directory=tmp_path / f"src{n}", num_samples=n, samples_per_shard=100, seed=2,
