@@ -41,12 +41,28 @@ def test_two_ranks_export_what_one_process_exports(trained):
                                                                          "rank001-part-00000.npy"]
 
 
-def test_channels_last_exports_the_same_embeddings(trained):
-    """The stage's memory format (train.channels_last) changes the speed of the export, not what it writes."""
+def test_channels_last_exports_the_same_embeddings(trained, monkeypatch):
+    """The stage's memory format (train.channels_last) changes the speed of the export, not what it writes; with it
+    set, every convolution of the export sees its input and its weights in channels_last (without, in NCHW)."""
+    import torch
     tmp, dataset_dir, model_path = trained
+    real_load = stages.load_trained_model
+    formats: list[tuple[bool, bool]] = []  # (input, weight) channels_last, for every convolution's call
+
+    def load_watched(**kwargs):
+        model = real_load(**kwargs)
+        for module in model.modules():
+            if isinstance(module, torch.nn.Conv2d):
+                module.register_forward_pre_hook(lambda conv, args: formats.append(
+                    (args[0].is_contiguous(memory_format=torch.channels_last),
+                     conv.weight.is_contiguous(memory_format=torch.channels_last))))
+        return model
+    monkeypatch.setattr(stages, "load_trained_model", load_watched)
     for name, channels_last in (("contiguous", False), ("channels-last", True)):
+        formats.clear()
         stages.export_stage_embeddings(dataset_dir=dataset_dir, model_path=model_path, out_dir=tmp / name,
                                        batch_size=8, device="cpu", channels_last=channels_last)
+        assert formats and set(formats) == {(channels_last, channels_last)}, (name, set(formats))
     ids_a, z_a = load_embeddings(directory=tmp / "contiguous")
     ids_b, z_b = load_embeddings(directory=tmp / "channels-last")
     assert ids_a.tolist() == ids_b.tolist() and np.abs(z_a).max() > 0
