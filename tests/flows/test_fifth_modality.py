@@ -46,13 +46,19 @@ def test_a_modality_registered_from_the_tests_runs_through_the_one_flow(tmp_path
 
 
 def test_the_fifth_modality_changes_no_file_outside_tests():
-    named = subprocess.run(["git", "grep", "-l", "fifth_modality\\|FifthModality", "--", ":!tests"], cwd=ROOT,
-                           capture_output=True, text=True)
-    assert named.stdout == ""
+    """No file outside tests/, tracked or new, names it: git grep exits 1 (nothing found); 0 lists the files, and
+    anything else (128: not a checkout) is no answer, so the test fails rather than passing on empty output."""
+    named = subprocess.run(["git", "grep", "--untracked", "-l", "fifth_modality\\|FifthModality", "--", ":!tests"],
+                           cwd=ROOT, capture_output=True, text=True)
+    assert (named.returncode, named.stdout) == (1, ""), named.stderr or named.stdout
 
 
-def test_a_built_in_key_cannot_be_taken():
+@pytest.mark.parametrize("key", [*registry.PACKAGES, *registry.ALIASES])
+def test_a_built_in_key_cannot_be_taken(key):
+    """Every built-in key (the four packages' and the old alias ``mcl``) is refused, and keeps its modality."""
     class Impostor(fifth_modality.FifthModality):
-        name = "mcl"
+        name = key
+    built_in = registry.modality_for(key)
     with pytest.raises(ConfigError, match="another name"):
         registry.register(Impostor(), fifth_modality.FifthConfig)
+    assert registry.modality_for(key) is built_in and not isinstance(built_in, Impostor)
