@@ -39,12 +39,15 @@ def worker_deployment(team_stack):
 
 @pytest.fixture(scope="module")
 def browser():
-    """Debian's chromium driven by playwright (.ci/setup-browser.sh), for the UI tests."""
+    """Debian's chromium driven by playwright (.ci/setup-browser.sh), for the UI tests: skipped where either is
+    missing, failed under CI (tests/components.py)."""
     from tests.e2e.test_ui_browser import ARGS, CHROMIUM
 
-    playwright_api = pytest.importorskip("playwright.sync_api", reason="run .ci/setup-browser.sh (the `ui` extra)")
+    from tests.components import BROWSER, missing, require_modules
+
+    playwright_api = require_modules("playwright.sync_api", fix=BROWSER)
     if not Path(CHROMIUM).exists():
-        pytest.fail("no /usr/bin/chromium: run .ci/setup-browser.sh")
+        missing(f"no {CHROMIUM}", fix=BROWSER)
     with playwright_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         yield browser

@@ -4,6 +4,8 @@ import subprocess
 
 import pytest
 
+from tests.components import missing
+
 
 def mount_tmpfs(mountpoint, *, size: str) -> None:
     """Mount a tmpfs of ``size``. Without the right to (not root, or mount refused: a container without
@@ -18,10 +20,8 @@ def mount_tmpfs(mountpoint, *, size: str) -> None:
 
 
 def _cannot_mount(reason: str) -> None:
-    if os.environ.get("CI", "").lower() in ("true", "1", "yes"):
-        pytest.fail(f"{reason}; CI=true, so this full-disk test fails rather than skips: run CI as root with mount "
-                    "rights (docker run --privileged or --cap-add SYS_ADMIN), or unset CI to skip it", pytrace=False)
-    pytest.skip(reason)
+    missing(reason, fix="run CI as root with mount rights (docker run --privileged or --cap-add SYS_ADMIN), or unset "
+                        "CI to skip it")
 
 
 def resize_tmpfs(mountpoint, *, size: str) -> None:

