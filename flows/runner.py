@@ -199,12 +199,17 @@ class StepRunner:
         return self.stage_runs[run]
 
     def step(self, task_fn, *, prefix: str, key: str, run_id: RunRef, what: str, stage: int | None = None,
-             **kwargs: Any) -> StepRecord:
-        """Run one cached step of ``stage``; with ``rerun_from``, steps of that stage and later are recomputed."""
+             reads_stage: int | None = None, **kwargs: Any) -> StepRecord:
+        """Run one cached step of ``stage``; with ``rerun_from``, steps of that stage and later are recomputed.
+
+        ``reads_stage``: for a step of no stage of its own (the soup, the final step), the latest stage whose
+        outputs it reads. A rerun stage's new weights carry the old keys (a key is what a result depends on, not the
+        floats a run gave), so whatever reads them is recomputed with it, never found cached."""
         out_dir = str(self.root / "steps" / f"{prefix}-{key}")
         if stage is not None and "stage" in inspect.signature(task_fn.fn).parameters:
             kwargs["stage"] = stage
-        force = None not in (self.rerun_from, stage) and stage >= self.rerun_from
+        latest = stage if reads_stage is None else reads_stage
+        force = None not in (self.rerun_from, latest) and latest >= self.rerun_from
         run_ref = run_id
         run_id = self.resolve_run(run_id, what=what, source=None if force else recorded_run(out_dir), force=force)
         if force and what == "train":
@@ -260,23 +265,25 @@ class StepRunner:
         return trained, exported
 
     def member(self, *, name: str, model: TrainRecord | ModelRecord, exported: ExportRecord | None,
-               run_id: RunRef) -> tuple[str, Member]:
+               run_id: RunRef, stage: int) -> tuple[str, Member]:
         """(key, member) of one representation as evaluations read it: its export, or, for a modality that
-        encodes the evaluation sets once per model, that encoding."""
+        encodes the evaluation sets once per model, that encoding. ``stage``: the latest stage the model is made
+        from (a rerun from it encodes again)."""
         if not self.modality.encodes_for_eval:
             return exported.key, Member(model_path=model.model_path, embeddings_dir=exported.embeddings_dir)
         key = digest_of(self.modality.encode_content(self.config, model_key=model.key, data=self.data))
         features = self.step(t.encode_for_eval, prefix=f"{self.modality.step_prefix}encode", key=key, run_id=run_id,
-                             what=f"encode.{name}", name=name, model_path=model.model_path, data=self.data)
+                             what=f"encode.{name}", reads_stage=stage, name=name, model_path=model.model_path,
+                             data=self.data)
         return features.key, Member(model_path=model.model_path, features=features.features)
 
     def evaluate(self, *, name: str, members: list[tuple[str, Member]], run_id: RunRef,
-                 stage: int | None = None) -> dict:
+                 stage: int | None = None, reads_stage: int | None = None) -> dict:
         """The metrics of one representation (one member) or of the concatenation of several."""
         key = digest_of(self.modality.eval_content(self.config, member_keys=[k for k, _ in members]))
         return self.step(t.evaluate, prefix=f"{self.modality.step_prefix}eval", key=key, run_id=run_id,
-                         what=f"eval.{name}", stage=stage, name=name, members=[m for _, m in members],
-                         data=self.data).metrics
+                         what=f"eval.{name}", stage=stage, reads_stage=reads_stage, name=name,
+                         members=[m for _, m in members], data=self.data).metrics
 
     def diagnose(self, *, name: str, stage: int, trained: TrainRecord, exported: ExportRecord,
                  clusters: ClusterRecord | None, run_id: RunRef) -> None:
@@ -329,7 +336,7 @@ class StepRunner:
             trained, exported = self.train_and_export(kind="mcl", stage=stage, batches=batches)
             out.trained.append(trained)
             out.exports.append(exported)
-            member = self.member(name=f"stage{stage}", model=trained, exported=exported, run_id=run_id)
+            member = self.member(name=f"stage{stage}", model=trained, exported=exported, run_id=run_id, stage=stage)
             out.members.append(member)
             out.results[f"stage {stage}"] = self.evaluate(name=f"stage{stage}", members=[member], run_id=run_id,
                                                           stage=stage)
@@ -369,7 +376,8 @@ class StepRunner:
         for stage in range(len(members), self.config.mcl.num_stages):
             run_id = control.stage_run(kind="control", stage=stage)
             trained, exported = control.train_and_export(kind="control", stage=stage, batches=None)
-            member = control.member(name=f"control_stage{stage}", model=trained, exported=exported, run_id=run_id)
+            member = control.member(name=f"control_stage{stage}", model=trained, exported=exported, run_id=run_id,
+                                    stage=stage)
             members.append(member)
             control.diagnose(name=f"control_stage{stage}", stage=stage, trained=trained, exported=exported,
                              clusters=None, run_id=run_id)
@@ -394,10 +402,11 @@ class StepRunner:
         if self.config.mcl.num_stages == 1 or not self.modality.combines_models(self.config):
             return {}
         key = digest_of([f"{self.modality.step_prefix}soup", [x.key for x in outputs.trained]])
+        last = len(outputs.trained) - 1
         soup = self.step(t.combine_models, prefix=f"{self.modality.step_prefix}soup", key=key,
-                         run_id=self.parent_run_id, what="soup", trained=list(outputs.trained))
-        member = self.member(name="soup", model=soup, exported=None, run_id=self.parent_run_id)
-        return {"soup": self.evaluate(name="soup", members=[member], run_id=self.parent_run_id)}
+                         run_id=self.parent_run_id, what="soup", reads_stage=last, trained=list(outputs.trained))
+        member = self.member(name="soup", model=soup, exported=None, run_id=self.parent_run_id, stage=last)
+        return {"soup": self.evaluate(name="soup", members=[member], run_id=self.parent_run_id, reads_stage=last)}
 
     def run_final(self, outputs: StageOutputs) -> dict | None:
         """The modality's step on the final representation (text: Hyper-CL on the concatenation of every stage)."""
@@ -406,7 +415,8 @@ class StepRunner:
         name = self.modality.final_name
         key = digest_of(self.modality.final_content(self.config, train_keys=[x.key for x in outputs.trained]))
         return self.step(t.final_metrics, prefix=f"{self.modality.step_prefix}{name}", key=key,
-                         run_id=self.parent_run_id, what=name, trained=list(outputs.trained), data=self.data).metrics
+                         run_id=self.parent_run_id, what=name, reads_stage=len(outputs.trained) - 1,
+                         trained=list(outputs.trained), data=self.data).metrics
 
     def left_open(self, run_id: str) -> bool:
         """A reused stage's run that an earlier attempt did not finish: marked FAILED by a failed one, KILLED by a

@@ -109,3 +109,32 @@ def test_on_a_cluster_launcher_the_eval_sets_are_encoded_by_a_job_with_the_same_
         for metric, value in metrics.items():
             if metric.startswith(("mmvp/", "retrieval/")):
                 assert remote["results"][name][metric] == pytest.approx(value, abs=1e-6), (name, metric)
+
+
+@pytest.mark.slow  # two pipeline runs of the tiny CLIP model (about 90 s on an idle 2-core machine)
+def test_rerun_from_recomputes_the_encodings_soup_and_scores_of_a_retrained_stage(clip_config, monkeypatch):
+    """``--rerun-from 1`` where only the floats change (the keys stay: as a GPU's nondeterminism, or a setting
+    outside the content key, gives): stage 1 retrains, and its encoding, the soup, the soup's encoding and every
+    score that reads stage 1 are computed again from the new weights, never found cached; stage 0's stay."""
+    import dataclasses
+
+    rerun = {"on": False}
+    real = stages.train_stage
+
+    def other_floats(spec, **kwargs):  # the same content key, other weights
+        return real(dataclasses.replace(spec, seed=spec.seed + 7) if rerun["on"] else spec, **kwargs)
+
+    monkeypatch.setattr(stages, "train_stage", other_floats)
+    first = clip_pipeline(clip_config)
+    table = (Path(first["dir"]) / "results.md").read_text()
+    rerun["on"] = True
+    again = clip_pipeline(clip_config, rerun_from=1)
+    steps = Path(clip_config.output_dir) / "steps"
+    replaced = sorted(d.name.split("-")[1] for d in steps.glob("*.replaced-*"))
+    # stage 1's re-shard, training, export, encoding and score, the soup, its encoding and score, and the MCL
+    # concat's score
+    assert replaced == ["encode", "encode", "eval", "eval", "eval", "export1", "grouped1", "soup", "train1"], replaced
+    assert again["results"]["stage 0"] == first["results"]["stage 0"]
+    for row in ("stage 1", "soup", "MCL concat"):
+        assert again["results"][row] != first["results"][row], row
+    assert (Path(again["dir"]) / "results.md").read_text() != table
