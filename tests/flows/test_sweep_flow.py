@@ -71,6 +71,11 @@ def test_a_clip_sweep_over_k_compares_its_mmvp_scores_through_the_same_flow(tmp_
         (k, rep) for k in ("2", "4") for rep in ("stage 0", "stage 1", "MCL concat")}
     assert {r["attribute"] for r in summary["rows"]} >= {"average"}  # mmvp/average: CLIP's sweep metric, in percent
     assert all(0 <= r["mean"] <= 100 for r in summary["rows"])
+    # K changes stage 1's batches, so its model and scores: each point's own stage 1, not one model's scores twice
+    rows = {(r["mcl.clusters"], r["representation"], r["attribute"]): r["mean"] for r in summary["rows"]}
+    stage1 = {k: [mean for (key, rep, _), mean in sorted(rows.items()) if key == k and rep == "stage 1"]
+              for k in ("2", "4")}
+    assert stage1["2"] and stage1["2"] != stage1["4"], stage1
     table = (Path(summary["dir"]) / "comparison.md").read_text()
     assert table.startswith("| mcl.clusters | representation |") and "| average |" in table.splitlines()[0] + " |"
 
