@@ -29,6 +29,7 @@ from contrastive.errors import MclpipeError, StageInterrupted  # noqa: E402
 from flows import shutdown  # noqa: E402
 from flows.local_server import starting_local_server  # noqa: E402
 from pipeline_config.loader import described_config, load_config, preset_names  # noqa: E402
+from pipeline_config.plan import InfeasiblePlan  # noqa: E402
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Multistage contrastive learning (MCL) pipelines on Prefect, tracked in MLflow.")
@@ -86,7 +87,7 @@ def rich_table(table) -> Table:
     return out
 
 
-def run_pipeline(config, rerun_from: int | None = None) -> dict:
+def run_pipeline(config, rerun_from: int | None = None, *, force: bool = False) -> dict:
     """Run the config's pipeline (its ``pipeline:`` key picks the modality); returns the summary record
     {"results", "dir", "tracking_hint", links...}."""
     if rerun_from is not None and not 0 <= rerun_from < config.mcl.num_stages:
@@ -97,6 +98,11 @@ def run_pipeline(config, rerun_from: int | None = None) -> dict:
     # its start-up overlaps the imports of the steps (torch, MLflow) as well as the checks.
     with starting_local_server():
         from tasks.steps import modality_of, tracker_for
+        if not force:  # disk, memory, capacity and shards against this machine (`mclpipe plan`), in well under 1 s,
+            # before anything is written under output_dir (the log file included)
+            from flows.planning import check_feasible
+            check_feasible(config, warn=lambda line: shutdown.say(
+                err_console, f"[bold yellow]warning:[/] {line}", highlight=False, soft_wrap=True))
         modality_of(config).preflight(config)
         tracker_for(config)
     shutdown.quiet_user_tracebacks()
@@ -107,22 +113,29 @@ def run_pipeline(config, rerun_from: int | None = None) -> dict:
 RerunOpt = Annotated[Optional[int], typer.Option("--rerun-from", help="recompute stage N and later even if finished")]
 
 
+ForceOpt = Annotated[bool, typer.Option("--force", help="skip the check of disk, memory and shards against this "
+                                                        "machine made before the first step (`mclpipe plan`)")]
+
+
 @app.command()
-def run(config: ConfigArg, overrides: SetOpt = None, rerun_from: RerunOpt = None) -> None:
+def run(config: ConfigArg, overrides: SetOpt = None, rerun_from: RerunOpt = None, force: ForceOpt = False) -> None:
     """Run an MCL pipeline (finished steps of an identical earlier run are reused, not recomputed)."""
-    run_and_report(lambda: load_config(config, overrides or []), rerun_from=rerun_from)
+    run_and_report(lambda: load_config(config, overrides or []), rerun_from=rerun_from, force=force)
 
 
-def run_and_report(make_config, *, rerun_from: int | None) -> None:
+def run_and_report(make_config, *, rerun_from: int | None, force: bool = False) -> None:
     """Load the config, run its pipeline and print the report; user mistakes end in one line, and so do Ctrl-C,
     SIGTERM (exit 130 / 143, see ``flows.shutdown``) and a full disk."""
     cfg = None
     try:
         cfg = make_config()
         started = time.perf_counter()
-        summary = run_pipeline(cfg, rerun_from=rerun_from)
+        summary = run_pipeline(cfg, rerun_from=rerun_from, force=force)
     except StageInterrupted as exc:
         interrupted(exc, cfg, rerun_from=rerun_from)
+        return
+    except InfeasiblePlan as exc:  # refused before the first step: nothing is written, not even last-stop.txt
+        fail(str(exc))
         return
     except MclpipeError as exc:
         from flows.faults import with_continue_command
@@ -352,6 +365,39 @@ def status(output_dir: Annotated[Path, typer.Option(help="the runs' output_dir")
              "output_dir with --output-dir")
         return
     shutdown.say(console, path.read_text().strip(), highlight=False, markup=False, soft_wrap=True)
+
+
+@app.command()
+def plan(config: ConfigArg, overrides: SetOpt = None,
+         recalibrate: Annotated[bool, typer.Option(help="measure the rates again (cached per machine and config)")]
+         = False,
+         calibrate: Annotated[bool, typer.Option(help="measure the rates on this data and device when none are "
+                                                      "cached (seconds); --no-calibrate: closed forms only")] = True
+         ) -> None:
+    """What a run will cost before it runs: one row per step (time, peak RAM, disk written, GPU memory per
+    device), the total and the critical path, what each figure rests on, and what this machine cannot hold."""
+    from flows.planning import build_plan
+    from pipeline_config.plan import feasibility, summary_lines, table_rows
+    cfg = load_or_fail(config, overrides)
+    try:
+        result = build_plan(cfg, calibrate=calibrate, recalibrate=recalibrate,
+                            log=lambda line: err_console.print(line, highlight=False, markup=False))
+    except MclpipeError as exc:
+        fail(str(exc))
+        return
+    rows = table_rows(result)
+    out = Table(title=f"plan of {cfg.name} (pipeline id {cfg.config_hash()})")
+    for column in rows[0]:
+        out.add_column(column, justify="left" if column in ("step", "rests on") else "right")
+    for row in rows:
+        out.add_row(*row.values())
+    wide = Console(width=max(console.width, 180)) if not console.is_terminal else console  # the bases on one line
+    wide.print(out)
+    for line in summary_lines(result):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    for finding in feasibility(cfg, result):
+        colour = "red" if finding.level == "error" else "yellow"
+        console.print(f"[bold {colour}]{finding.level}:[/] {finding.message}", highlight=False, soft_wrap=True)
 
 
 @app.command("show-config")

@@ -160,6 +160,10 @@ class StepRunner:
         self.linked_runs: dict[StageRun, str] = {}  # earlier invocations' runs that hold reused stages
         self._tracker = None
 
+    def logger(self):
+        """Where the stage loop logs: the flow run's logger (a plan's runner, outside any flow, logs elsewhere)."""
+        return get_run_logger()
+
     @property
     def tracker(self):
         if self._tracker is None:
@@ -328,7 +332,7 @@ class StepRunner:
     # ------------------------------------------------------------------------------------------ the loop
     def run_stages(self) -> StageOutputs:
         """MCL's stage loop (module docstring); every later stage trains a fresh encoder on cluster-pure batches."""
-        logger = get_run_logger()
+        logger = self.logger()
         out, batches = StageOutputs(), None
         stages = self.config.mcl.num_stages
         for stage in range(stages):

@@ -1,0 +1,348 @@
+"""A few batches of each kind of step, measured on the user's own data and device: what ``mclpipe plan`` scales
+(:mod:`pipeline_config.plan`).
+
+The steps are the pipeline's own library calls (the modality's ``prepare_data``, ``train``, ``export``,
+``evaluate``, ...; ``contrastive.mcl.steps``' k-means and pseudo-labels), run in this process without Prefect or
+MLflow, in a temporary directory:
+
+- prepare: the real preparation (a run reuses what it writes);
+- train: stage 0 for ``TRAIN_STEPS`` optimizer steps (``train.max_steps_per_epoch``), each step timed by a training
+  callback: the median step after the first two is the per-step rate, the rest of the call the fixed cost;
+- export: the real export of that model, stopped after ``EXPORT_ROWS`` rows (its progress callback), or whole on
+  data smaller than that; seconds a row after the first batch, the rest fixed;
+- k-means and pseudo-labels: the real steps on the calibration's export when it is whole, else k-means on
+  ``KMEANS_ROWS`` random rows of the export's width and the pseudo-label combination of its assignments;
+- re-shard (CLIP): the copy rate of the first training shard, written twice (the spool's staging file, then
+  the group file);
+- evaluations, encodings, diagnostics, the soup and the final step: once each, on one member.
+
+The result is cached per machine and config hash (``plan.calibration_path``); ``--recalibrate`` measures again.
+"""
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from pipeline_config.plan import Calibration, Rate, calibration_path, machine_id
+
+TRAIN_STEPS = 8
+EXPORT_ROWS = 16_384
+KMEANS_ROWS = 20_000
+
+
+class _Enough(Exception):
+    """Raised by the export's progress callback once enough rows were timed."""
+
+
+@dataclass
+class Measured:
+    seconds: float = 0.0
+    peak_rss: int | None = None
+    gpu_mem: int | None = None
+
+
+def _status_bytes(name: str) -> int | None:
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(name + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak() -> None:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS
+    except OSError:
+        pass
+
+
+@contextmanager
+def measured(device: str):
+    """Seconds, peak RSS of this process and peak GPU memory of the block."""
+    cuda = str(device).startswith("cuda")
+    torch = None
+    if cuda:
+        import torch
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+    _reset_peak()
+    out = Measured()
+    start = time.perf_counter()
+    yield out
+    out.seconds = time.perf_counter() - start
+    out.peak_rss = _status_bytes("VmHWM")
+    if cuda:
+        out.gpu_mem = int(torch.cuda.max_memory_allocated())
+
+
+def dir_bytes(path) -> int:
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink()) if path.is_dir() \
+        else 0
+
+
+class _StepTimes:
+    """Training callback: the time of every optimizer step (``log_every_steps: 1``)."""
+
+    def __init__(self):
+        self.stamps: list[float] = []
+
+    def on_step(self, *, step: int, epoch: int, metrics: dict) -> None:
+        self.stamps.append(time.perf_counter())
+
+    def on_epoch_end(self, *, epoch: int, metrics: dict) -> None:
+        pass
+
+    def on_checkpoint(self, *, path, step: int) -> None:
+        pass
+
+
+def _short_training(config):
+    """Stage 0's config for ``TRAIN_STEPS`` steps, every step logged, no checkpoint in between."""
+    stage = config.for_stage(0)
+    train = stage.train.model_copy(update={"epochs": 1, "max_steps_per_epoch": TRAIN_STEPS, "log_every_steps": 1,
+                                           "checkpoint_every_steps": 10 ** 9})
+    return stage.model_copy(update={"train": train})
+
+
+def resolved_device(config) -> str:
+    """The device the stages run on ("auto": a GPU when there is one), as the engine picks it."""
+    from contrastive.engine.distributed import device_for
+    device = device_for(name=config.device)
+    return "cpu" if device.type == "cpu" else f"{device.type} ({_gpu_name(device)})"
+
+
+def _gpu_name(device) -> str:
+    import torch
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def calibrate(config, *, log: Callable[[str], None] = print) -> Calibration:
+    """Measure every kind of step ``config``'s pipeline has (module docstring) and cache the result."""
+    from contrastive.modalities.registry import modality_for
+    modality = modality_for(config.pipeline)
+    device = resolved_device(config)
+    began = time.perf_counter()
+    rates: dict[str, Rate] = {}
+    with tempfile.TemporaryDirectory(prefix="mclpipe-plan-") as tmp:
+        work = Path(tmp)
+        log("calibrating: preparing the data")
+        with measured(device) as m:
+            data = modality.prepare_data(config, log=lambda _: None)
+        rates["prepare"] = Rate(fixed_s=m.seconds, per_unit_s=0.0, units=1, peak_rss=m.peak_rss,
+                                disk=dir_bytes(data["dir"]))
+        log(f"calibrating: {TRAIN_STEPS} training steps on {device}")
+        model_path = _train(config, modality, data=data, work=work, rates=rates, device=device)
+        log("calibrating: export")
+        export = _export(config, modality, model_path=model_path, data=data, work=work, rates=rates, device=device)
+        if config.mcl.num_stages > 1:
+            log("calibrating: k-means and pseudo-labels")
+            _clusters(config, export=export, work=work, rates=rates, device=device)
+            if modality.regroups:
+                _copy_rate(data, work=work, rates=rates)
+        log("calibrating: evaluation")
+        _evaluations(config, modality, model_path=model_path, export=export, data=data, work=work, rates=rates,
+                     device=device)
+    calibration = Calibration(
+        machine=machine_id(), device=device, measured_at=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        config_hash=config.config_hash(), seconds=time.perf_counter() - began, num_train=int(data["num_train"]),
+        num_exported=export["rows_total"], dim=export["dim"], data_bytes=_data_bytes(data),
+        id_bytes=export.get("id_bytes"), rates=rates)
+    path = calibration_path(config)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(calibration.to_json())
+    return calibration
+
+
+def _data_bytes(data: dict) -> int | None:
+    """Bytes of the training shards (what a re-shard copies), when they are local files."""
+    urls = data.get("train_urls")
+    if not urls:
+        return None
+    paths = [Path(u.removeprefix("file:")) for u in urls]
+    return sum(p.stat().st_size for p in paths) if all(p.is_file() for p in paths) else None
+
+
+def _train(config, modality, *, data: dict, work: Path, rates: dict, device: str) -> str:
+    stage = _short_training(config)
+    spec = modality.train_spec(stage, stage=0, seed=config.seed, out_dir=str(work / "train"), data=data,
+                               batches_path=None, init_model_path=None)
+    timer = _StepTimes()
+    with measured(device) as m:
+        summary = modality.train(spec, callbacks=[timer])
+    gaps = np.diff(timer.stamps[1:]) if len(timer.stamps) > 2 else np.diff([0.0, *timer.stamps]) if timer.stamps \
+        else np.asarray([m.seconds])
+    per_step = float(statistics.median(gaps.tolist()))
+    steps = max(len(timer.stamps), 1)
+    rates["train"] = Rate(fixed_s=max(0.0, m.seconds - steps * per_step), per_unit_s=per_step, units=steps,
+                          peak_rss=m.peak_rss, disk=dir_bytes(work / "train"), gpu_mem=m.gpu_mem,
+                          batch=stage.global_batch_size(0))
+    return summary["model_path"]
+
+
+def _writer_dim(tb) -> int | None:
+    """D of an export stopped early: the export loop's writer (``contrastive.embeddings.compute_embeddings``'s
+    ``writer``) knows it from its first block, and an export hands nothing back before it finishes."""
+    while tb is not None:
+        writer = tb.tb_frame.f_locals.get("writer")
+        if writer is not None and getattr(writer, "dim", 0):
+            return int(writer.dim)
+        tb = tb.tb_next
+    return None
+
+
+def _export(config, modality, *, model_path: str, data: dict, work: Path, rates: dict, device: str) -> dict:
+    """The real export, stopped after EXPORT_ROWS rows: {"rows_total" (None when stopped), "dim", "dir", ...}."""
+    out_dir = work / "export" / "embeddings"
+    kwargs = modality.export_kwargs(config.for_stage(0), model_path=model_path, data=data, out_dir=str(out_dir))
+    stamps: list[tuple[float, int]] = []
+
+    def progress(rows: int) -> None:
+        done = (stamps[-1][1] if stamps else 0) + rows
+        stamps.append((time.perf_counter(), done))
+        if done >= EXPORT_ROWS:
+            raise _Enough
+
+    dim = None
+    whole = True
+    with measured(device) as m:
+        try:
+            result = _export_with(modality, kwargs, progress)
+        except _Enough as exc:
+            whole, result = False, {}
+            dim = _writer_dim(exc.__traceback__)
+    if len(stamps) >= 2:
+        per_row = (stamps[-1][0] - stamps[0][0]) / max(stamps[-1][1] - stamps[0][1], 1)
+    else:
+        per_row = m.seconds / max(stamps[-1][1] if stamps else 1, 1)
+    rows = stamps[-1][1] if stamps else int(_export_summary(out_dir, result).get("num_samples") or 0)
+    if not stamps:
+        per_row = m.seconds / max(rows, 1)
+    rates["export"] = Rate(fixed_s=max(0.0, m.seconds - rows * per_row), per_unit_s=per_row, units=rows,
+                           peak_rss=m.peak_rss, gpu_mem=m.gpu_mem,
+                           note="whole export" if whole else f"first {rows:,} rows")
+    out = {"rows_total": rows if whole else None, "dim": dim, "dir": str(out_dir) if whole else None}
+    if whole:
+        summary = _export_summary(out_dir, result)
+        out["dim"] = int(summary.get("dim") or 0) or None
+        if out["dim"] and rows:
+            out["id_bytes"] = max(0.0, (dir_bytes(out_dir) - rows * out["dim"] * 2) / rows)
+    return out
+
+
+def _export_with(modality, kwargs: dict, progress) -> dict:
+    """The export with a progress callback where the modality's export takes one (images, CLIP), else whole (text
+    and feature vectors embed in one pass: nothing to time a row at a time)."""
+    try:
+        return modality.export(**kwargs, progress=progress)
+    except TypeError as exc:
+        if "progress" not in str(exc):
+            raise
+    return modality.export(**kwargs)
+
+
+def _export_summary(out_dir: Path, result: dict) -> dict:
+    import json
+    path = out_dir / "export_summary.json"
+    return json.loads(path.read_text()) if path.is_file() else result
+
+
+def _clusters(config, *, export: dict, work: Path, rates: dict, device: str) -> None:
+    from contrastive.mcl import steps
+    spec = config.mcl.kmeans_spec(0, seed=config.seed)
+    if export["dir"] is not None:  # the real steps on the calibration's whole export
+        with measured(device) as m:
+            steps.cluster_stage(embeddings_dir=Path(export["dir"]), out_dir=work / "clusters", kmeans_spec=spec,
+                                earlier_cluster_dirs=[])
+        rates["cluster"] = Rate(fixed_s=0.0, per_unit_s=m.seconds / export["rows_total"], units=export["rows_total"],
+                                peak_rss=m.peak_rss, note="the real step on the whole export")
+        with measured(device) as m:
+            steps.build_pseudo_labels(cluster_dirs=[work / "clusters"], embeddings_dirs=[Path(export["dir"])],
+                                      out_path=work / "pseudo" / "pseudo_labels.npz",
+                                      min_group_size=config.global_batch_size(1),
+                                      small_group_policy=config.mcl.small_group_policy)
+        rates["pseudo_labels"] = Rate(fixed_s=0.0, per_unit_s=m.seconds / export["rows_total"],
+                                      units=export["rows_total"], peak_rss=m.peak_rss)
+        return
+    if not export["dim"]:
+        return
+    from contrastive.mcl.clustering import kmeans
+    from contrastive.mcl.pseudo_labels import combine_pseudo_labels
+    x = np.random.default_rng(0).standard_normal((KMEANS_ROWS, export["dim"]), dtype=np.float32)
+    with measured(device) as m:
+        result = kmeans(features=x, k=spec.k, seed=spec.seed, niter=spec.niter, spherical=spec.spherical,
+                        max_train_points=spec.max_train_points, init=spec.init)
+    rates["cluster"] = Rate(fixed_s=0.0, per_unit_s=m.seconds / KMEANS_ROWS, units=KMEANS_ROWS, peak_rss=m.peak_rss,
+                            note=f"k-means on {KMEANS_ROWS:,} random rows of width {export['dim']}")
+    with measured(device) as m:
+        combine_pseudo_labels(stage_assignments=[result.assignments])
+    rates["pseudo_labels"] = Rate(fixed_s=0.0, per_unit_s=m.seconds / KMEANS_ROWS, units=KMEANS_ROWS,
+                                  peak_rss=m.peak_rss, note="the combination only")
+
+
+def _copy_rate(data: dict, *, work: Path, rates: dict) -> None:
+    """Seconds a byte of the re-shard: the first training shard read and written twice (staging, then its group
+    file), as the re-shard does with every member."""
+    import shutil
+    urls = data.get("train_urls") or []
+    source = Path(urls[0].removeprefix("file:")) if urls else None
+    if source is None or not source.is_file():
+        return
+    with measured("cpu") as m:
+        shutil.copyfile(source, work / "staging.tar")
+        shutil.copyfile(work / "staging.tar", work / "group.tar")
+    size = source.stat().st_size
+    rates["regroup"] = Rate(fixed_s=0.0, per_unit_s=m.seconds / max(size, 1), units=size, peak_rss=m.peak_rss,
+                            note="copy rate of the first shard, twice")
+
+
+def _evaluations(config, modality, *, model_path: str, export: dict, data: dict, work: Path, rates: dict,
+                 device: str) -> None:
+    from contrastive.modalities.base import Member
+    member = None
+    if modality.encodes_for_eval:
+        kwargs = modality.encode_kwargs(config, model_path=model_path, data=data, out_dir=str(work / "encode"))
+        with measured(device) as m:
+            features = modality.encode_for_eval(**kwargs)
+        rates["encode"] = _once(m, work / "encode")
+        member = Member(model_path=model_path, features=features)
+    elif export["dir"] is not None:
+        member = Member(model_path=model_path, embeddings_dir=export["dir"])
+    if member is not None:
+        with measured(device) as m:
+            modality.evaluate(config, members=[member], data=data, out_dir=str(work / "eval"))
+        rates["eval"] = _once(m, work / "eval")
+    if modality.diagnoses and export["dir"] is not None:
+        with measured(device) as m:
+            modality.diagnose(config, stage=0, model_path=model_path, embeddings_dir=export["dir"], clusters_dir=None,
+                              data=data, out_dir=str(work / "diagnose"), title="calibration")
+        rates["diagnose"] = _once(m, work / "diagnose")
+    if config.mcl.num_stages > 1 and modality.combines_models(config):
+        with measured(device) as m:
+            modality.combine_models(model_paths=[model_path, model_path], out_path=str(work / "soup" / "model.pt"))
+        rates["soup"] = Rate(fixed_s=0.0, per_unit_s=m.seconds / 2, units=2, peak_rss=m.peak_rss,
+                             disk=dir_bytes(work / "soup"))
+    if modality.has_final_step(config):
+        with measured(device) as m:
+            modality.final_metrics(config, model_paths=[model_path], data=data, out_dir=str(work / "final"))
+        rates[modality.final_name] = _once(m, work / "final")
+
+
+def _once(m: Measured, out_dir: Path) -> Rate:
+    """A step measured once on one member: its seconds a member (evaluations of a concatenation read each)."""
+    return Rate(fixed_s=0.0, per_unit_s=m.seconds, units=1, peak_rss=m.peak_rss, disk=dir_bytes(out_dir),
+                gpu_mem=m.gpu_mem)

@@ -1,0 +1,602 @@
+"""What a pipeline will cost before it runs (``mclpipe plan``) and whether this machine can hold it (the check
+``mclpipe run`` makes before its first step).
+
+Three inputs, joined here into one row per step:
+
+- the steps, as the flow builds them (``flows.runner.planned_steps``: the runner's own stage loop with a step that
+  records instead of running, so the list cannot drift from the pipeline);
+- the data's size from the config and cheap probes (:func:`data_size`: sample counts the config states, shard
+  statistics files, the embedding width the model config implies);
+- a calibration (:mod:`pipeline_config.calibrate`): a few batches of each kind of step measured on the user's own
+  data and device, cached per machine and config. Without one, only the closed forms below are filled in.
+
+Closed forms, exact where they are used: k-means holds the (M, D) embeddings as float32 (M x D x 4 bytes); an
+export writes M x D float16 plus the ids; the re-shard writes a copy of the training shards. Seconds are the
+calibration's fixed cost plus its per-unit cost times the units of the step (optimizer steps, exported rows,
+clustered rows), the per-unit part grown along the step's measured log-log slope from ``make bench-scale``
+(``GROWTH``, never below linear).
+
+Nothing here imports Prefect or MLflow; :func:`feasibility` reads only the config, a cached calibration and the
+free disk and memory, so it costs well under a second.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from contrastive.errors import ConfigError
+
+#: log-log slopes of seconds against M measured by ``make bench-scale`` (BENCHMARKS.md, 2026-11-27 09:09 and 13:53
+#: runs, 100k..1M samples), per step category and pipeline; a calibration at n samples grows its per-unit cost by
+#: (M / n) ** (max(slope, 1) - 1) on top of linear: every step touches every sample, so a slope under 1 only says
+#: fixed costs still weighed at the measured sizes (bench/scale.py's projection makes the same choice).
+BENCH_SCALE_SLOPES = {
+    ("clip", "prepare"): 0.12, ("clip", "export"): 0.83, ("clip", "cluster"): 0.18,
+    ("clip", "pseudo_labels"): 0.25, ("clip", "regroup"): 0.94, ("clip", "train"): 0.96,
+    ("image", "prepare"): 1.03, ("image", "export"): 1.09, ("image", "cluster"): 0.74,
+    ("image", "pseudo_labels"): 0.73, ("image", "train"): 1.07,
+}
+#: A plan is tight (a warning, not a refusal) when it needs more than this share of what is free.
+TIGHT = 0.8
+#: Bytes of one sample's id as an export or a clustering stores it when nothing measured says otherwise
+#: (StringDType, a short key; docs/clip.md).
+ID_BYTES = 16
+GB = 1e9
+
+
+def growth(pipeline: str, category: str) -> float:
+    """The exponent a category's per-unit cost grows with M beyond linear (0: linear)."""
+    return max(1.0, BENCH_SCALE_SLOPES.get((pipeline, category), 1.0)) - 1.0
+
+
+# ---------------------------------------------------------------------------------------------------- the steps
+@dataclass(frozen=True)
+class PlannedStep:
+    """One step of the pipeline as the runner builds it: ``what`` is the runner's step name (train, export, cluster,
+    pseudo_labels, regroup, soup, hyper, eval.<name>, encode.<name>, diagnose.<name>; prepare for the flow's first
+    task), ``title`` the name of its Prefect task run, ``kind`` mcl / control / pipeline (a step of the parent run),
+    ``members`` the representations an evaluation concatenates (or a soup averages)."""
+    what: str
+    title: str
+    stage: int | None = None
+    kind: str = "pipeline"
+    members: int = 1
+    step_dir: str = ""  # its directory under output_dir/steps (prefix-key)
+
+    @property
+    def category(self) -> str:
+        """train, export, cluster, pseudo_labels, regroup, eval, encode, diagnose, soup, hyper, prepare."""
+        return self.what.split(".", 1)[0]
+
+
+# ---------------------------------------------------------------------------------------------------- data size
+@dataclass
+class DataSize:
+    """What the plan scales by: training samples M, samples an export embeds (train and held-out), the embedding
+    width D, the bytes of the training data (what a re-shard copies), and where each came from."""
+    num_train: int | None = None
+    num_exported: int | None = None
+    dim: int | None = None
+    data_bytes: int | None = None
+    sources: dict = field(default_factory=dict)
+
+
+def data_size(config, *, calibration: "Calibration | None" = None) -> DataSize:
+    """The data's size from the config and cheap probes (no data is read or written); a calibration's prepared data
+    wins where it measured the same thing."""
+    size = DataSize()
+    section = getattr(config.data, getattr(config.data, "kind", "") or "", None)
+    if getattr(config, "pipeline", "") == "clip":
+        _clip_size(config, size)
+    elif section is not None and getattr(section, "num_train", None):
+        size.num_train = int(section.num_train)
+        size.num_exported = size.num_train + int(getattr(section, "num_test", 0) or 0)
+        size.sources["M"] = f"data.{config.data.kind}.num_train"
+    size.dim = embedding_dim(config)
+    if size.dim:
+        size.sources["D"] = "the model config"
+    if calibration is not None:
+        for name, value in (("num_train", calibration.num_train), ("num_exported", calibration.num_exported),
+                            ("dim", calibration.dim), ("data_bytes", calibration.data_bytes)):
+            if value:
+                setattr(size, name, value)
+        size.sources.update({"M": "the prepared data (calibration)", "D": "the calibration's export"})
+    return size
+
+
+def _clip_size(config, size: DataSize) -> None:
+    d = config.data
+    if d.shards is None:
+        size.num_train, size.num_exported = d.synthetic.num_train, d.synthetic.num_train
+        size.sources["M"] = "data.synthetic.num_train"
+        return
+    from contrastive.data.urls import expand_urls, is_remote
+    from contrastive.errors import MclpipeError
+    from contrastive.modalities.image_text.data import count_samples
+    urls = expand_urls(d.shards, check_local=False)
+    try:
+        count = count_samples(urls, num_samples=d.num_samples)
+    except MclpipeError:
+        return
+    size.num_train = size.num_exported = int(count.total)
+    size.sources["M"] = f"the shards' {count.source}"
+    local = [Path(u.removeprefix("file:")) for u in urls if not is_remote(u)]
+    if local and len(local) == len(urls) and all(p.is_file() for p in local):
+        size.data_bytes = sum(p.stat().st_size for p in local)
+        size.sources["data bytes"] = "the shard files' sizes"
+
+
+#: Widths of the image backbones whose features an export writes (small_cnn: its last width).
+_IMAGE_WIDTHS = {"resnet18": 512, "resnet34": 512, "resnet50": 2048, "vit_tiny": 192, "vit_small": 384,
+                 "vit_base": 768}
+
+
+def embedding_dim(config) -> int | None:
+    """D of a stage's export as the model config implies it, or None when only a calibration can tell."""
+    model = config.model
+    pipeline = config.pipeline
+    if pipeline == "clip":
+        return _open_clip_embed_dim(model.name)
+    if pipeline == "image":
+        return model.widths[-1] if model.encoder == "small_cnn" else _IMAGE_WIDTHS.get(model.encoder)
+    if getattr(model, "encoder", "tiny") == "tiny" or pipeline == "embeddings":
+        return int(model.dim)
+    return None
+
+
+def _open_clip_embed_dim(name: str) -> int | None:
+    """embed_dim from the open_clip model config JSON (ours or open_clip's), read without importing open_clip."""
+    import importlib.util
+    here = Path(__file__).resolve().parent.parent / "contrastive" / "modalities" / "image_text" / "model_configs"
+    candidates = [here / f"{name}.json"]
+    spec = importlib.util.find_spec("open_clip")
+    if spec is not None and spec.origin:
+        candidates.append(Path(spec.origin).parent / "model_configs" / f"{name}.json")
+    for path in candidates:
+        if path.is_file():
+            return int(json.loads(path.read_text())["embed_dim"])
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------- calibration
+@dataclass
+class Rate:
+    """One kind of step as the calibration measured it: ``fixed_s`` + ``per_unit_s`` x units (units: optimizer
+    steps of ``batch`` samples for train, rows for export and k-means, members for an evaluation), measured over
+    ``units`` of them; peak RSS of the calibration's process during it, bytes it wrote, peak GPU memory per
+    device."""
+    fixed_s: float
+    per_unit_s: float
+    units: float
+    peak_rss: int | None = None
+    disk: int | None = None
+    gpu_mem: int | None = None
+    batch: int | None = None
+    note: str = ""
+
+
+@dataclass
+class Calibration:
+    """The measured rates of one config on one machine (JSON in the cache, :func:`calibration_path`)."""
+    machine: str
+    device: str
+    measured_at: str
+    config_hash: str
+    seconds: float
+    num_train: int | None
+    num_exported: int | None
+    dim: int | None
+    data_bytes: int | None
+    id_bytes: float | None
+    rates: dict[str, Rate]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Calibration":
+        raw = json.loads(text)
+        raw["rates"] = {k: Rate(**v) for k, v in raw["rates"].items()}
+        return cls(**raw)
+
+
+def machine_id() -> str:
+    """This machine as a cache key: host name, CPU count and (when present) the GPU model."""
+    import platform
+    gpu = ""
+    try:
+        gpu = Path("/proc/driver/nvidia/gpus").is_dir() and "-".join(
+            sorted(p.name for p in Path("/proc/driver/nvidia/gpus").iterdir())) or ""
+    except OSError:
+        pass
+    return f"{platform.node()}-{os.cpu_count()}cpu{('-' + gpu) if gpu else ''}".replace("/", "_")
+
+
+def calibration_path(config) -> Path:
+    """Where the calibration of ``config`` on this machine is cached: <data.cache_dir>/plan-calibration/."""
+    return Path(config.data.cache_dir).resolve() / "plan-calibration" / f"{machine_id()}-{config.config_hash()}.json"
+
+
+def cached_calibration(config) -> Calibration | None:
+    path = calibration_path(config)
+    if not path.is_file():
+        return None
+    try:
+        return Calibration.from_json(path.read_text())
+    except (ValueError, TypeError, KeyError):
+        return None  # an older format: calibrate again
+
+
+# ---------------------------------------------------------------------------------------------------- estimates
+@dataclass
+class PlanRow:
+    """One step's projection; None: not known (the basis says why)."""
+    title: str
+    what: str
+    kind: str
+    stage: int | None
+    seconds: float | None
+    peak_ram: int | None
+    disk: int | None
+    gpu_mem: int | None
+    basis: str
+    critical: bool = False
+
+
+@dataclass
+class Plan:
+    rows: list[PlanRow]
+    size: DataSize
+    calibration: Calibration | None
+    assumptions: list[str]
+
+    @property
+    def total_s(self) -> float:
+        """Seconds of every step one after another (the flow runs them so)."""
+        return sum(r.seconds or 0.0 for r in self.rows)
+
+    @property
+    def critical_s(self) -> float:
+        return sum(r.seconds or 0.0 for r in self.rows if r.critical)
+
+    @property
+    def disk(self) -> int:
+        return sum(r.disk or 0 for r in self.rows)
+
+    @property
+    def peak_ram(self) -> int:
+        return max((r.peak_ram or 0 for r in self.rows), default=0)
+
+    @property
+    def unknown(self) -> list[str]:
+        return [r.title for r in self.rows if r.seconds is None]
+
+
+def on_critical_path(step: PlannedStep, steps: list[PlannedStep]) -> bool:
+    """The chain every later step waits for: prepare, MCL's train / export / k-means / pseudo-labels / regroup of
+    every stage, and the evaluation of MCL's concatenation (the last step that needs the last stage). The control
+    run and the other evaluations depend on it but nothing depends on them."""
+    if step.category == "prepare":
+        return True
+    if step.kind == "mcl" or (step.stage == 0 and step.category in ("train", "export")):
+        return step.category in ("train", "export", "cluster", "pseudo_labels", "regroup")
+    return step.what == "eval.mcl_concat"
+
+
+def estimate(config, steps: list[PlannedStep], *, calibration: Calibration | None,
+             size: DataSize | None = None) -> Plan:
+    """One row per step: seconds, peak RAM, disk written and GPU memory per device, with what each rests on."""
+    size = size or data_size(config, calibration=calibration)
+    pipeline = config.pipeline
+    rows = [_row(config, step, size=size, cal=calibration, pipeline=pipeline) for step in steps]
+    for row, step in zip(rows, steps):
+        row.critical = on_critical_path(step, steps)
+    assumptions = [f"M = {size.num_train:,} training samples ({size.sources.get('M', '?')})" if size.num_train
+                   else "M unknown before the data is prepared: `mclpipe plan` prepares it to calibrate",
+                   f"D = {size.dim} ({size.sources.get('D', '?')})" if size.dim else "D unknown"]
+    if calibration is not None:
+        assumptions.append(f"rates measured {calibration.measured_at} on {calibration.machine} ({calibration.device})"
+                           f" in {calibration.seconds:.0f} s on this config's own data")
+        assumptions.append("growth beyond the calibration's size along make bench-scale's slopes (BENCHMARKS.md)")
+    else:
+        assumptions.append("no calibration: closed forms only (run `mclpipe plan` to measure the rates)")
+    return Plan(rows=rows, size=size, calibration=calibration, assumptions=assumptions)
+
+
+def _scaled(rate: Rate, units: float, *, pipeline: str, category: str, n: float | None, m: float | None) -> float:
+    """fixed + per-unit x units, the per-unit part grown along the bench-scale slope from n to m samples."""
+    factor = (m / n) ** growth(pipeline, category) if n and m and m > n else 1.0
+    return rate.fixed_s + rate.per_unit_s * units * factor
+
+
+def _row(config, step: PlannedStep, *, size: DataSize, cal: Calibration | None, pipeline: str) -> PlanRow:
+    c = step.category
+    m, d = size.num_train, size.dim
+    exported = size.num_exported or m
+    rate = cal.rates.get(c) if cal is not None else None
+    if c in ("diagnose", "hyper") and rate is None and cal is not None:
+        rate = cal.rates.get("eval")  # assumption stated in the basis
+    n_cal = cal.num_train if cal is not None else None
+    seconds = peak = disk = gpu = None
+    basis = []
+    device = cal.device if cal is not None else config.device
+    id_bytes = (cal.id_bytes if cal is not None and cal.id_bytes else ID_BYTES)
+    if c == "train":
+        stage_config = config.for_stage(step.stage or 0)
+        units = _train_steps(config, stage_config, step.stage or 0, m)
+        if rate is not None and units is not None:
+            batch_ratio = stage_config.global_batch_size(step.stage or 0) / (rate.batch or 1)
+            per_step = Rate(rate.fixed_s, rate.per_unit_s * batch_ratio, rate.units)
+            seconds = _scaled(per_step, units, pipeline=pipeline, category=c, n=n_cal, m=m)
+            basis.append(f"{units:,} steps x {per_step.per_unit_s * 1000:.1f} ms a step of "
+                         f"{stage_config.global_batch_size(step.stage or 0)} + {rate.fixed_s:.1f} s start, measured "
+                         f"on {device}")
+            peak, disk, gpu = rate.peak_rss, rate.disk, rate.gpu_mem
+        else:
+            basis.append("not calibrated")
+    elif c == "export":
+        if rate is not None and exported:
+            seconds = _scaled(rate, exported, pipeline=pipeline, category=c, n=n_cal, m=m)
+            basis.append(f"{exported:,} rows x {rate.per_unit_s * 1e6:.0f} us measured on {device}")
+            peak, gpu = rate.peak_rss, rate.gpu_mem
+        if exported and d:
+            disk = int(exported * (d * 2 + id_bytes))
+            basis.append(f"disk = {exported:,} x {d} x 2 B + ids (closed form)")
+    elif c == "cluster":
+        if exported and d:
+            peak = int(exported * d * 4) + (cal.rates["cluster"].peak_rss or 0 if cal and "cluster" in cal.rates
+                                            else 0)
+            k = config.mcl.clusters_after(step.stage or 0)
+            disk = int(exported * (8 + id_bytes) + k * d * 4)
+            basis.append(f"RAM = {exported:,} x {d} x 4 B (the float32 matrix, closed form) + the process")
+        if rate is not None and exported:
+            seconds = _scaled(rate, exported, pipeline=pipeline, category=c, n=rate.units, m=exported)
+            basis.append(f"{rate.per_unit_s * 1e6:.2f} us a row measured on {rate.units:,.0f} rows")
+    elif c == "pseudo_labels":
+        if exported:
+            disk = int(exported * (8 + id_bytes))
+        if rate is not None and exported:
+            seconds = _scaled(rate, exported, pipeline=pipeline, category=c, n=rate.units, m=exported)
+            peak = rate.peak_rss
+            basis.append(f"measured on {rate.units:,.0f} rows, linear")
+    elif c == "regroup":
+        if size.data_bytes:
+            disk = size.data_bytes
+            basis.append("disk = a copy of the training shards (closed form)")
+        if rate is not None and size.data_bytes:
+            seconds = rate.fixed_s + rate.per_unit_s * size.data_bytes
+            peak = rate.peak_rss
+            basis.append(f"{1 / rate.per_unit_s / 1e6:.0f} MB/s copy rate measured on the shards (x2: staging)")
+    elif c == "prepare":
+        if rate is not None:
+            seconds, peak, disk = rate.fixed_s, rate.peak_rss, rate.disk
+            basis.append("measured (the calibration prepared the data: a run reuses it)")
+    else:  # eval, encode, diagnose, soup, hyper: held-out sets, not M
+        if rate is not None:
+            seconds = rate.fixed_s + rate.per_unit_s * step.members
+            peak, disk, gpu = rate.peak_rss, rate.disk, rate.gpu_mem
+            source = "eval's rate (assumed alike)" if c in ("diagnose", "hyper") and c not in cal.rates else \
+                "measured"
+            basis.append(f"{source}, {step.members} member(s)")
+        else:
+            basis.append("not calibrated")
+    return PlanRow(title=step.title, what=step.what, kind=step.kind, stage=step.stage, seconds=seconds,
+                   peak_ram=peak, disk=disk, gpu_mem=gpu if _is_gpu(device) else None, basis="; ".join(basis))
+
+
+def _is_gpu(device: str) -> bool:
+    return str(device).startswith("cuda")
+
+
+def _train_steps(config, stage_config, stage: int, m: int | None) -> int | None:
+    if m is None:
+        return None
+    from contrastive.modalities.registry import modality_for
+    modality = modality_for(config.pipeline)
+    return modality.total_steps(stage_config, stage=stage, data={"num_train": m})
+
+
+# ---------------------------------------------------------------------------------------------------- feasibility
+class InfeasiblePlan(ConfigError):
+    """This machine cannot hold the run (disk, memory, the capacity rule, shards): one line naming the fix."""
+
+
+@dataclass
+class Finding:
+    level: str  # "error" | "warning"
+    message: str
+
+
+def free_bytes(path: Path) -> tuple[int, int] | None:
+    """(free bytes, device id) of the filesystem ``path`` is (or would be created) on."""
+    path = Path(path).resolve()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return shutil.disk_usage(path).free, os.stat(path).st_dev
+    except OSError:
+        return None
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this process can still use: MemAvailable, or the cgroup's limit less its usage if lower."""
+    available = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            room = int(limit) - used
+            available = room if available is None else min(available, room)
+    except (OSError, ValueError):
+        pass
+    return available
+
+
+def gb(value: float) -> str:
+    """Bytes for a person: 37 GB, 1.4 GB, 6.1 MB, 120 kB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= scale:
+            number = value / scale
+            return f"{number:.0f} {unit}" if number >= 10 else f"{number:.1f} {unit}"
+    return f"{value:.0f} B"
+
+
+def feasibility(config, plan: Plan) -> list[Finding]:
+    """What stops this plan on this machine, from closed forms and cheap probes (free disk, free memory, the
+    capacity rule, shards against data slots): errors first, each one line naming the fix."""
+    findings: list[Finding] = []
+    findings += _disk_findings(config, plan)
+    findings += _memory_findings(plan)
+    findings += _capacity_findings(config, plan.size)
+    findings += _shard_findings(config)
+    return sorted(findings, key=lambda f: f.level != "error")
+
+
+def _disk_findings(config, plan: Plan) -> list[Finding]:
+    output = sum(r.disk or 0 for r in plan.rows if r.what != "prepare")
+    cache = sum(r.disk or 0 for r in plan.rows if r.what == "prepare")
+    places = {"output_dir": (Path(config.output_dir), output), "data.cache_dir": (Path(config.data.cache_dir), cache)}
+    probes = {key: free_bytes(path) for key, (path, _) in places.items()}
+    out: list[Finding] = []
+    if all(probes.values()) and probes["output_dir"][1] == probes["data.cache_dir"][1]:
+        places = {"output_dir": (places["output_dir"][0], output + cache)}  # one filesystem holds both
+    for key, (path, need) in places.items():
+        probe = probes[key]
+        if probe is None or not need:
+            continue
+        free = probe[0]
+        biggest = max((r for r in plan.rows if r.disk), key=lambda r: r.disk)
+        where = f"{key} {path.resolve()}"
+        if need > free:
+            out.append(Finding("error", f"this pipeline writes about {gb(need)} under {where} (the largest: "
+                                        f"{biggest.title}, {gb(biggest.disk)}) and that disk has {gb(free)} free: "
+                                        f"point {key} at a disk with {gb(need)} free (--set {key}=...) or free "
+                                        f"space there; --force runs anyway"))
+        elif need > TIGHT * free:
+            out.append(Finding("warning", f"this pipeline writes about {gb(need)} under {where}, which has "
+                                          f"{gb(free)} free: little room left for anything else"))
+    return out
+
+
+def _memory_findings(plan: Plan) -> list[Finding]:
+    available = available_memory()
+    if available is None:
+        return []
+    out = []
+    for row in plan.rows:
+        if not row.peak_ram:
+            continue
+        if row.what == "cluster" and plan.size.num_exported and plan.size.dim:
+            m, d = plan.size.num_exported, plan.size.dim
+            what = f"k-means of {m:,} x {d}"
+            fix = ("run it on a machine with more memory, or export fewer or narrower embeddings (a smaller "
+                   "data set or model); --force runs anyway")
+        else:
+            what, fix = row.title, "run it on a machine with more memory; --force runs anyway"
+        if row.peak_ram > available:
+            out.append(Finding("error", f"{what} needs ~{gb(row.peak_ram)} of RAM and this machine has "
+                                        f"{gb(available)} available: {fix}"))
+            break
+        if row.peak_ram > TIGHT * available:
+            out.append(Finding("warning", f"{what} needs ~{gb(row.peak_ram)} of RAM of the {gb(available)} "
+                                          "available: close to the limit"))
+            break
+    return out
+
+
+def _capacity_findings(config, size: DataSize) -> list[Finding]:
+    """The existing K^N <= M / B rule (``StageClusteringConfig.check_capacity``) when M is known."""
+    from contrastive.errors import MclpipeError
+    if not size.num_train:
+        return []
+    batch_key = "train.global_batch_size" if getattr(config, "pipeline", "") == "clip" else "train.batch_size"
+    for stage in range(config.mcl.num_stages):
+        try:
+            config.mcl.check_capacity(stage=stage, num_train=size.num_train,
+                                      global_batch=config.global_batch_size(stage), batch_key=batch_key)
+        except MclpipeError as exc:
+            return [Finding("error", str(exc))]
+    return []
+
+
+def _shard_findings(config) -> list[Finding]:
+    """CLIP: every data slot needs a shard to read; fewer shards than slots x decode workers leaves workers idle."""
+    if getattr(config, "pipeline", "") != "clip" or config.data.shards is None:
+        return []
+    from contrastive.data.urls import expand_urls
+    shards = len(expand_urls(config.data.shards, check_local=False))
+    slots = config.distributed.slots()
+    if shards < slots:
+        return [Finding("error", f"data.shards gives {shards} shard(s) for {slots} data slots (one a training "
+                                 f"process): every slot reads whole shards, so split the data into at least {slots} "
+                                 "shards or set distributed.data_slots lower")]
+    workers = config.data.decode_workers or 0
+    if workers and shards < slots * workers:
+        return [Finding("warning", f"{shards} shards for {slots} slots x {workers} decode workers: some workers "
+                                   "will wait; more, smaller shards keep them busy")]
+    return []
+
+
+# ---------------------------------------------------------------------------------------------------- output
+def fmt_seconds(value: float | None) -> str:
+    if value is None:
+        return "?"
+    if value >= 3 * 3600:
+        return f"{value / 3600:.1f} h"
+    if value >= 120:
+        return f"{value / 60:.1f} min"
+    return f"{value:.1f} s"
+
+
+def fmt_bytes(value: int | None) -> str:
+    return "-" if not value else gb(value)
+
+
+def table_rows(plan: Plan) -> list[dict[str, str]]:
+    """The plan as rows of strings (terminal, markdown, the Prefect table artifact)."""
+    return [{"step": r.title + (" *" if r.critical else ""), "time": fmt_seconds(r.seconds),
+             "peak RAM": fmt_bytes(r.peak_ram), "disk written": fmt_bytes(r.disk),
+             "GPU memory / device": fmt_bytes(r.gpu_mem), "rests on": r.basis} for r in plan.rows]
+
+
+def summary_lines(plan: Plan) -> list[str]:
+    lines = [f"total {fmt_seconds(plan.total_s)} (steps one after another, as the flow runs them); critical path "
+             f"(* above) {fmt_seconds(plan.critical_s)}; disk written {fmt_bytes(plan.disk)}; peak RAM "
+             f"{fmt_bytes(plan.peak_ram)}"]
+    if plan.unknown:
+        lines.append(f"not projected ({len(plan.unknown)}): {', '.join(plan.unknown[:6])}"
+                     + (" ..." if len(plan.unknown) > 6 else ""))
+    return lines + [f"assumes: {a}" for a in plan.assumptions]
+
+
+def markdown(plan: Plan) -> str:
+    rows = table_rows(plan)
+    if not rows:
+        return ""
+    header = list(rows[0])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row[h] for h in header) + " |" for row in rows]
+    return "\n".join(lines + [""] + [f"- {line}" for line in summary_lines(plan)]) + "\n"
+
+
+def remaining_seconds(plan: Plan, done: int) -> float:
+    """Projected seconds of the steps after the first ``done``."""
+    return sum(r.seconds or 0.0 for r in plan.rows[done:])
+
+
+def progress_percent(plan: Plan, done: int) -> float:
+    """Share of the projected time the first ``done`` steps make up (by count when nothing is projected)."""
+    total = plan.total_s
+    if not total:
+        return 100.0 * done / max(len(plan.rows), 1)
+    return min(100.0, 100.0 * (total - remaining_seconds(plan, done)) / total)
+

@@ -1,0 +1,103 @@
+"""pipeline_config.plan: the closed forms, the feasibility check (disk, memory, capacity, shards) and the
+projection from a calibration, against hand-computed figures."""
+import pytest
+
+from flows.planning import planned_steps
+from pipeline_config import plan as P
+from pipeline_config.loader import load_config
+
+CC12M = P.DataSize(num_train=12_000_000, num_exported=12_000_000, dim=768, data_bytes=480_000_000_000)
+
+
+@pytest.fixture
+def cc12m(tmp_path):
+    config = load_config("clip_cc12m_vitl14", [f"output_dir={tmp_path / 'runs'}", f"data.cache_dir={tmp_path / 'data'}",
+                                               "data.num_samples=12000000"])
+    return config, planned_steps(config)
+
+
+def test_closed_forms_at_cc12m(cc12m):
+    config, steps = cc12m
+    plan = P.estimate(config, steps, calibration=None, size=CC12M)
+    rows = {r.title: r for r in plan.rows}
+    assert rows["k-means stage 0"].peak_ram == 12_000_000 * 768 * 4  # the float32 matrix, no calibration
+    assert rows["export stage 0"].disk == 12_000_000 * (768 * 2 + P.ID_BYTES)
+    assert rows["regroup batches for stage 1 (MCL)"].disk == CC12M.data_bytes
+    assert rows["train stage 0"].seconds is None and "not calibrated" in rows["train stage 0"].basis
+    # 4 stages (the preset has no control run): 3 k-means, 3 pseudo-labels, 3 re-shards
+    assert sum(r.what == "cluster" for r in plan.rows) == 3
+    assert sum(r.what == "regroup" for r in plan.rows) == 3
+    assert sum(r.what == "train" for r in plan.rows) == 4
+
+
+def test_a_small_memory_refuses_the_k_means_in_one_line(cc12m, monkeypatch):
+    config, steps = cc12m
+    monkeypatch.setattr(P, "available_memory", lambda: 24 * 10 ** 9)
+    monkeypatch.setattr(P, "free_bytes", lambda path: (10 ** 15, 1))  # disk is not what this test is about
+    findings = P.feasibility(config, P.estimate(config, steps, calibration=None, size=CC12M))
+    errors = [f.message for f in findings if f.level == "error"]
+    assert errors == ["k-means of 12,000,000 x 768 needs ~37 GB of RAM and this machine has 24 GB available: run "
+                      "it on a machine with more memory, or export fewer or narrower embeddings (a smaller data set "
+                      "or model); --force runs anyway"]
+    monkeypatch.setattr(P, "available_memory", lambda: 40 * 10 ** 9)  # fits, but past 80 %: a warning
+    findings = P.feasibility(config, P.estimate(config, steps, calibration=None, size=CC12M))
+    assert [f.level for f in findings] == ["warning"] and "37 GB of RAM of the 40 GB" in findings[0].message
+
+
+def test_disk_refusal_names_the_key_and_the_space_needed(cc12m, monkeypatch):
+    config, steps = cc12m
+    monkeypatch.setattr(P, "available_memory", lambda: 10 ** 15)
+    monkeypatch.setattr(P, "free_bytes", lambda path: (10 ** 12, 7))  # 1 TB free, output_dir and cache on one disk
+    plan = P.estimate(config, steps, calibration=None, size=CC12M)
+    need = sum(r.disk or 0 for r in plan.rows)
+    assert need > 10 ** 12  # 4 exports of 18.6 GB + 3 re-shards of 480 GB
+    (error,) = P.feasibility(config, plan)
+    assert error.level == "error" and error.message.startswith(f"this pipeline writes about {P.gb(need)} under "
+                                                               f"output_dir {(config.output_dir).resolve()}")
+    assert "has 1000 GB free: point output_dir at a disk with" in error.message and "--force" in error.message
+
+
+def test_the_capacity_rule_and_the_shards_refuse_before_compute(tmp_path, monkeypatch):
+    monkeypatch.setattr(P, "available_memory", lambda: 10 ** 15)
+    config = load_config("clip_cc12m_vitl14", [f"output_dir={tmp_path}", "data.num_samples=4000000"])
+    size = P.DataSize(num_train=4_000_000, num_exported=4_000_000, dim=768)
+    errors = [f.message for f in P.feasibility(config, P.estimate(config, planned_steps(config), calibration=None,
+                                                                   size=size)) if f.level == "error"]
+    assert any("MCL needs prod(K) <= M/b" in e for e in errors)  # 10^3 groups > 4M / 8192 = 488
+    for i in range(3):
+        (tmp_path / f"{i:05d}.tar").write_bytes(b"\0" * 1024)
+    config = load_config("clip_cc12m_vitl14", [f"output_dir={tmp_path}", f"data.shards={tmp_path}/{{00000..00002}}.tar",
+                                               "data.num_samples=12000000"])
+    (finding,) = P._shard_findings(config)
+    assert finding.level == "error" and "3 shard(s) for 8 data slots" in finding.message
+
+
+def test_a_calibration_scales_train_by_steps_and_batch_and_export_by_rows(tmp_path):
+    config = load_config("trifeature_quick", [f"output_dir={tmp_path}", f"data.cache_dir={tmp_path}"])
+    calibration = P.Calibration(
+        machine="m", device="cpu", measured_at="now", config_hash=config.config_hash(), seconds=1.0, num_train=8000,
+        num_exported=10_000, dim=256, data_bytes=None, id_bytes=8.0,
+        rates={"train": P.Rate(fixed_s=2.0, per_unit_s=0.1, units=8, batch=64),
+               "export": P.Rate(fixed_s=1.0, per_unit_s=0.001, units=10_000),
+               "eval": P.Rate(fixed_s=0.0, per_unit_s=3.0, units=1)})
+    plan = P.estimate(config, planned_steps(config), calibration=calibration)
+    rows = {r.title: r for r in plan.rows}
+    assert rows["train stage 0"].seconds == pytest.approx(2.0 + 3 * 125 * 0.1)  # 3 epochs of 8000 / 64 steps
+    # stage 1 trains on batches of 32 (stage_overrides): twice the steps, each half the samples
+    assert rows["train stage 1 (MCL)"].seconds == pytest.approx(2.0 + 3 * 250 * 0.05)
+    assert rows["export stage 0"].seconds == pytest.approx(1.0 + 10_000 * 0.001)
+    assert rows["export stage 0"].disk == 10_000 * (256 * 2 + 8)
+    assert rows["probe MCL concat"].seconds == pytest.approx(6.0)  # two members
+    assert rows["diagnose stage 0"].seconds == pytest.approx(3.0) and "assumed alike" in rows["diagnose stage 0"].basis
+    critical = [r.title for r in plan.rows if r.critical]
+    assert critical == ["prepare data", "train stage 0", "export stage 0", "k-means stage 0",
+                        "pseudo-labels for stage 1", "train stage 1 (MCL)", "export stage 1 (MCL)", "probe MCL concat"]
+    assert plan.total_s > plan.critical_s
+
+
+def test_growth_beyond_the_calibration_follows_the_bench_scale_slope():
+    rate = P.Rate(fixed_s=0.0, per_unit_s=1.0, units=1)
+    # the image export's measured slope 1.09: 10x the samples costs 10 ** 1.09 times, not 10
+    assert P._scaled(rate, 10, pipeline="image", category="export", n=1, m=10) == pytest.approx(10 ** 1.09)
+    # a slope under 1 (fixed costs at the measured sizes) grows linearly
+    assert P._scaled(rate, 10, pipeline="clip", category="export", n=1, m=10) == pytest.approx(10)
