@@ -34,22 +34,38 @@ class _Section(BaseModel):
     #: default (which behaves as the first version did), so earlier configs keep their content keys.
     ADDED_LATER: ClassVar[tuple[str, ...]] = ()
 
+    #: Fields that another field of the section decides the use of: {field: (that field, its values that use it)}.
+    #: Under any other value the field changes nothing (Adam reads no momentum), so content() counts it at its
+    #: default: its key no longer follows it, and a config that left it at the default keeps the key it had.
+    USED_ONLY_WITH: ClassVar[dict[str, tuple[str, tuple]]] = {}
+
     def content(self) -> dict:
         """This section as JSON without the fields marked ``NOT_IN_KEY``, recursively: what a step's content
         key digests, so a new field is part of the key unless its declaration says it cannot change a result
-        (or it is in ``ADDED_LATER`` and at its default)."""
+        (or it is in ``ADDED_LATER`` and at its default); a field the section does not use (``USED_ONLY_WITH``)
+        counts at its default."""
         out = {}
         fields = type(self).model_fields
         for name, field in fields.items():
             extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
             if extra.get("affects_results") is False:
                 continue
-            value = getattr(self, name)
-            if name in self.ADDED_LATER and value == fields[name].get_default(call_default_factory=True):
+            value, source = getattr(self, name), self
+            default = fields[name].get_default(call_default_factory=True)
+            if name in self.USED_ONLY_WITH and not self.uses(name):
+                value, source = default, self.model_copy(update={name: default})
+            if name in self.ADDED_LATER and value == default:
                 continue
-            out[name] = value.content() if isinstance(value, _Section) else self.model_dump(
+            out[name] = value.content() if isinstance(value, _Section) else source.model_dump(
                 mode="json", include={name})[name]
         return out
+
+    def uses(self, name: str) -> bool:
+        """Whether field ``name`` can change a result under this section's other settings (``USED_ONLY_WITH``)."""
+        if name not in self.USED_ONLY_WITH:
+            return True
+        selector, values = self.USED_ONLY_WITH[name]
+        return getattr(self, selector) in values
 
 
 class LoopSettings(_Section):
@@ -84,6 +100,9 @@ class LoopSettings(_Section):
                                         **NOT_IN_KEY)
 
     ADDED_LATER: ClassVar[tuple[str, ...]] = ("on_nonfinite", "max_rollbacks", "rollback_lr_factor")
+    # A loop that stops at a NaN never rolls back.
+    USED_ONLY_WITH: ClassVar[dict[str, tuple[str, tuple]]] = {"max_rollbacks": ("on_nonfinite", ("rollback",)),
+                                                              "rollback_lr_factor": ("on_nonfinite", ("rollback",))}
 
     def loop_spec(self) -> LoopSpec:
         return LoopSpec(epochs=self.epochs, checkpoint_every_steps=self.checkpoint_every_steps,
@@ -265,6 +284,30 @@ class _PipelineBase(_Section):
     def for_stage(self, stage: int) -> "_PipelineBase":
         """The config stage ``stage`` runs with: this one (PipelineConfig applies its stage_overrides)."""
         return self
+
+    def train_key_content(self) -> dict:
+        """The train section as a stage's content key holds it: ``precision: auto`` as the precision it resolves
+        to on the kind of device the stage runs on (``auto`` and ``bf16`` train alike where the device computes in
+        bf16, and ``auto`` is not ``bf16`` where it means fp32). A stage a cluster launcher runs on another machine
+        keeps ``auto``: the node that keys it cannot tell what that machine computes in."""
+        content = self.train.content()
+        if content.get("precision") == "auto":
+            content["precision"] = self.resolved_precision()
+        return content
+
+    def resolved_precision(self) -> str:
+        """``train.precision`` as a stage of this config runs it here (``auto`` where that cannot be known here:
+        a cluster launcher, or ``device: cuda`` without a GPU, which fails before any training)."""
+        precision = self.train.precision
+        if precision != "auto" or getattr(getattr(self, "launcher", None), "remote", False):
+            return precision
+        import torch
+
+        from contrastive.engine.precision import resolve_precision
+        kind = "cpu" if self.device == "cpu" or not torch.cuda.is_available() else "cuda"
+        if self.device == "cuda" and kind == "cpu":
+            return precision
+        return resolve_precision(precision, device=torch.device(kind))
 
     def global_batch_size(self, stage: int) -> int:
         """Samples per optimizer step of ``stage`` over all processes (a pseudo-label group must hold one): the

@@ -58,7 +58,7 @@ class EmbeddingsModality(Modality):
                       inherit_key: str | None) -> dict:
         """What a stage's weights depend on: encoder, views, training, seed, data and its batches."""
         return {"step": "emb-train", "model": config.model.content(), "method": config.method.content(),
-                "train": config.train.content(), "seed": seed, "data": data["digest"], "pseudo_labels": batches_key,
+                "train": config.train_key_content(), "seed": seed, "data": data["digest"], "pseudo_labels": batches_key,
                 "remainder_policy": config.mcl.remainder_policy if batches_key else None,
                 "inherit_from": inherit_key}
 

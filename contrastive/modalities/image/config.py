@@ -355,6 +355,10 @@ class TrainConfig(LoopSettings):
                                 "the cores available to the process, shared by the node's processes, less one "
                                 "(contrastive.data.loading.default_workers)", **NOT_IN_KEY)
 
+    # Adam and AdamW read no momentum (contrastive.engine.optim.build_optimizer).
+    USED_ONLY_WITH: ClassVar[dict[str, tuple[str, tuple]]] = {**LoopSettings.USED_ONLY_WITH,
+                                                              "momentum": ("optimizer", ("sgd", "lars"))}
+
     def optim_spec(self) -> OptimSpec:
         from contrastive.engine.optim import scaled_lr
         return OptimSpec(name=self.optimizer, weight_decay=self.weight_decay, schedule=self.scheduler,

@@ -44,7 +44,7 @@ class ImageModality(Modality):
     def train_content(self, config, *, stage: int, seed: int, data: dict, batches_key: str | None,
                       inherit_key: str | None) -> dict:
         content = {"step": "train", "model": config.model.content(), "method": config.method.in_use(),
-                   "augment": config.augment.content(), "train": config.train.content(),
+                   "augment": config.augment.content(), "train": config.train_key_content(),
                    "seed": seed, "data": data["digest"], "pseudo_labels": batches_key,
                    "remainder_policy": config.mcl.remainder_policy if batches_key else None,
                    "processes": config.distributed.world_size()}

@@ -74,7 +74,7 @@ class ImageTextModality(Modality):
         reader = config.mcl.model_dump(include={"remainder_policy", "active_streams", "group_shuffle_buffer"}) \
             if batches_key else None
         d = config.distributed
-        return {"step": "clip-train", "model": config.model.content(), "train": config.train.content(),
+        return {"step": "clip-train", "model": config.model.content(), "train": config.train_key_content(),
                 "world_size": d.nproc_per_node, "local_loss": d.local_loss,
                 **({"data_slots": d.data_slots} if d.data_slots else {}),
                 "seed": seed, "data": data["digest"], "grouped": batches_key, "reader": reader,

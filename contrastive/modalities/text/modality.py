@@ -67,7 +67,7 @@ class TextModality(Modality):
         number of processes when it is not 1 (each rank draws its own dropout masks; absent for one process, so
         the keys of single-process stages are what they were)."""
         content = {"step": "text-train", "model": config.model.content(), "method": config.method.content(),
-                   "train": config.train.content(), "isotropy": config.isotropy.content(), "seed": seed,
+                   "train": config.train_key_content(), "isotropy": config.isotropy.content(), "seed": seed,
                    "data": data["digest"], "pseudo_labels": batches_key,
                    "remainder_policy": config.mcl.remainder_policy if batches_key else None}
         if config.distributed.world_size() != 1:
