@@ -146,15 +146,24 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if any(r.status == "error" for r in results) else 0
 
 
+#: The dated history of the GPU runs (what each `make gpu-check` showed and what changed after it), written by hand
+#: at the end of BENCHMARKS.md: no command can measure it again, so every `make bench` keeps it.
+HISTORY_BEGIN, HISTORY_END = "<!-- history:begin -->", "<!-- history:end -->"
+
+
 def keep_gpu_check_section(previous: str, output: Path) -> None:
-    """The rows `make gpu-check` wrote (measured on a GPU this machine may not have) and those of `make bench-scale`
-    (hours long, not run by `make bench`) survive a `make bench`."""
+    """The rows `make gpu-check` wrote (measured on a GPU this machine may not have), those of `make bench-scale`
+    (hours long, not run by `make bench`) and the history section survive a `make bench`."""
     from bench import gpu_check, scale
+    from bench.common import replace_section
     for module in (scale, gpu_check):
         begin, end = module.MARK_BEGIN, module.MARK_END
         if begin in previous and end in previous:
             section = previous.split(begin, 1)[1].split(end, 1)[0]
             module.write_report(f"{begin}{section}{end}\n", output)
+    if HISTORY_BEGIN in previous and HISTORY_END in previous:
+        section = previous.split(HISTORY_BEGIN, 1)[1].split(HISTORY_END, 1)[0]
+        replace_section(output, f"{HISTORY_BEGIN}{section}{HISTORY_END}\n", begin=HISTORY_BEGIN, end=HISTORY_END)
 
 
 if __name__ == "__main__":
