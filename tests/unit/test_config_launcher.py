@@ -143,8 +143,13 @@ def test_setup_lines_may_be_shell_but_one_line_each():
     ("launcher.kubernetes.node_selector", {"cloud.google.com/gke-accelerator": "nvidia-a100-80gb"}),
 ])
 def test_what_each_system_accepts_passes(key, value):
+    """Accepted, and kept as written (no validator rewrites what the scheduler or the API server reads)."""
     launcher = SLURM if ".slurm." in key else KUBERNETES
-    _launcher_config(launcher, key, value)
+    config = _launcher_config(launcher, key, value)
+    kept = config
+    for part in key.split("."):
+        kept = getattr(kept, part.replace("-", "_"))
+    assert kept == value
 
 
 @pytest.mark.parametrize("key, value", [
