@@ -1,8 +1,15 @@
 """docker-compose.yml is closed by default (issue 36). No Docker engine runs on the development machine or in CI, so
 the file is checked as data: every image pinned, every published port on loopback unless the operator opens it,
-every secret from .env (none written in the file), and authentication on Prefect and MLflow."""
+every secret from .env (none written in the file), and authentication on Prefect and MLflow.
+
+That the authentication works is shown on real servers: `make stack` (.ci/stack.sh) runs the same MLflow (basic-auth
+app, PostgreSQL) and Prefect (basic-auth string) servers without Docker, and tests/e2e/test_team_stack.py signs in
+to them, is refused without the credentials, and finds no secret in their databases. This file checks that the
+compose file's server commands are those ones: the same programs, options and authentication settings, parsed from
+both files (the hosts, ports and paths may differ)."""
 import configparser
 import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -106,3 +113,80 @@ def test_mlflow_answers_the_host_names_its_clients_use():
     worker_host = env_of("worker")["MLFLOW_TRACKING_URI"].split("://")[1]
     assert worker_host in allowed and "localhost:5000" in allowed
     assert "*" not in allowed
+
+
+# ---------------------------------------------------------------------------------------------------- = make stack
+def stack_command(server: str) -> tuple[dict[str, str], list[str]]:
+    """(environment set on the command line, argv) of the server ``.ci/stack.sh start`` runs under ``nohup``."""
+    script = (REPO / ".ci" / "stack.sh").read_text()
+    block = script.split(f"if ! running {server}; then", 1)[1].split("\n    fi", 1)[0]
+    words = shlex.split(block.replace("\\\n", " "))
+    env = {}
+    while "=" in words[0] and not words[0].startswith("-"):
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    assert words.pop(0) == "nohup", words
+    argv = [w for w in words[:next(i for i, w in enumerate(words) if w.startswith((">", "2>")) or w == "&")]]
+    return env, [argv[0].rsplit("/", 1)[-1], *argv[1:]]
+
+
+def stack_secret_names() -> set[str]:
+    """The names .ci/stack.sh writes to .env, which it exports (set -a) to both servers."""
+    script = (REPO / ".ci" / "stack.sh").read_text()
+    return set(re.findall(r'"([A-Z_]+)": ', script.split("values = {", 1)[1].split("}\n", 1)[0]))
+
+
+def compose_command(service: str) -> list[str]:
+    """The server's argv in docker-compose.yml (after an ``sh -c "pip install ... &&"`` wrapper)."""
+    argv = shlex.split(SERVICES[service]["command"])
+    if argv[:2] == ["sh", "-c"]:
+        argv = shlex.split(argv[2].split("&&")[-1])
+    return argv
+
+
+def options(argv: list[str]) -> dict[str, str]:
+    """``--name value`` pairs of an argv (every option of these servers takes a value)."""
+    return {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--")}
+
+
+def positional(argv: list[str]) -> list[str]:
+    skip = {i + 1 for i, word in enumerate(argv) if word.startswith("--")}
+    return [word for i, word in enumerate(argv) if i not in skip and not word.startswith("--")]
+
+
+def database(uri: str) -> tuple[str, str]:
+    """(scheme, database name) of a SQLAlchemy URI."""
+    return uri.split("://", 1)[0], uri.rsplit("/", 1)[-1]
+
+
+def test_compose_runs_the_mlflow_server_make_stack_runs():
+    """The same program, app (basic-auth), options and authentication settings as .ci/stack.sh's MLflow server,
+    whose sign-in test_team_stack.py exercises; the stack alone runs one worker, and the compose file's artifacts
+    go to MinIO."""
+    compose, (stack_env, stack) = compose_command("mlflow"), stack_command("mlflow")
+    assert positional(compose) == positional(stack) == ["mlflow", "server"]
+    assert set(options(compose)) == set(options(stack)) - {"--workers"}
+    assert options(compose)["--app-name"] == options(stack)["--app-name"] == "basic-auth"
+    assert database(options(compose)["--backend-store-uri"]) == database(options(stack)["--backend-store-uri"])
+    auth = {name for name in env_of("mlflow") if name.startswith(("MLFLOW_AUTH_", "MLFLOW_FLASK_"))}
+    assert auth == {"MLFLOW_AUTH_CONFIG_PATH", "MLFLOW_AUTH_ADMIN_USERNAME", "MLFLOW_AUTH_ADMIN_PASSWORD",
+                    "MLFLOW_FLASK_SERVER_SECRET_KEY"}
+    assert auth <= set(stack_env) | stack_secret_names()
+    # both read their users' store and authorization function from the repository's basic-auth config
+    assert 'config.read("deploy/mlflow-basic-auth.ini")' in (REPO / ".ci" / "stack.sh").read_text()
+    assert SERVICES["mlflow"]["volumes"][0].startswith("./deploy/mlflow-basic-auth.ini:")
+
+
+def test_compose_runs_the_prefect_server_make_stack_runs():
+    """The same command and authentication string setting as .ci/stack.sh's Prefect server, on PostgreSQL."""
+    compose, (stack_env, stack) = compose_command("prefect"), stack_command("prefect")
+    assert positional(compose) == positional(stack) == ["prefect", "server", "start"]
+    assert set(options(compose)) <= set(options(stack)) <= {"--host", "--port"}
+    settings = {"PREFECT_SERVER_API_AUTH_STRING", "PREFECT_API_DATABASE_CONNECTION_URL",
+                "PREFECT_SERVER_ANALYTICS_ENABLED", "PREFECT_UI_API_URL", "PREFECT_UI_URL"}
+    assert settings <= set(env_of("prefect")) and settings <= set(stack_env)
+    assert env_of("prefect")["PREFECT_SERVER_API_AUTH_STRING"].startswith("${PREFECT_API_AUTH_STRING:?")
+    assert stack_env["PREFECT_SERVER_API_AUTH_STRING"] == "$PREFECT_API_AUTH_STRING"
+    assert "PREFECT_API_AUTH_STRING" in stack_secret_names()
+    assert (database(env_of("prefect")["PREFECT_API_DATABASE_CONNECTION_URL"])
+            == database(stack_env["PREFECT_API_DATABASE_CONNECTION_URL"]))
