@@ -15,6 +15,12 @@ class DataError(MclpipeError):
     """Input data is missing, corrupt, or inconsistent with what was computed earlier."""
 
 
+class DataReadError(DataError):
+    """A file of the data could not be read, twice (an I/O error: a failing disk, a network filesystem, a data
+    directory moved or made unreadable while a run read it). Not a broken sample, which is skipped and counted: it
+    ends the step, naming the file."""
+
+
 class DiskFullError(MclpipeError):
     """A write failed because its filesystem is full (ENOSPC) or over quota (EDQUOT). The message names the
     directory that filled up and what was being written; everything written before it is intact."""

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from contrastive.errors import ConfigError, DataError
+from contrastive.errors import ConfigError, DataError, DataReadError
 
 IMAGES_FILE = "images.npy"
 INDEX_FILE = "index.npz"
@@ -258,6 +258,36 @@ def _read_member(archive, name: str) -> np.ndarray:
 _GAP_ROWS = 64
 _READ_BYTES = 1 << 20
 _OPEN_LOCK = threading.Lock()  # opening a StoredColumn's file (a lock per column would not pickle)
+READ_FIX = ("check the disk or network filesystem that holds it and its permissions, then run again (finished steps "
+            "are kept)")
+
+
+def read_twice(read: Callable[[], Any], *, path: Path | str, what: str, missing_is_broken: bool = False,
+               on_retry: Callable[[], None] | None = None) -> Any:
+    """``read()``, once more after an I/O error (a network filesystem's hiccup passes), else DataReadError naming
+    ``path`` (``what``: what it is, for the message). An I/O error is never a broken sample: counted as one, a
+    moved data directory would read as "20 of 20 samples are broken". ``missing_is_broken``: a file that does not
+    exist raises FileNotFoundError at once (an image deleted since it was indexed: its sample is broken), not
+    retried. ``on_retry``: called before the second try (to drop an open handle)."""
+    try:
+        return read()
+    except OSError as first:
+        if missing_is_broken and isinstance(first, FileNotFoundError):
+            raise
+        if on_retry is not None:
+            on_retry()
+        try:
+            return read()
+        except OSError as err:
+            if missing_is_broken and isinstance(err, FileNotFoundError):
+                raise
+            raise DataReadError(f"could not read {what} {path} (tried twice): {type(err).__name__}: "
+                                f"{err.strerror or err}; {READ_FIX}") from err
+
+
+def file_identity(stat: os.stat_result) -> tuple[int, int, int, int]:
+    """(device, inode, size, mtime ns) of a file: what says a reopened path is still the file that was opened."""
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 def _local_data_offset(handle, info) -> int:
@@ -289,10 +319,14 @@ class StoredColumn:
         path: the .npz file. name: the column. shape: (N,). dtype: what indexing returns.
     """
 
-    def __init__(self, *, path: Path, name: str, offset: int, stored: np.dtype, length: int) -> None:
+    def __init__(self, *, path: Path, name: str, offset: int, stored: np.dtype, length: int,
+                 identity: tuple[int, ...] | None = None) -> None:
         self.path, self.name = Path(path), name
         self._offset, self._stored, self._length = int(offset), np.dtype(stored), int(length)
         self.dtype = STRING_DTYPE if self._stored.kind in ("U", "S") else self._stored
+        # The file that was opened (file_identity): a process that opens the path again (a DataLoader worker, a
+        # retry) checks it still is that file, not one replaced or rewritten since, whose rows would be others.
+        self.identity = tuple(identity) if identity is not None else None
         self._handle = None
         self._pid = None
 
@@ -302,6 +336,7 @@ class StoredColumn:
         than one dimension, Python objects): the caller then loads it. Raises ValueError (or what ``zipfile``
         raises) on a damaged file, naming a truncated column."""
         import zipfile
+        identity = file_identity(os.stat(path))
         with zipfile.ZipFile(path) as archive:
             info = archive.getinfo(f"{name}.npy")
             member, shape, _, stored = open_npz_member(archive, name)
@@ -314,7 +349,7 @@ class StoredColumn:
                 offset = _local_data_offset(handle, info) + header_bytes
         if header_bytes + shape[0] * stored.itemsize > info.file_size:
             raise ValueError(f"{name} is truncated")
-        return cls(path=path, name=name, offset=offset, stored=stored, length=shape[0])
+        return cls(path=path, name=name, offset=offset, stored=stored, length=shape[0], identity=identity)
 
     # ----------------------------------------------------------------------------------------- array-like
     @property
@@ -379,15 +414,33 @@ class StoredColumn:
         if handle is None or self._pid != os.getpid():
             with _OPEN_LOCK:
                 if self._handle is None or self._pid != os.getpid():
-                    self._handle, self._pid = open(self.path, "rb", buffering=0), os.getpid()
+                    handle = open(self.path, "rb", buffering=0)  # noqa: SIM115 - kept open
+                    self._check_same_file(handle)
+                    self._handle, self._pid = handle, os.getpid()
                 handle = self._handle
         return handle
 
+    def _check_same_file(self, handle) -> None:
+        """Refuse a file at :attr:`path` that is not the one this column was opened on (replaced or rewritten)."""
+        if self.identity is None or file_identity(os.fstat(handle.fileno())) == self.identity:
+            return
+        handle.close()
+        raise DataError(f"{self.path} changed after the dataset was opened (replaced or rewritten while a run read "
+                        f"it): its {self.name!r} rows may no longer be the ones the run planned with; do not prepare "
+                        "a dataset again while a run reads it, then run again (finished steps are kept)")
+
+    def _drop_handle(self) -> None:
+        """Forget this process's open file (it is opened again, and checked, on the next read)."""
+        with _OPEN_LOCK:
+            self._handle = None
+
     def _pread(self, start: int, stop: int) -> np.ndarray:
-        """Rows [start, stop) as stored (a ``<U`` / number array over the bytes read)."""
-        handle = self._file()  # held here: the file stays open for this read whatever other threads do
+        """Rows [start, stop) as stored (a ``<U`` / number array over the bytes read). An I/O error is tried once
+        more on a file opened again (:func:`read_twice`), then ends the read as DataReadError naming the file."""
         size = (stop - start) * self._stored.itemsize
-        data = os.pread(handle.fileno(), size, self._offset + start * self._stored.itemsize)
+        # the handle is held for the read: the file stays open for it whatever other threads do
+        data = read_twice(lambda: os.pread(self._file().fileno(), size, self._offset + start * self._stored.itemsize),
+                          path=self.path, what="the prepared index", on_retry=self._drop_handle)
         if len(data) != size:
             raise DataError(f"{self.path} ends inside its {self.name!r} column (rows {start}..{stop}): the file was "
                             "cut short after it was opened; prepare the dataset again")

@@ -31,7 +31,7 @@ from typing import IO
 import numpy as np
 from PIL import Image, ImageOps
 
-from contrastive.data.dataset import digest_array
+from contrastive.data.dataset import digest_array, read_twice
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 DECODE_SCALES = ("auto", "full")  # see the module docstring
@@ -168,11 +168,27 @@ def _exif_upright(image: "torch.Tensor", *, orientation: int) -> "torch.Tensor":
     return image.flip(dims) if dims else image
 
 
+def read_image_file(path: Path) -> bytes:
+    """The bytes of an image file. FileNotFoundError when it is gone (its sample is broken); an I/O error is tried
+    once more, then DataReadError naming the file: a read error is never counted as a broken image."""
+    return read_twice(Path(path).read_bytes, path=path, what="the image", missing_is_broken=True)
+
+
+def square_or_error(data: bytes, *, size: int, decode_scale: str) -> np.ndarray | str:
+    """:func:`load_square_rgb` of encoded bytes already read, or the error text ("OSError: ...") when they are no
+    image: whatever the decoder raises on bytes in memory means the sample is broken, not its file unreadable."""
+    try:
+        return load_square_rgb(io.BytesIO(data), size=size, decode_scale=decode_scale)
+    except Exception as err:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError, DecompressionBombError
+        return f"{type(err).__name__}: {err}"
+
+
 def _try_load(path: Path, size: int, decode_scale: str) -> np.ndarray | str:
     try:
-        return load_square_rgb(path, size=size, decode_scale=decode_scale)
-    except Exception as err:  # PIL raises many types (OSError, SyntaxError, DecompressionBombError, ...)
+        data = read_image_file(path)
+    except FileNotFoundError as err:
         return f"{type(err).__name__}: {err}"
+    return square_or_error(data, size=size, decode_scale=decode_scale)
 
 
 def _decode_all(source: Path, rel_paths: Sequence[str], *, out: np.ndarray, size: int,

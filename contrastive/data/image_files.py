@@ -38,7 +38,7 @@ import torch
 from contrastive.data.dataset import (INDEX_FILE, LABEL_PREFIX, MANIFEST_FILE, ImageArrayDataset, SampleIndex,
                                       _as_index_array, _manifest_fields_ok, chunks_of, load_arrays, load_column,
                                       read_manifest, repeated_strings)
-from contrastive.data.image_decode import decode_scale_of, file_index_digest, load_square_rgb
+from contrastive.data.image_decode import decode_scale_of, file_index_digest, read_image_file, square_or_error
 from contrastive.data.skips import SkipCounter
 from contrastive.data.workers import result_tensor
 from contrastive.errors import DataError
@@ -52,6 +52,11 @@ IMAGE_SKIP_FIX = ("delete or re-export the unreadable files (or prepare the fold
                   "data.image_folder.storage=memory, which drops them once), or raise "
                   "data.image_folder.max_skip_fraction")
 _MAX_THREADS = 8  # threads decoding one get_batch call (PIL decodes and resizes outside the GIL)
+
+
+class BrokenSample(Exception):
+    """A stored sample that is itself damaged (a tar member cut short): skipped and counted, as an image that does
+    not decode, unlike an I/O error reading its file (DataReadError)."""
 
 
 class IndexedImageDataset(SampleIndex):
@@ -162,20 +167,30 @@ class IndexedImageDataset(SampleIndex):
         raise NotImplementedError
 
     def open_image(self, row: int) -> str | os.PathLike | IO[bytes]:
-        """The encoded image of ``row``: a path or a binary file object PIL can open. Raises OSError (or any
-        error) when it cannot be had; :meth:`decode` turns that into an unreadable row."""
+        """The encoded image of ``row``: a path or a binary file object PIL can open. Raises FileNotFoundError (a
+        file deleted since it was indexed) or BrokenSample for a broken sample, which :meth:`decode` turns into an
+        unreadable row, and DataReadError when a file cannot be read (an I/O error, twice)."""
         raise NotImplementedError
+
+    def encoded(self, row: int) -> bytes:
+        """The encoded bytes of ``row`` (:meth:`open_image`); a file's read is tried twice (``read_twice``)."""
+        source = self.open_image(row)
+        return source.read() if hasattr(source, "read") else read_image_file(Path(source))
 
     def skip_url(self, row: int) -> str:
         """Where an unreadable ``row`` lives (the image folder, the shard), for skip messages."""
         raise NotImplementedError
 
     def decode(self, row: int) -> np.ndarray | str:
-        """uint8 (S, S, 3) of ``row``, or the error text ("OSError: ...") when it cannot be decoded."""
+        """uint8 (S, S, 3) of ``row``, or the error text ("OSError: ...") when the sample is broken: its file gone,
+        its bytes no image. Reading and decoding are apart: an I/O error reading the index or the file is no broken
+        sample and ends the read (DataReadError, after a second try), whatever PIL raises decoding the bytes read
+        (OSError included: "image file is truncated") marks the sample broken."""
         try:
-            return load_square_rgb(self.open_image(row), size=self.image_size, decode_scale=self.decode_scale)
-        except Exception as err:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError, DecompressionBombError
+            data = self.encoded(row)
+        except (FileNotFoundError, BrokenSample) as err:
             return f"{type(err).__name__}: {err}"
+        return square_or_error(data, size=self.image_size, decode_scale=self.decode_scale)
 
     def read(self, row: int) -> torch.Tensor | None:
         """uint8 (3, S, S) of ``row``: shorter side resized to S and centre-cropped; None if unreadable

@@ -51,8 +51,9 @@ import numpy as np
 from webdataset.tariterators import base_plus_ext
 
 from contrastive.data.dataset import (INDEX_FILE, MANIFEST_FILE, _build_index, _write_json_atomic,
-                                      atomic_dataset_dir, digest_array, is_index_prepared, params_hash, save_index)
-from contrastive.data.image_files import DEFAULT_MAX_SKIP_FRACTION, IndexedImageDataset
+                                      atomic_dataset_dir, digest_array, is_index_prepared, params_hash, read_twice,
+                                      save_index)
+from contrastive.data.image_files import DEFAULT_MAX_SKIP_FRACTION, BrokenSample, IndexedImageDataset
 from contrastive.data.skips import SkipCounter
 from contrastive.data.urls import SHARD_IMAGE_EXTENSIONS, expand_urls, is_remote
 from contrastive.errors import ConfigError, DataError
@@ -462,13 +463,21 @@ class ShardDataset(IndexedImageDataset):
         return self.shards[int(self.shard_index[int(row)])]
 
     def image_bytes(self, row: int) -> bytes:
-        """The encoded image of ``row`` as stored in its shard; OSError when the shard ends before it does."""
+        """The encoded image of ``row`` as stored in its shard; BrokenSample when the shard ends before it does,
+        DataReadError when the shard cannot be read (an I/O error, twice)."""
         row = int(row)
         shard, offset, size = int(self.shard_index[row]), int(self.offsets[row]), int(self.nbytes[row])
-        data = os.pread(self._file(shard).fileno(), size, offset)
+        data = read_twice(lambda: os.pread(self._file(shard).fileno(), size, offset), path=self.shards[shard],
+                          what="the shard", on_retry=lambda: self._forget(shard))
         if len(data) != size:
-            raise OSError(f"truncated tar member: {len(data)} of {size} bytes at offset {offset}")
+            raise BrokenSample(f"truncated tar member: {len(data)} of {size} bytes at offset {offset}")
         return data
+
+    def _forget(self, shard: int) -> None:
+        """Drop this thread's open file of ``shard`` (opened again on the next read)."""
+        files = getattr(self._local, "files", None)
+        if files is not None and shard in files:
+            files.pop(shard).close()
 
     def open_image(self, row: int) -> io.BytesIO:
         return io.BytesIO(self.image_bytes(row))

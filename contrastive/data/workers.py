@@ -15,7 +15,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.data import DataLoader, get_worker_info
 from torch.utils.data import Dataset as TorchDataset
 
-from contrastive.errors import ConfigError
+from contrastive.errors import ConfigError, MclpipeError
 
 
 class _ResultBuffers:
@@ -135,8 +135,18 @@ class _Apply(TorchDataset):
         if self.buffers is None:  # inline: no workers, no segments
             return -1, [], self.fn(item)
         self.buffers.start_item(generation)
-        result = self.fn(item)
+        try:
+            result = self.fn(item)
+        except MclpipeError as err:  # to the reader as itself: the DataLoader re-raises a worker's error as a traceback
+            result = _Raised(err)
         return get_worker_info().id, self.buffers.taken(), result
+
+
+class _Raised:
+    """A worker's user-facing error (its one-line message naming the fix), raised again by the reading process."""
+
+    def __init__(self, error: MclpipeError) -> None:
+        self.error = error
 
 
 class _Plan:
@@ -248,6 +258,8 @@ class OrderedWorkers(ClosedOnExit):
         buffers.reclaim()
         for worker, slots, result in results:
             buffers.deliver(worker=worker, slots=slots, result=result)
+            if isinstance(result, _Raised):
+                raise result.error
             yield result
             del result  # this frame's reference: only the consumer's keep a slot lent now
             buffers.release_returned()

@@ -86,6 +86,7 @@ def test_a_compressed_column_is_not_read_in_place_and_a_cut_one_is_an_error(tmp_
     np.savez(tmp_path / "u.npz", ids=_ids(10).astype("<U40"))  # what earlier versions wrote: read in place
     assert StoredColumn.open(tmp_path / "u.npz", "ids")[[9, 0]].tolist() == _ids(10)[[9, 0]].tolist()
     column = StoredColumn.open(tmp_path / "u.npz", "ids")
+    assert column[0] == _ids(10)[0]  # its file is open: cut now, the file it reads ends early
     data = (tmp_path / "u.npz").read_bytes()
     (tmp_path / "u.npz").write_bytes(data[:column._offset + 3 * column._stored.itemsize])  # cut after opening
     with pytest.raises(DataError, match="ends inside its 'ids' column.*prepare the dataset again"):
