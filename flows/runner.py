@@ -42,7 +42,7 @@ from pipeline_config.schema import digest_of
 from tasks import steps as t
 from contrastive.modalities.base import Member
 from tasks.records import (RECORD, ClusterRecord, ExportRecord, ModelRecord, PseudoLabelRecord, RegroupRecord,
-                           StepRecord, TrainRecord)
+                           StepRecord, TrainRecord, finished_record, gone_files, record_kind)
 
 RESULT_STORE = "prefect-results"
 
@@ -60,6 +60,8 @@ def run_step(step, *, storage: Path, force: bool = False, **kwargs) -> StepRecor
     out_dir = Path(kwargs["out_dir"])
     with step_lock(out_dir, on_wait=lambda message: get_run_logger().warning(message)):
         try:
+            if not force:
+                set_aside_if_gone(step, out_dir, title=kwargs.get("title"))
             return _run_locked_step(step, storage=storage, force=force, **kwargs)
         except OSError as exc:  # outside the task's body (Prefect's result record); the body converts its own
             if not is_disk_full(exc):
@@ -69,15 +71,50 @@ def run_step(step, *, storage: Path, force: bool = False, **kwargs) -> StepRecor
 
 def _run_locked_step(step, *, storage: Path, force: bool, title: str | None = None, **kwargs) -> StepRecord:
     bound = step.with_options(result_storage=storage, **({"task_run_name": title} if title else {}))
+    out_dir = Path(kwargs["out_dir"])
     if force:
-        out_dir = Path(kwargs["out_dir"])
         if (out_dir / RECORD).exists():
-            out_dir.rename(out_dir.with_name(f"{out_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"))
+            set_aside(out_dir)
         return bound.with_options(refresh_cache=True)(**kwargs)
     record = bound(**kwargs)
-    if not record.is_on_disk():
-        record = bound.with_options(refresh_cache=True)(**kwargs)
-    return record
+    # Prefect's cached record was written where the run was then (moved or copied since, or its step recomputed):
+    # the step directory of this run root is what counts.
+    here = finished_record(out_dir, type(record))
+    if here is None or here.missing_files():
+        return bound.with_options(refresh_cache=True)(**kwargs)
+    return here
+
+
+def set_aside(out_dir: Path) -> None:
+    """Keep a step directory about to be computed again beside it as ``<dir>.replaced-<time>``: nothing computed is
+    deleted."""
+    out_dir.rename(out_dir.with_name(f"{out_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"))
+
+
+def set_aside_if_gone(step, out_dir: Path, *, title: str | None) -> None:
+    """A finished step whose files are gone (deleted, lost with a disk, not copied with a moved run) is computed
+    again, never a dead end: one line names the missing file, and what is left of the step is set aside."""
+    gone = gone_files(out_dir, record_kind(step))
+    if gone:
+        more = f" (and {len(gone) - 1} more of its files)" if len(gone) > 1 else ""
+        get_run_logger().warning("%s: finished before, but %s is gone%s: computing it again, with the steps that "
+                                 "read it", title or out_dir.name, gone[0], more)
+        set_aside(out_dir)
+
+
+def named_paths(value: Any) -> list[str]:
+    """The paths a step's input names: a record's files, a member's, a string, and those inside lists and dicts."""
+    if isinstance(value, StepRecord):
+        return value.paths()
+    if isinstance(value, Member):
+        return [path for path in (value.model_path, value.embeddings_dir, value.features) if path]
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [path for item in value for path in named_paths(item)]
+    if isinstance(value, dict):
+        return named_paths(list(value.values()))
+    return []
 
 
 _KIND_LABELS = {"mcl": "MCL", "control": "control"}
@@ -158,6 +195,7 @@ class StepRunner:
         self.storage = self.root / RESULT_STORE
         self.stage_runs: dict[StageRun, str] = {}  # the runs this invocation opened (closed at the end)
         self.linked_runs: dict[StageRun, str] = {}  # earlier invocations' runs that hold reused stages
+        self.renewed: set[Path] = set()  # step directories computed again because their files were gone
         self._tracker = None
 
     def logger(self):
@@ -214,23 +252,36 @@ class StepRunner:
             kwargs["stage"] = stage
         latest = stage if reads_stage is None else reads_stage
         force = None not in (self.rerun_from, latest) and latest >= self.rerun_from
+        # Computed again: a step whose files are gone (run_step says so), and every step that read one such.
+        renew = not force and self.reads_renewed(kwargs)
+        gone = not force and bool(gone_files(out_dir, record_kind(task_fn)))
         run_ref = run_id
-        run_id = self.resolve_run(run_id, what=what, source=None if force else recorded_run(out_dir), force=force)
+        run_id = self.resolve_run(run_id, what=what, source=None if force or renew or gone else recorded_run(out_dir),
+                                  force=force)
         if force and what == "train":
             t.note_rerun(config=self.config, mlflow_run_id=run_id, rerun_from=self.rerun_from)
         try:
-            record = run_step(task_fn, storage=self.storage, force=force, config=self.config, key=key,
+            record = run_step(task_fn, storage=self.storage, force=force or renew, config=self.config, key=key,
                               out_dir=out_dir, mlflow_run_id=run_id, **kwargs,
                               title=step_title(what=what, run=run_ref, stage=stage,
                                                for_stage=kwargs.get("for_stage")))
         except StageInterrupted as exc:  # say which step the signal stopped
             exc.what = exc.what or f"the {what} step" + (f" of stage {stage}" if stage is not None else "")
             raise
+        if renew or gone:
+            self.renewed.add(Path(out_dir))
         if record.mlflow_run_id != run_id:  # made by a run this tracking store does not hold
             t.record_reuse(config=self.config, mlflow_run_id=run_id, record=record, what=what)
         elif what == "train" and run_id in self.stage_runs.values():
             self.log_inputs(run_id=run_id, stage=record.stage, inputs=kwargs)
         return record
+
+    def reads_renewed(self, inputs: dict[str, Any]) -> bool:
+        """Whether a step's inputs name a file of a step this invocation computed again because its files were gone:
+        the new output may differ in its floats, so what read the old one must not be reused."""
+        return bool(self.renewed) and any(
+            Path(path) in self.renewed or not self.renewed.isdisjoint(Path(path).parents)
+            for path in named_paths(list(inputs.values())))
 
     def log_inputs(self, *, run_id: str, stage: int, inputs: dict[str, Any]) -> None:
         """The datasets a stage trained on, as the run's MLflow inputs: the pipeline's data and, for a cluster-pure

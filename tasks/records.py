@@ -1,16 +1,31 @@
 """The typed records the pipeline's tasks return and keep in ``<step dir>/record.json``: paths and small numbers,
-never tensors. Prefect caches them under the step's content key; the flows read their fields by name."""
+never tensors. Prefect caches them under the step's content key; the flows read their fields by name.
+
+A run directory (``output_dir``) is relocatable: ``record.json`` names the files of the run relative to the run root
+(``steps/train0-<key>/model/model.pt``), and a record read from a step directory has its paths resolved against the
+root that directory is in now. A record written by an earlier version holds absolute paths under the root it was
+written in; read elsewhere, those are mapped to the same place under the current root, so a moved or copied run
+never reads the old place. In memory a record's paths are absolute.
+"""
 from __future__ import annotations
 
 import json
+import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 from contrastive.engine.files import write_json
 
 RECORD = "record.json"
+STEPS = "steps"  # a step's directory is <run root>/steps/<prefix>-<key>
+
+
+def run_root_of(step_dir: Path | str) -> Path:
+    """The run root (``output_dir``) a step directory ``<root>/steps/<name>`` is in."""
+    return Path(step_dir).parent.parent
 
 
 class StepRecord(BaseModel):
@@ -21,28 +36,50 @@ class StepRecord(BaseModel):
     dir: str
     mlflow_run_id: str
 
+    #: The fields naming files of the step ("a.b": entry b of dict field a): relative to the run root on disk.
+    PATHS: ClassVar[tuple[str, ...]] = ("dir",)
+
     def save(self) -> "StepRecord":
-        write_json(Path(self.dir) / RECORD, self.model_dump(mode="json"))
+        write_json(Path(self.dir) / RECORD, self.stored())
         return self
+
+    def stored(self) -> dict:
+        """The record as ``record.json`` holds it: every path under the run root relative to that root."""
+        root = run_root_of(self.dir)
+        return _map_paths(self.model_dump(mode="json"), self.PATHS, lambda path: _relative_to(path, root))
+
+    def paths(self) -> list[str]:
+        """Every file or directory the record names."""
+        values = self.model_dump(mode="json")
+        named = [values.get(field) if not entry else (values.get(field) or {}).get(entry)
+                 for field, _, entry in (name.partition(".") for name in self.PATHS)]
+        return list(dict.fromkeys(path for path in named if isinstance(path, str)))
+
+    def missing_files(self) -> list[str]:
+        """The files the record names that are gone (deleted, or not copied with the run): [] for a usable record."""
+        return [path for path in self.paths() if not Path(path).exists()]
 
     def is_on_disk(self) -> bool:
         """A (possibly cached) record is only usable while its files are still on disk."""
-        return (Path(self.dir) / RECORD).exists()
+        return (Path(self.dir) / RECORD).exists() and not self.missing_files()
 
 
 class TrainRecord(StepRecord):
+    PATHS = ("dir", "model_path", "summary.model_path")
     stage: int
     model_path: str
     summary: dict
 
 
 class ExportRecord(StepRecord):
+    PATHS = ("dir", "embeddings_dir")
     embeddings_dir: str
     num_samples: int
     dim: int
 
 
 class ClusterRecord(StepRecord):
+    PATHS = ("dir", "clusters_dir", "plot")
     stage: int
     clusters_dir: str
     sizes: list[int]
@@ -52,6 +89,7 @@ class ClusterRecord(StepRecord):
 
 
 class PseudoLabelRecord(StepRecord):
+    PATHS = ("dir", "path", "stats.path")
     path: str
     stats: dict
 
@@ -62,6 +100,7 @@ class EvalRecord(StepRecord):
 
 
 class DiagnosisRecord(StepRecord):
+    PATHS = ("dir", "plot")
     name: str
     diagnostics: dict[str, float]
     plot: str
@@ -70,17 +109,20 @@ class DiagnosisRecord(StepRecord):
 class RegroupRecord(StepRecord):
     """What a cluster-pure stage reads besides the pseudo-labels (CLIP: the training shards re-written sorted by
     group): ``path`` is handed to its training."""
+    PATHS = ("dir", "path")
     path: str
     stats: dict
 
 
 class ModelRecord(StepRecord):
     """A model made from the stage models (the CLIP model soup)."""
+    PATHS = ("dir", "model_path")
     model_path: str
 
 
 class FeaturesRecord(StepRecord):
     """One model's encoding of the evaluation sets (CLIP: the MMVP pairs and the retrieval set)."""
+    PATHS = ("dir", "features", "model_path")
     name: str
     features: str
     model_path: str
@@ -90,6 +132,68 @@ R = TypeVar("R", bound=StepRecord)
 
 
 def finished_record(out_dir: Path | str, kind: type[R]) -> R | None:
-    """The record a finished step left in ``out_dir``, or None when the step has not finished there."""
+    """The record a finished step left in ``out_dir``, its paths resolved against the run root ``out_dir`` is in
+    now (module docstring), or None when the step has not finished there."""
     path = Path(out_dir) / RECORD
-    return kind.model_validate(json.loads(path.read_text())) if path.exists() else None
+    if not path.exists():
+        return None
+    raw = json.loads(path.read_text())
+    root = run_root_of(out_dir)
+    written_in = run_root_of(raw["dir"]) if Path(raw["dir"]).is_absolute() else root
+    return kind.model_validate(_map_paths(raw, kind.PATHS, lambda p: _resolved(p, root=root, written_in=written_in)))
+
+
+def gone_files(out_dir: Path | str, kind: type[StepRecord]) -> list[str]:
+    """The files the finished record in ``out_dir`` names that are gone ([] when none is, or nothing finished)."""
+    record = finished_record(out_dir, kind)
+    return record.missing_files() if record is not None else []
+
+
+def in_step_dir(path: str, out_dir: Path | str) -> str:
+    """A path that a step's own files name (``train_summary.json``'s model) as a path of the step directory
+    ``out_dir`` where it is now: relative ones under it, absolute ones written in the step directory of the same
+    name elsewhere (a moved or copied run) at the same place under it."""
+    out_dir, stored = Path(out_dir), Path(path)
+    if not stored.is_absolute():
+        return str(out_dir / stored)
+    if out_dir.name in stored.parts:
+        below = len(stored.parts) - stored.parts[::-1].index(out_dir.name)
+        return str(out_dir.joinpath(*stored.parts[below:]))
+    return path
+
+
+def record_kind(task) -> type[StepRecord]:
+    """The record class a step's Prefect task returns (its function's return annotation)."""
+    return typing.get_type_hints(task.fn)["return"]
+
+
+def _relative_to(path: str, root: Path) -> str:
+    """``path`` relative to ``root`` when it lies under it; a path outside the run (a data set) stays as it is."""
+    try:
+        return str(Path(path).relative_to(root))
+    except ValueError:
+        return path
+
+
+def _resolved(path: str, *, root: Path, written_in: Path) -> str:
+    """A stored path as a path of this machine: a relative one under ``root``; an absolute one under the root the
+    record was written in (an earlier version's record, then moved or copied) at the same place under ``root``."""
+    stored = Path(path)
+    if not stored.is_absolute():
+        return str(root / stored)
+    if written_in != root and written_in in stored.parents:
+        return str(root / stored.relative_to(written_in))
+    return path
+
+
+def _map_paths(values: dict, fields: tuple[str, ...], change: Callable[[str], str]) -> dict:
+    """``values`` with ``change`` applied to each of ``fields`` present ("a.b": entry b of dict a)."""
+    out = dict(values)
+    for field in fields:
+        head, _, entry = field.partition(".")
+        if entry:
+            if isinstance(out.get(head), dict) and isinstance(out[head].get(entry), str):
+                out[head] = {**out[head], entry: change(out[head][entry])}
+        elif isinstance(out.get(head), str):
+            out[head] = change(out[head])
+    return out

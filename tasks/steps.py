@@ -29,7 +29,7 @@ from contrastive.modalities.registry import modality_for
 from pipeline_config.loader import dump_config
 from pipeline_config.schema import _PipelineBase
 from tasks.records import (ClusterRecord, DiagnosisRecord, EvalRecord, ExportRecord, FeaturesRecord, ModelRecord,
-                           PseudoLabelRecord, RegroupRecord, StepRecord, TrainRecord, finished_record)
+                           PseudoLabelRecord, RegroupRecord, StepRecord, TrainRecord, finished_record, in_step_dir)
 from tasks.launching import gpu_slot, run_stage_processes, uses_processes
 from tasks.tracking import PENDING_FILE, MetricBuffer, Tracker, log_encoder, rank_metric_points
 
@@ -233,6 +233,7 @@ def trained_summary(out_dir: str) -> dict | None:
     if not path.exists():
         return None
     summary = json.loads(path.read_text())
+    summary["model_path"] = in_step_dir(summary["model_path"], out_dir)  # written where the run was then
     return summary if Path(summary["model_path"]).exists() else None
 
 

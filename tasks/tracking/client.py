@@ -30,6 +30,7 @@ from mlflow.tracking import MlflowClient
 from contrastive.engine.files import disk_full_cause, disk_full_error, is_disk_full
 from contrastive.errors import MclpipeError
 from contrastive.credentials import refuse_credentials_in_uri
+from tasks.tracking.relocate import ARTIFACT_ROOT_TAG, artifact_root_tag, follow_moved_store, sqlite_database
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +66,12 @@ def store_init_lock(uri: str) -> Iterator[None]:
     """Hold a file lock beside a local sqlite store while it is opened (created or migrated) and the experiment
     made, so two pipelines started together in a fresh directory do not race on the schema (MLflow's migration
     fails with "duplicate column name"). Other stores handle concurrency themselves."""
-    if not uri.startswith("sqlite:///") or uri == "sqlite:///:memory:":
+    database = sqlite_database(uri)
+    if database is None:
         yield
         return
     from filelock import FileLock, Timeout
 
-    database = Path(unquote(uri.removeprefix("sqlite:///")).split("?", 1)[0])
     database.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(database) + ".lock")
     try:
@@ -332,13 +333,17 @@ class Tracker:
         if experiment is not None:
             if experiment.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:  # made by an earlier version
                 self.client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+            if artifact_root is not None and (database := sqlite_database(self.uri)) is not None:
+                follow_moved_store(self.client, experiment, database=database, artifact_root=Path(artifact_root))
             return experiment.experiment_id
-        location = None
+        location, tags = None, {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
         if artifact_root is not None and not is_remote(self.uri):
             location = Path(artifact_root).resolve().as_uri()
+            if (database := sqlite_database(self.uri)) is not None and (
+                    relative := artifact_root_tag(database=database, artifact_root=Path(artifact_root))) is not None:
+                tags[ARTIFACT_ROOT_TAG] = relative  # how a moved store finds its artifacts (tasks.tracking.relocate)
         try:
-            experiment_id = self.client.create_experiment(name, artifact_location=location,
-                                                          tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+            experiment_id = self.client.create_experiment(name, artifact_location=location, tags=tags)
         except mlflow.exceptions.MlflowException as exc:
             # Two pipelines starting at once both saw no experiment; the loser uses the winner's.
             if exc.error_code != "RESOURCE_ALREADY_EXISTS":
