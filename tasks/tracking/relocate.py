@@ -7,7 +7,9 @@ original directory, and a moved one recreates the old path. When a :class:`~task
 SQLite store whose experiment's artifact location lies where the store *was* (the same place relative to the
 store's directory, under another directory), every location under that old directory is rewritten to the same place
 under the store's directory now, in one transaction, and one line says so. The store's directory is what counts:
-the artifacts (``runs/mlartifacts``) sit at the same place relative to it before and after.
+the artifacts (``runs/mlartifacts``) sit at the same place relative to it before and after. An output_dir moved
+without its store (the store elsewhere, the old disk unmounted) leaves an artifact location that no longer exists:
+it is pointed at this run's artifact folder the same way, so nothing recreates the old place.
 
 Which place relative to the store the experiment's artifacts have is kept as an experiment tag (relative, so it
 holds on any machine); an experiment made by an earlier version without it is taken to keep its artifacts where this
@@ -68,9 +70,9 @@ def former_store_dir(*, location: str, tags: dict[str, str], database: Path, art
 
 
 def relocate_store(database: Path, *, former: Path, now: Path) -> int:
-    """Point every artifact location of the store under ``former`` at the same place under ``now``, in one
+    """Point every artifact location of the store at or under ``former`` at the same place under ``now``, in one
     transaction; returns how many locations changed."""
-    prefixes = [(former.as_uri() + "/", now.as_uri() + "/"), (str(former) + "/", str(now) + "/")]
+    prefixes = [(former.as_uri(), now.as_uri()), (str(former), str(now))]
     changed = 0
     with sqlite3.connect(database) as db:  # commits once, at the end, or rolls everything back
         tables = {row[0] for row in db.execute("select name from sqlite_master where type = 'table'")}
@@ -80,8 +82,9 @@ def relocate_store(database: Path, *, former: Path, now: Path) -> int:
             for column in columns:
                 for old, new in prefixes:
                     changed += db.execute(
-                        f"update {table} set {column} = ? || substr({column}, ?) where substr({column}, 1, ?) = ?",
-                        (new, len(old) + 1, len(old), old)).rowcount
+                        f"update {table} set {column} = ? || substr({column}, ?) "
+                        f"where {column} = ? or substr({column}, 1, ?) = ?",
+                        (new, len(old) + 1, old, len(old) + 1, old + "/")).rowcount
     db.close()
     return changed
 
@@ -92,11 +95,17 @@ def follow_moved_store(client, experiment, *, database: Path, artifact_root: Pat
     former = former_store_dir(location=experiment.artifact_location, tags=experiment.tags, database=database,
                               artifact_root=artifact_root)
     now = database.resolve().parent
+    location, here = location_path(experiment.artifact_location), artifact_root.resolve()
     if former is not None:
         changed = relocate_store(database, former=former, now=now)
         log.warning("the MLflow store %s was made in %s and is now in %s (a moved or copied run directory): its %d "
                     "artifact locations now point here, nothing is read from or written to the old place",
                     database.name, former, now, changed)
+    elif location != here and not location.exists():
+        changed = relocate_store(database, former=location, now=here)
+        log.warning("the MLflow artifact folder %s is gone (an output_dir moved without its store, an unmounted "
+                    "disk): its %d artifact locations now point at %s, this run's, and nothing is written to the old "
+                    "place", location, changed, here)
     if ARTIFACT_ROOT_TAG not in experiment.tags:
         tag = artifact_root_tag(database=database, artifact_root=artifact_root)
         if tag is not None and (former is not None or location_path(experiment.artifact_location)

@@ -64,3 +64,22 @@ def test_a_store_shared_by_another_output_dir_is_left_where_it_is(tmp_path):
     other = tracker_in(tmp_path, artifacts="other/runs/mlartifacts")
     assert locations(other, run_id) == ((tmp_path / "runs" / "mlartifacts").as_uri(),
                                         (tmp_path / "runs" / "mlartifacts" / run_id / "artifacts").as_uri())
+
+
+def test_an_output_dir_moved_without_its_store_is_followed_and_the_old_place_not_recreated(tmp_path):
+    """The store stays (tracking.uri elsewhere), the output_dir moves to a bigger disk and the small one goes."""
+    store = tmp_path / "store"
+    tracker = Tracker(uri=f"sqlite:///{store / 'mlflow.db'}", experiment="moves",
+                      artifact_root=tmp_path / "small" / "runs" / "mlartifacts", retries=0)
+    run_id = tracker.start_run(name="stage", tags={"stage": "0"})
+    (tmp_path / "model.pt").write_bytes(b"weights")
+    tracker.log_artifact(run_id, tmp_path / "model.pt", artifact_path="model")
+    shutil.copytree(tmp_path / "small", tmp_path / "big")
+    shutil.rmtree(tmp_path / "small")
+    moved = Tracker(uri=f"sqlite:///{store / 'mlflow.db'}", experiment="moves",
+                    artifact_root=tmp_path / "big" / "runs" / "mlartifacts", retries=0)
+    assert locations(moved, run_id) == ((tmp_path / "big" / "runs" / "mlartifacts").as_uri(),
+                                        (tmp_path / "big" / "runs" / "mlartifacts" / run_id / "artifacts").as_uri())
+    moved.log_artifact(run_id, tmp_path / "model.pt", artifact_path="again")
+    assert (tmp_path / "big" / "runs" / "mlartifacts" / run_id / "artifacts" / "again" / "model.pt").exists()
+    assert not (tmp_path / "small").exists()
