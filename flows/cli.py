@@ -31,13 +31,30 @@ from flows.local_server import starting_local_server  # noqa: E402
 from pipeline_config.loader import described_config, load_config, preset_names  # noqa: E402
 from pipeline_config.plan import InfeasiblePlan  # noqa: E402
 
+# rich_markup_mode=None: help is plain text (no [markup] eaten, no ``rst`` marks).
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None,
                   help="Multistage contrastive learning (MCL) pipelines on Prefect, tracked in MLflow.")
 console = Console()
 err_console = Console(stderr=True)
 
-ConfigArg = Annotated[str, typer.Argument(help="YAML config path or preset name (see `mclpipe presets`)")]
+ConfigArg = Annotated[str, typer.Argument(help="YAML config path or preset name (mclpipe presets lists them)")]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="override: key.path=value (repeatable)")]
+
+
+@app.callback()
+def console_options(
+        verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show Prefect's and MLflow's INFO lines on the "
+                                                                      "console too (they always go to the log file)")]
+        = False,
+        log_level: Annotated[Optional[str], typer.Option(help="the console's log level: DEBUG, INFO, WARNING (the "
+                                                              "default), ERROR")] = None) -> None:
+    """Multistage contrastive learning (MCL) pipelines on Prefect, tracked in MLflow."""
+    from flows.console import LOG_LEVEL_ENV
+    if log_level is not None and log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        fail(f"--log-level {log_level!r} is not a level: use DEBUG, INFO, WARNING or ERROR")
+    if verbose or log_level:
+        os.environ[LOG_LEVEL_ENV] = (log_level or "INFO").upper()
 
 
 def fail(message: str, config=None) -> None:
@@ -75,16 +92,8 @@ def load_or_fail(config: str, overrides: list[str] | None):
 
 def rich_table(table) -> Table:
     """A results table (``ResultsTable``: rows {representation: {"<metric>/<column>": value}}) for the terminal."""
-    from tasks.steps import format_value, table_columns
-    out = Table(title=table.title)
-    out.add_column("representation")
-    columns = table_columns(table)
-    for column in columns:
-        out.add_column(column, justify="right")
-    for name, metrics in table.rows.items():
-        out.add_row(name, *(format_value(metrics.get(f"{table.metric}/{c}", float("nan")), percent=table.percent)
-                            for c in columns))
-    return out
+    from flows.console import rich_table as terminal_table
+    return terminal_table(table)
 
 
 def run_pipeline(config, rerun_from: int | None = None, *, force: bool = False) -> dict:
@@ -104,10 +113,21 @@ def run_pipeline(config, rerun_from: int | None = None, *, force: bool = False) 
             check_feasible(config, warn=lambda line: shutdown.say(
                 err_console, f"[bold yellow]warning:[/] {line}", highlight=False, soft_wrap=True))
         modality_of(config).preflight(config)
+        quiet_console_of(config)  # Prefect and MLflow are imported: their INFO lines go to the log file
         tracker_for(config)
     shutdown.quiet_user_tracebacks()
     from flows.pipeline import mcl_pipeline
     return mcl_pipeline(config, rerun_from=rerun_from)
+
+
+def quiet_console_of(config) -> None:
+    """Prefect's and MLflow's INFO lines off the console, into ``<output_dir>/logs/`` (flows.console); a log file
+    that cannot be created (an output_dir not writable yet) leaves the console as it is."""
+    from flows.console import log_file_for, quiet_console
+    try:
+        quiet_console(log_file_for(config.output_dir, config.name))
+    except OSError:
+        quiet_console(None)
 
 
 RerunOpt = Annotated[Optional[int], typer.Option("--rerun-from", help="recompute stage N and later even if finished")]
@@ -174,8 +194,8 @@ def resume(pipeline: Annotated[str, typer.Argument(help="pipeline id (config has
            output_dir: Annotated[Path, typer.Option(help="where the pipeline wrote its files")] = Path("runs"),
            rerun_from: RerunOpt = None, overrides: SetOpt = None) -> None:
     """Continue a crashed or killed pipeline: finished steps are reused, a stage killed mid-way continues from its
-    last checkpoint. ``--set`` changes the saved config first (e.g. ``stage_overrides.2.train.epochs=20`` with
-    ``--rerun-from 2``): that is a new pipeline id, whose unchanged steps are reused."""
+    last checkpoint. --set changes the saved config first (e.g. --set stage_overrides.2.train.epochs=20 with
+    --rerun-from 2): that is a new pipeline id, whose unchanged steps are reused."""
     run_and_report(lambda: load_config(find_pipeline_config(pipeline, output_dir), overrides or []),
                    rerun_from=rerun_from)
 
@@ -183,7 +203,8 @@ def resume(pipeline: Annotated[str, typer.Argument(help="pipeline id (config has
 @app.command()
 def serve(configs: Annotated[Optional[list[str]], typer.Argument(help="configs to serve (default: all presets)")] = None,
           overrides: SetOpt = None) -> None:
-    """Register one Prefect deployment per config (schedule from its `schedule:` section) and run them here."""
+    """Register one Prefect deployment per config (its schedule from the config's schedule section) and run them
+    here."""
     from flows.deployments import serve_deployments
     try:
         serve_deployments(configs, overrides)
@@ -215,6 +236,9 @@ def report(cfg, summary: dict, elapsed: float) -> None:
     print_links(cfg, summary)
     console.print(f"pipeline id {summary.get('pipeline_id', '')}: `mclpipe resume` it after a crash, "
                   f"`mclpipe results` to see this table again", soft_wrap=True)
+    from flows.console import current_log_file
+    if current_log_file() is not None:
+        console.print(f"full log: {current_log_file()} (--verbose shows it here)", soft_wrap=True, highlight=False)
 
 
 def print_links(cfg, summary: dict) -> None:
@@ -246,10 +270,18 @@ def print_links(cfg, summary: dict) -> None:
 
 
 def print_tables(cfg, summary: dict) -> None:
-    """The modality's results tables (contrastive.modalities.base.ResultsTable), one rich table each."""
+    """The modality's results tables (contrastive.modalities.base.ResultsTable) that hold a value, each in tables
+    of at most 80 columns, then one line reading them."""
+    from flows.console import WIDTH, fitting_tables, printable_tables, reading_line
     from tasks.steps import modality_of
-    for table in modality_of(cfg).tables(cfg, summary):
-        console.print(rich_table(table))
+    tables = printable_tables(modality_of(cfg).tables(cfg, summary))
+    for table in tables:
+        for part in fitting_tables(table, width=WIDTH):
+            console.print()
+            console.print(part, width=WIDTH)
+    line = reading_line(tables)
+    if line:
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command()
@@ -357,7 +389,7 @@ def results(config: ConfigArg, overrides: SetOpt = None) -> None:
 
 @app.command()
 def status(output_dir: Annotated[Path, typer.Option(help="the runs' output_dir")] = Path("runs")) -> None:
-    """How the last `mclpipe run` / `resume` under output_dir ended: its final line (finished, error or
+    """How the last mclpipe run / resume under output_dir ended: its final line (finished, error or
     interrupted, with the command that continues it), kept even when the terminal or pipe it printed to closed."""
     path = output_dir.resolve() / shutdown.LAST_STOP
     if not path.exists():

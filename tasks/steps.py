@@ -24,7 +24,8 @@ from contrastive.engine.device import check_faiss, check_gpus_usable
 from contrastive.engine.launch import ENCODE_SUMMARY, EXPORT_SUMMARY, SUMMARY
 from contrastive.evaluate import plot_cluster_sizes
 from contrastive.mcl import steps
-from contrastive.modalities.base import Member, Modality, ResultsTable
+from contrastive.modalities.base import (Member, Modality, ResultsTable, format_value,  # noqa: F401 (the CLI's)
+                                        table_columns, tables_markdown)
 from contrastive.modalities.registry import modality_for
 from pipeline_config.loader import dump_config
 from pipeline_config.schema import _PipelineBase
@@ -559,28 +560,3 @@ def summarize(*, config: _PipelineBase, parent_run_id: str, pipeline_id: str, re
     create_markdown_artifact(markdown=f"# {config.name}\n\n{markdown}", key=f"results-{pipeline_id[:8]}",
                              description=f"{config.name}: {tables[0].title if tables else 'results'}")
     return {**summary, "dir": str(out), "tracking_hint": tracker.run_url_hint(parent_run_id)}
-
-
-def table_columns(table: ResultsTable) -> list[str]:
-    """The columns of a results table: every key under ``<metric>/`` of any row, sorted."""
-    prefix = table.metric + "/"
-    return sorted({k.removeprefix(prefix) for m in table.rows.values() for k in m if k.startswith(prefix)})
-
-
-def format_value(value: float, *, percent: bool) -> str:
-    return f"{value:.1f}" if percent else f"{value:.3f}"
-
-
-def tables_markdown(tables: list[ResultsTable]) -> str:
-    """The results tables as markdown (results.md, the Prefect artifact, the parent run's description)."""
-    parts = []
-    for table in tables:
-        columns = table_columns(table)
-        lines = [f"### {table.title}", "", "| representation | " + " | ".join(columns) + " |",
-                 "|---" * (len(columns) + 1) + "|"]
-        for name, metrics in table.rows.items():
-            lines.append(f"| {name} | " + " | ".join(
-                format_value(metrics.get(f"{table.metric}/{c}", float("nan")), percent=table.percent)
-                for c in columns) + " |")
-        parts.append("\n".join(lines) + "\n")
-    return "\n".join(parts)

@@ -51,6 +51,31 @@ class ResultsTable:
     percent: bool = False
 
 
+def table_columns(table: ResultsTable) -> list[str]:
+    """The columns of a results table: every key under ``<metric>/`` of any row, sorted."""
+    prefix = table.metric + "/"
+    return sorted({k.removeprefix(prefix) for m in table.rows.values() for k in m if k.startswith(prefix)})
+
+
+def format_value(value: float, *, percent: bool) -> str:
+    return f"{value:.1f}" if percent else f"{value:.3f}"
+
+
+def tables_markdown(tables: list[ResultsTable]) -> str:
+    """The results tables as markdown (results.md, the Prefect artifact, the parent run's description)."""
+    parts = []
+    for table in tables:
+        columns = table_columns(table)
+        lines = [f"### {table.title}", "", "| representation | " + " | ".join(columns) + " |",
+                 "|---" * (len(columns) + 1) + "|"]
+        for name, metrics in table.rows.items():
+            lines.append(f"| {name} | " + " | ".join(
+                format_value(metrics.get(f"{table.metric}/{c}", float("nan")), percent=table.percent)
+                for c in columns) + " |")
+        parts.append("\n".join(lines) + "\n")
+    return "\n".join(parts)
+
+
 @dataclass(frozen=True)
 class ServingInput:
     """What the registered MLflow model of a pipeline takes: numpy dtype name and shape (-1 = any size), and one

@@ -21,7 +21,7 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 def cli_env(workdir: Path) -> dict[str, str]:
     env = {**os.environ, "PREFECT_HOME": str(workdir / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "COLUMNS": "250"}
+           "COLUMNS": "250", "MCLPIPE_LOG_LEVEL": "INFO"}  # the tests read the run's INFO lines (flows/console.py)
     env.pop("PREFECT_API_URL", None)  # a user's run: its own temporary local server
     return env
 
