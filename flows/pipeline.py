@@ -16,7 +16,7 @@ from prefect import flow
 
 from flows.pipeline_run import opened_pipeline, pipeline_dir
 from flows.run_parameters import check_run_parameters
-from flows.runner import StepRunner
+from flows.planning import ProgressRunner, run_all
 from pipeline_config.schema import config_union
 from tasks import steps as t
 from tasks.links import log_pipeline_model, pipeline_run_name, publish_links
@@ -34,10 +34,9 @@ def mcl_pipeline(config: PipelineConfigs, rerun_from: int | None = None) -> dict
     """
     check_run_parameters(config)  # a deployment's run may change only what its run_policy allows
     data = t.prepare_data(config=config)
-    with opened_pipeline(StepRunner, config=config, data=data, rerun_from=rerun_from) as runner:
-        outputs = runner.run_stages()
-        results = {**outputs.results, **runner.run_control(outputs), **runner.run_combined(outputs)}
-        final = runner.run_final(outputs)
+    with opened_pipeline(ProgressRunner, config=config, data=data, rerun_from=rerun_from) as runner:
+        runner.follow()  # the plan (mclpipe plan) as artifacts of the flow run and the MLflow run, then progress
+        outputs, results, final = run_all(runner)
         summary = t.summarize(config=config, parent_run_id=runner.parent_run_id, pipeline_id=runner.pipeline_id,
                               results=results, cluster_records=outputs.clusters, out_dir=str(pipeline_dir(config)),
                               final=final)

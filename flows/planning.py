@@ -3,17 +3,16 @@
 :func:`planned_steps` runs the flow's own stage loop (``flows.runner.StepRunner``: ``run_stages``, ``run_control``,
 ``run_combined``, ``run_final``, in the order ``flows.pipeline.mcl_pipeline`` calls them) with a step that records
 what it would run instead of running it, so the plan's rows are the steps a run makes, for every modality, and
-cannot drift from them. :class:`ProgressRunner` is the runner the flow uses: after every step it updates the flow
-run's progress artifact (stage i of N, time left by the plan's projections).
+cannot drift from them. :class:`ProgressRunner` is the runner the flow uses: it publishes the run's plan and, after
+every step, updates the flow run's progress artifact (stage i of N, time left by the plan's projections).
 """
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, Callable
 
 from flows.runner import StageRun, StepRunner, step_title
-from pipeline_config.plan import Plan, PlannedStep, fmt_seconds, progress_percent, remaining_seconds
+from pipeline_config.plan import Plan, PlannedStep
 
 PREPARE = PlannedStep(what="prepare", title="prepare data")
 
@@ -74,21 +73,28 @@ def planned_steps(config, *, data: dict | None = None) -> list[PlannedStep]:
 
 
 class ProgressRunner(StepRunner):
-    """The flow's runner, reporting after every step: "step i of N: <title>", percent of the projected time done,
-    and the time the plan projects for the rest (a Prefect progress artifact and one log line)."""
+    """The flow's runner: the plan of the run published where users look (``tasks.plan_report``: a table artifact,
+    ``plan/plan.md`` in MLflow) and, after every step, the flow run's progress (stage i of N, time left)."""
 
-    plan: Plan | None = None
-    report = None  # callable(percent, description), set by the flow
+    progress = None  # tasks.plan_report.PlanProgress, set by follow()
 
-    def step(self, task_fn, *, what: str, **kwargs: Any):
-        record = super().step(task_fn, what=what, **kwargs)
-        self._done = getattr(self, "_done", 1) + 1  # the data's preparation is step 1
-        if self.plan is not None and self.report is not None:
-            done = min(self._done, len(self.plan.rows))
-            left = remaining_seconds(self.plan, done)
-            self.report(progress_percent(self.plan, done),
-                        f"step {done} of {len(self.plan.rows)} done ({what}); about {fmt_seconds(left)} left by "
-                        f"the plan, at {time.strftime('%H:%M:%S')}")
+    def follow(self) -> Plan:
+        """Plan this run (its steps, the cached calibration if there is one: nothing is measured here), publish it
+        and report progress from now on."""
+        from flows.pipeline_run import pipeline_dir
+        from pipeline_config.plan import cached_calibration, estimate
+        from tasks.plan_report import PlanProgress, publish_plan
+        plan = estimate(self.config, planned_steps(self.config, data=self.data),
+                        calibration=cached_calibration(self.config))
+        publish_plan(config=self.config, plan=plan, tracker=self.tracker, parent_run_id=self.parent_run_id,
+                     out_dir=pipeline_dir(self.config))
+        self.progress = PlanProgress(plan, stages=self.config.mcl.num_stages)
+        return plan
+
+    def step(self, task_fn, *, stage: int | None = None, **kwargs: Any):
+        record = super().step(task_fn, stage=stage, **kwargs)
+        if self.progress is not None:
+            self.progress.step_done(stage=stage)
         return record
 
 

@@ -373,7 +373,7 @@ def _row(config, step: PlannedStep, *, size: DataSize, cal: Calibration | None, 
     elif c == "prepare":
         if rate is not None:
             seconds, peak, disk = rate.fixed_s, rate.peak_rss, rate.disk
-            basis.append("measured (the calibration prepared the data: a run reuses it)")
+            basis.append(f"measured ({rate.note}: a run after this plan reuses it)")
     else:  # eval, encode, diagnose, soup, hyper: held-out sets, not M
         if rate is not None:
             seconds = rate.fixed_s + rate.per_unit_s * step.members

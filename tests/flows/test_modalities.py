@@ -136,3 +136,44 @@ def test_each_modality_says_what_it_is_in_the_parent_run(finished):
     for key, (config, summary) in finished.items():
         parent = MlflowClient(tracking_uri=config.tracking.uri).get_run(summary["mlflow_run_id"])
         assert parent.data.tags["modality"] == modality_for(key).title
+
+
+def test_the_plan_lists_every_step_a_run_made(finished):
+    """`mclpipe plan`'s rows (flows.planning.planned_steps: the runner's own loop with a recording step) are the
+    steps a run makes, for every modality: the same step directories under output_dir/steps (issue 46)."""
+    from pathlib import Path
+
+    from flows.planning import planned_steps
+    for key, (config, _) in finished.items():
+        data = modality_for(key).prepare_data(config, log=lambda _: None)  # prepared by the run: its data record
+        planned = planned_steps(config, data=data)
+        made = sorted(p.name for p in (Path(config.output_dir) / "steps").iterdir()
+                      if p.is_dir() and not p.name.startswith("."))  # .locks: flows.locks' lock files
+        assert planned[0].what == "prepare"
+        assert sorted(step.step_dir for step in planned[1:]) == made, key
+
+
+def test_the_plan_is_where_users_look(finished, tmp_path):
+    """The plan of the run as `plan/plan.md` in the pipeline's MLflow run (a row per step) and as a table artifact
+    of the flow run, and the flow run's progress artifact at 100 % with nothing left when the run has finished
+    (issue 46)."""
+    from pathlib import Path
+
+    from flows.planning import planned_steps
+
+    async def progress_of(flow_run_id):
+        from prefect.client.orchestration import get_client
+        async with get_client() as prefect:
+            response = await prefect._client.post("/artifacts/filter", json={
+                "artifacts": {"flow_run_id": {"any_": [flow_run_id]}, "type": {"any_": ["progress"]}}, "limit": 200,
+                "offset": 0, "sort": "CREATED_DESC"})
+            return [(a["data"], a["description"]) for a in response.json()]
+    for key, (config, summary) in finished.items():
+        client = MlflowClient(tracking_uri=config.tracking.uri)
+        text = Path(client.download_artifacts(summary["mlflow_run_id"], "plan/plan.md", str(tmp_path))).read_text()
+        for step in planned_steps(config):
+            assert f"| {step.title}" in text, (key, step.title)
+        assert ("table", "plan") in prefect_artifacts(summary), key
+        flow_run_id = summary["prefect_flow_run_url"].rsplit("/", 1)[-1]
+        (plan_progress,) = [(data, d) for data, d in asyncio.run(progress_of(flow_run_id)) if "by the plan" in d]
+        assert plan_progress[0] == 100.0 and plan_progress[1].endswith("about 0.0 s left by the plan"), key
