@@ -61,9 +61,10 @@ bench-scale: $(STAMP)
 	$(BIN)/python -m bench.scale --sizes $(SCALE_SIZES) --report BENCHMARKS.md
 
 # The acceptance rows of a CUDA machine (issue 24) into BENCHMARKS.md; without CUDA: one "not measured" line a row.
-# Some rows only: make gpu-check ROWS=simclr,export
+# Some rows only: make gpu-check ROWS=simclr,export. DRY=1: check the GPU sizes, then run every row on the CPU at
+# toy sizes into a temporary report (docs/gpu.md; tests/bench/test_gpu_check.py runs it in make test).
 gpu-check: $(STAMP)
-	$(BIN)/python -m bench.gpu_check $(if $(ROWS),--rows $(ROWS))
+	$(BIN)/python -m bench.gpu_check $(if $(ROWS),--rows $(ROWS)) $(if $(DRY),--dry-run)
 
 ui-mlflow: $(STAMP)
 	$(BIN)/mlflow ui --backend-store-uri $(MLFLOW_TRACKING_URI) --port 5000

@@ -17,7 +17,7 @@ Rows (``--rows`` picks some):
   weight difference. Needs 2 GPUs ("not measured: needs 2 GPUs" with one).
 - ``clip``: CLIP ViT-B-32 fine-tuning under bf16 autocast, our CLIP stage against ``open_clip_train``'s
   ``train_one_epoch`` on the same shards, batch, steps and GPU (bench/engine_throughput.py ``clip_runs``, the
-  runner of the CPU row): samples/s ratio (goal >= 1.0x).
+  runner of the CPU row), 4 and 12 decoders a side: samples/s ratio (goal >= 1.0x).
 - ``export``: ResNet-50 embeddings of synthetic uint8 images, fp32 and bf16, through the export loop
   (``contrastive.embeddings.compute_embeddings``: pinned non-blocking copies, inference mode, one read a batch)
   against a model-only inference loop (the same model on inputs already on the GPU): images/s.
@@ -28,14 +28,22 @@ Rows (``--rows`` picks some):
   with 4, 8 and 16 workers: views/s and the share of the stage the GPU waited for the next batch (the engine's
   ``data_wait_share``, worker start-up included); the ``simclr`` row's synthetic views are the GPU-bound rate.
 
+- ``table4``: the MCL paper's Table 4 quick preset (``paper_table4_trifeature_quick``) end to end with
+  ``device=cuda``: its probe table beside the paper's, each stage's rate, the full preset's time from it.
+
 On a machine without CUDA every row prints "not measured: no CUDA device" and the command exits 0, so CI runs
-it. The whole run stays under 10 minutes on one H100 (the sizes below are chosen for that); the report is rewritten
-after every row, so a run stopped part way keeps the rows it finished (``--rows`` runs the rest).
+it. A row's GPU sizes are its function's defaults (docs/gpu.md says how long each command takes); the report is
+rewritten after every row, so a run stopped part way keeps the rows it finished (``--rows`` runs the rest).
+``--dry-run`` (``make gpu-check DRY=1``) checks those sizes (:func:`check_sizes`), then runs every row on the CPU
+at ``DRY_SIZES`` through the same functions into a temporary report: what a CPU can catch fails there, not on a
+lent GPU.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
+import inspect
 import json
 import subprocess
 import sys
@@ -51,7 +59,7 @@ import torch
 from bench.common import replace_section
 from contrastive.engine.task import StageTask
 
-ROWS = ("pipeline", "simclr", "kmeans", "host_syncs", "ddp", "clip", "export", "checkpoint", "input")
+ROWS = ("pipeline", "simclr", "kmeans", "host_syncs", "ddp", "clip", "export", "checkpoint", "input", "table4")
 #: Points the k-means row's AMI between the GPU's and the CPU's assignments is computed on.
 AMI_SAMPLE = 100_000
 #: DataLoader workers the ``input`` row feeds the GPU with (issue 25: 4, 8 and 16).
@@ -203,24 +211,31 @@ def _images_per_second(step: Callable[[], None], *, steps: int, images: int, dev
     return images * steps / (time.perf_counter() - started)
 
 
+def device_name(device: torch.device) -> str:
+    """What the report calls ``device``: the GPU's name, or "cpu"."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
 def mfu(*, images_per_second: float, device_name: str) -> float | None:
     """Model FLOPs utilisation of ResNet-50 training: achieved FLOP/s over the device's dense bf16 peak."""
     peak = next((value for fragment, value in PEAK_BF16.items() if fragment in device_name), None)
     return None if peak is None else images_per_second * RESNET50_TRAIN_FLOP_PER_IMAGE / peak
 
 
-def simclr_row(*, device: torch.device, work: Path, batch: int = 256, steps: int = 30) -> Row:
-    views = tuple(torch.randn(batch, 3, 224, 224, device=device).contiguous(memory_format=torch.channels_last)
-                  for _ in range(2))
+def simclr_row(*, device: torch.device, work: Path, arch: str = "resnet50", batch: int = 256, steps: int = 30,
+               image_size: int = 224, compiles: tuple[bool, ...] = (False, True)) -> Row:
+    check_sizes("simclr", batch=batch, steps=steps)
+    views = tuple(torch.randn(batch, 3, image_size, image_size, device=device).contiguous(
+        memory_format=torch.channels_last) for _ in range(2))
     from contrastive.engine.precision import configure_cuda_numerics
     # the engine turns on TF32 and cuDNN's autotuner (process-wide) when it starts: the baseline gets them first
     configure_cuda_numerics(device=device, tf32=True, cudnn_benchmark=True)
     row = Row(name="simclr", baseline="plain PyTorch loop, same model / loss / SGD / bf16 autocast / channels_last "
                                       "/ TF32 / cuDNN autotuner")
-    name = torch.cuda.get_device_name(device)
-    for compile in (False, True):
-        theirs = plain_simclr_steps(arch="resnet50", device=device, views=views, steps=steps, compile=compile)
-        ours = engine_simclr_steps(arch="resnet50", device=device, views=views, steps=steps, compile=compile,
+    name = device_name(device)
+    for compile in compiles:
+        theirs = plain_simclr_steps(arch=arch, device=device, views=views, steps=steps, compile=compile)
+        ours = engine_simclr_steps(arch=arch, device=device, views=views, steps=steps, compile=compile,
                                    work=work / f"compile{int(compile)}")
         utilisation = mfu(images_per_second=ours, device_name=name)
         row.figures[f"compile {'on' if compile else 'off'}"] = (
@@ -239,18 +254,19 @@ def clustered_points(*, num: int, dim: int, centers: int, seed: int = 0):
 
 
 def kmeans_row(*, num: int = 1_000_000, dim: int = 256, ks: tuple[int, ...] = (20_000, 10),
-               compared: int = 100_000) -> Row:
+               compared: int = 100_000, on_gpu: bool = True) -> Row:
     """GPU k-means of ``num`` points at each K (the faiss wiki's scale: 1M x 256, K = 20,000), then GPU against
     faiss-cpu from the same seeds on the first ``compared`` points: faiss-cpu at 1M x 20,000 takes minutes on 16
-    cores, more than a lease's command allows."""
+    cores, more than a lease's command allows. ``on_gpu=False`` (the dry run) puts faiss-cpu on both sides."""
     import faiss
     import numpy as np
 
     from contrastive.mcl.clustering import adjusted_mutual_information, kmeans
     row = Row(name="kmeans", baseline="faiss-cpu on the same points from the same seeds (faiss wiki: K=20,000 in "
                                       "55 s on a P100)")
+    check_sizes("kmeans", num=num, ks=ks, compared=compared)
     faiss_gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
-    if faiss_gpus == 0 and not torch.cuda.is_available():
+    if on_gpu and faiss_gpus == 0 and not torch.cuda.is_available():
         row.status = "not measured"
         row.figures["why"] = ("no GPU for k-means: faiss sees none and torch has no CUDA device (faiss-gpu or a CUDA "
                               "build of torch: docs/gpu.md)")
@@ -263,8 +279,8 @@ def kmeans_row(*, num: int = 1_000_000, dim: int = 256, ks: tuple[int, ...] = (2
         return result, time.perf_counter() - started
 
     for k in ks:
-        full, full_seconds = timed(points, k=k, on_gpu=True)
-        gpu, gpu_seconds = timed(points[:compared], k=k, on_gpu=True)
+        full, full_seconds = timed(points, k=k, on_gpu=on_gpu)
+        gpu, gpu_seconds = timed(points[:compared], k=k, on_gpu=on_gpu)
         cpu, cpu_seconds = timed(points[:compared], k=k, on_gpu=False)
         # sklearn's AMI grows with K x N on one thread (minutes at 100k x 20,000): a seeded sample of points
         sample = np.random.default_rng(0).choice(compared, size=min(compared, AMI_SAMPLE), replace=False)
@@ -277,26 +293,79 @@ def kmeans_row(*, num: int = 1_000_000, dim: int = 256, ks: tuple[int, ...] = (2
 
 
 # ---------------------------------------------------------------------------------------------------- the rest
-def pipeline_row(*, work: Path) -> Row:
-    row = Row(name="pipeline", baseline="must pass")
+def pipeline_command(*, preset: str, overrides: tuple[str, ...], work: Path) -> list[str]:
+    """``python -m flows.cli run PRESET`` with ``overrides`` and everything it writes under ``work``: the
+    `mclpipe` script beside the interpreter is the same CLI, but ``-m`` also runs where the project is importable
+    without being pip-installed (a GPU node's system Python, PYTHONPATH=.)."""
+    settings = [*overrides, f"output_dir={work / 'runs'}", f"data.cache_dir={work / 'data'}",
+                f"tracking.uri=sqlite:///{work / 'mlflow.db'}"]
+    return [sys.executable, "-m", "flows.cli", "run", preset, *(a for s in settings for a in ("--set", s))]
+
+
+def run_pipeline(row: Row, *, preset: str, overrides: tuple[str, ...], work: Path) -> dict | None:
+    """Run ``preset`` end to end in a process of its own (row checks first: :func:`check_sizes`); the wall time goes
+    into ``row``. Returns the pipeline's ``summary.json`` (its results table), or None with ``row`` failed and the
+    run's last lines printed."""
+    check_sizes(row.name, preset=preset, overrides=overrides)
+    work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    # `python -m flows.cli` rather than the `mclpipe` script beside the interpreter: the same CLI, and it also runs
-    # where the project is importable without being pip-installed (a GPU node's system Python, PYTHONPATH=.)
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "run", "trifeature_tiny", "--set",
-                           "device=cuda", "--set", f"output_dir={work / 'runs'}", "--set",
-                           f"data.cache_dir={work / 'data'}", "--set",
-                           f"tracking.uri=sqlite:///{work / 'mlflow.db'}"], capture_output=True, text=True,
-                          cwd=work)
+    done = subprocess.run(pipeline_command(preset=preset, overrides=overrides, work=work), capture_output=True,
+                          text=True, cwd=work)
     row.figures["wall time"] = f"{time.perf_counter() - started:.0f} s"
     if done.returncode != 0:
         row.status = "failed"
         row.figures["error"] = (done.stderr.strip().splitlines() or ["(no output)"])[-1][:300]
         # the table keeps one line; the terminal gets the run's own last lines to debug it from
-        print("pipeline row failed; the run's last output:\n" + "\n".join(
+        print(f"{row.name} row failed; the run's last output:\n" + "\n".join(
             (done.stdout + done.stderr).strip().splitlines()[-60:]), flush=True)
+        return None
+    return json.loads(next((work / "runs" / "pipelines").glob("*/summary.json")).read_text())
+
+
+def pipeline_row(*, work: Path, preset: str = "trifeature_tiny", overrides: tuple[str, ...] = ("device=cuda",)
+                 ) -> Row:
+    row = Row(name="pipeline", baseline="must pass")
+    if run_pipeline(row, preset=preset, overrides=overrides, work=work) is None:
         return row
     summary = next((work / "runs" / "steps").glob("train0-*/train_summary.json"))
     row.figures["trained on"] = ", ".join(f"{k} {v}" for k, v in json.loads(summary.read_text())["environment"].items())
+    return row
+
+
+#: The MCL paper's Table 4 at tau 0.5 (Trifeature, linear probe): SimCLR stage 0 -> MCL after 3 stages.
+PAPER_TABLE4 = {"stage 0": {"shape": 0.44, "texture": 0.92, "color": 1.00},
+                "MCL concat": {"shape": 0.75, "texture": 0.99, "color": 1.00}}
+#: Epochs a stage of the full preset (paper_table4_trifeature.yaml, the paper's 200).
+FULL_EPOCHS = 200
+
+
+def table4_row(*, work: Path, preset: str = "paper_table4_trifeature_quick",
+               overrides: tuple[str, ...] = ("device=cuda",), full_epochs: int = FULL_EPOCHS) -> Row:
+    """The Table 4 quick preset end to end (outcome 9): its linear-probe table beside the paper's, each training
+    stage's rate, and from that rate how long the full preset (``full_epochs`` a stage) trains on 1 and on 8 GPUs
+    (8: the rate times 8, ideal data-parallel scaling, an upper bound)."""
+    row = Row(name="table4", baseline="the paper's Table 4, tau 0.5: shape 0.44 -> 0.75, texture 0.92 -> 0.99, "
+                                      "color 1.00 -> 1.00 (200 epochs a stage)")
+    summary = run_pipeline(row, preset=preset, overrides=overrides, work=work)
+    if summary is None:
+        return row
+    for name in ("stage 0", "MCL concat", "control concat"):
+        got = summary["results"].get(name, {})
+        paper = PAPER_TABLE4.get(name)
+        row.figures[name] = ", ".join(
+            f"{attribute} {got.get(f'probe/{attribute}', float('nan')):.2f}"
+            + (f" (paper {paper[attribute]:.2f})" if paper else "") for attribute in ("shape", "texture", "color"))
+    stages = [json.loads(path.read_text()) for path in sorted((work / "runs" / "steps").glob("train*-*/"
+                                                                                             "train_summary.json"))]
+    training = sum(stage["seconds"] for stage in stages)
+    per_epoch = sum(stage["seconds"] / stage["epochs"] for stage in stages)
+    row.figures["training"] = (
+        f"{len(stages)} stages of {stages[0]['epochs']} epochs, {training:.0f} s in all, "
+        + ", ".join(f"{stage['views_per_second']:,.0f}" for stage in stages) + " views/s a stage on "
+        + str(stages[0]["environment"].get("gpu", stages[0]["environment"]["device"])))
+    row.figures[f"full preset ({full_epochs} epochs a stage), training alone"] = (
+        f"{per_epoch * full_epochs / 3600:.1f} h on 1 GPU, {per_epoch * full_epochs / 8 / 3600:.1f} h on 8 "
+        "(ideal scaling)")
     return row
 
 
@@ -386,9 +455,9 @@ def host_reads_per_step(*, device: torch.device, steps: int = 60, accumulation: 
     return counts["n"] / steps
 
 
-def host_syncs_row(*, device: torch.device) -> Row:
+def host_syncs_row(*, device: torch.device, steps: int = 60) -> Row:
     return Row(name="host_syncs", baseline="goal <= 1 per step outside logging",
-               figures={"reads per step": f"{host_reads_per_step(device=device):.2f}"})
+               figures={"reads per step": f"{host_reads_per_step(device=device, steps=steps):.2f}"})
 
 
 # ---------------------------------------------------------------------------------------------------- input
@@ -455,6 +524,7 @@ def input_row(*, device: torch.device, work: Path, workers: tuple[int, ...] = IN
     from bench.image_input import write_jpegs
     from contrastive.modalities.image.datasets.image_folder import prepare_image_folder
     from contrastive.modalities.image.steps import train_stage
+    check_sizes("input", steps=steps, log_every_steps=log_every_steps, workers=workers)
     folder = write_jpegs(work / "input" / "jpegs", num_images=batch * steps)
     dataset_dir = prepare_image_folder(source=folder, root=work / "input" / "data", image_size=image_size,
                                        storage="files", decode_scale="auto")
@@ -517,9 +587,9 @@ def clip_stage_spec(*, urls: list[str], stage_dir: Path, device: str):
         record_keys=True)
 
 
-def _ddp_rank(rank: int, world: int, port: int, entry: str, spec: dict) -> None:
-    """One NCCL rank of a stage (spawned; module level so the child finds it): ``entry`` is the modality's
-    ``train_stage_from_json``, as torchrun would call it."""
+def _ddp_rank(rank: int, world: int, port: int, entry: str, spec: dict, backend: str = "nccl") -> None:
+    """One rank of a stage (spawned; module level so the child finds it): ``entry`` is the modality's
+    ``train_stage_from_json``, as torchrun would call it; NCCL on GPU ``rank``, or gloo on the CPU (the dry run)."""
     import importlib
     import os
 
@@ -527,8 +597,12 @@ def _ddp_rank(rank: int, world: int, port: int, entry: str, spec: dict) -> None:
 
     from contrastive.engine.distributed import DistInfo
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    else:
+        torch.set_num_threads(1)
+        dist.init_process_group(backend, rank=rank, world_size=world)
     try:
         module, name = entry.rsplit(".", 1)
         getattr(importlib.import_module(module), name)(spec=spec, info=DistInfo(rank=rank, world_size=world,
@@ -570,7 +644,9 @@ def _tensors(saved, prefix: str = "") -> dict[str, torch.Tensor]:
     return {}
 
 
-def ddp_row(*, work: Path) -> Row:
+def ddp_row(*, work: Path, device: str = "cuda") -> Row:
+    """The DDP equivalence row on ``DDP_WORLD`` GPUs under NCCL; ``device="cpu"`` (the dry run): the same stages and
+    comparison under gloo on the CPU."""
     import importlib
 
     import numpy as np
@@ -580,7 +656,7 @@ def ddp_row(*, work: Path) -> Row:
     from contrastive.modalities.image.steps import load_dataset
     from contrastive.modalities.image_text.data import write_tiny_shards
     row = Row(name="ddp", baseline="1 process with the same global batch (NCCL, global batch norm, gather_with_grad)")
-    if torch.cuda.device_count() < DDP_WORLD:
+    if device == "cuda" and torch.cuda.device_count() < DDP_WORLD:
         row.status = "not measured"
         row.figures["why"] = f"needs {DDP_WORLD} GPUs, {torch.cuda.device_count()} visible"
         return row
@@ -593,15 +669,15 @@ def ddp_row(*, work: Path) -> Row:
                              corrupt=False)["urls"]
     stages = {"MCL stage": ("contrastive.modalities.image.steps.train_stage_from_json",
                             lambda d: image_stage_spec(dataset_dir=dataset_dir, stage_dir=d,
-                                                       pseudo_labels=work / "pseudo.npz", device="cuda")),
+                                                       pseudo_labels=work / "pseudo.npz", device=device)),
               "CLIP stage": ("contrastive.modalities.image_text.steps.train_stage_from_json",
-                             lambda d: clip_stage_spec(urls=urls, stage_dir=d, device="cuda"))}
+                             lambda d: clip_stage_spec(urls=urls, stage_dir=d, device=device))}
     for name, (entry, spec_for) in stages.items():
         single, double = work / f"{name}-1", work / f"{name}-2"
         module, function = entry.rsplit(".", 1)
         getattr(importlib.import_module(module), function)(spec=spec_for(single).to_json())
-        mp.spawn(_ddp_rank, args=(DDP_WORLD, _free_port(), entry, spec_for(double).to_json()), nprocs=DDP_WORLD,
-                 join=True)
+        mp.spawn(_ddp_rank, args=(DDP_WORLD, _free_port(), entry, spec_for(double).to_json(),
+                                  "nccl" if device == "cuda" else "gloo"), nprocs=DDP_WORLD, join=True)
         diff = stage_difference(single=single, double=double)
         row.figures[name] = (f"max loss difference {diff['loss']:.2e} over {diff['steps']} steps, max weight "
                              f"difference {diff['weight']:.2e}")
@@ -609,29 +685,37 @@ def ddp_row(*, work: Path) -> Row:
 
 
 # ---------------------------------------------------------------------------------------------------- clip
-def clip_row(*, work: Path, steps: int = 40, batch: int = 128, rounds: int = 2, decoders: tuple[int, ...] = (4, 12)
-             ) -> Row:
-    """ViT-B-32 (seeded random init: no download on a GPU node), the last 6 image blocks trained as the CLIP
-    pipeline does, 224 px shards, bf16 autocast on both sides; for each count in ``decoders`` our stage decodes in
-    that many threads and open_clip_train in that many worker processes (does the thread pool fall behind the
-    processes as cores grow, e.g. through the GIL?)."""
+def clip_row(*, work: Path, model: str = "ViT-B-32", trainable_blocks: int = 6, image_size: int = 224,
+             steps: int = 48, batch: int = 128, samples_per_shard: int = 256, rounds: int = 2,
+             decoders: tuple[int, ...] = (4, 12), warmup_steps: int = 3, device: str = "cuda",
+             precision: str = "bf16") -> Row:
+    """``model`` (seeded random init: no download on a GPU node) with its last ``trainable_blocks`` image blocks
+    trained as the CLIP pipeline does, ``image_size`` px shards of ``samples_per_shard`` samples, ``precision``
+    autocast on both sides; for each count in ``decoders`` our stage decodes in that many worker processes and
+    open_clip_train in that many DataLoader workers. The sizes are checked first (:func:`check_sizes`: open_clip
+    needs a shard a worker, and every worker the same whole batches), and each side must train ``steps`` batches."""
     from bench.engine_throughput import clip_runs
     from contrastive.modalities.image_text.data import write_tiny_shards
     from contrastive.modalities.image_text.model import ClipSpec
-    row = Row(name="clip", baseline="open_clip_train train_one_epoch, same shards / model / batch / steps / GPU")
-    urls = write_tiny_shards(directory=work / "clip-shards", num_samples=steps * batch, samples_per_shard=256,
-                             image_size=224, corrupt=False)["urls"]
+    check_sizes("clip", steps=steps, batch=batch, samples_per_shard=samples_per_shard, decoders=decoders)
+    row = Row(name="clip", baseline="open_clip_train train_one_epoch, same shards / model / batch / steps / GPU; "
+                                    "ours decoding in N worker processes, theirs in N DataLoader workers")
+    urls = write_tiny_shards(directory=work / "clip-shards", num_samples=steps * batch,
+                             samples_per_shard=samples_per_shard, image_size=image_size, corrupt=False)["urls"]
 
     def median(runs: list[dict], key: str) -> float:
         return sorted(r[key] for r in runs)[len(runs) // 2]
 
     for count in decoders:
         runs = clip_runs(work=work / f"clip-{count}",
-                         clip_spec=ClipSpec(model_name="ViT-B-32", trainable_image_blocks=6), urls=urls, device="cuda",
-                         precision="bf16", batch=batch, steps=steps, rounds=rounds, warmup_steps=3, threads=count,
-                         workers=count)
+                         clip_spec=ClipSpec(model_name=model, trainable_image_blocks=trainable_blocks), urls=urls,
+                         device=device, precision=precision, batch=batch, steps=steps, rounds=rounds,
+                         warmup_steps=warmup_steps, threads=count, workers=count)
+        trained = {*(r["steps"] for r in runs["ours"]), *(r["batches"] for r in runs["open_clip"])}
+        if trained != {steps}:
+            raise RuntimeError(f"clip: the sides trained {sorted(trained)} batches with {count} decoders, not {steps}")
         ours, theirs = median(runs["ours"], "samples_per_second"), median(runs["open_clip"], "samples_per_second")
-        row.figures[f"ViT-B-32, batch {batch}, {steps} steps, bf16, {count} decoders"] = (
+        row.figures[f"{model}, batch {batch}, {steps} steps, {precision}, {count} decoders"] = (
             f"{ours:,.0f} vs {theirs:,.0f} samples/s = {ours / theirs:.2f}x (median of {rounds}; ours with its "
             f"end-of-epoch checkpoint, which train_one_epoch does not write: "
             f"{median(runs['ours'], 'samples_per_second_with_checkpoint'):,.0f} samples/s, "
@@ -700,6 +784,7 @@ def resnet50_encoder(*, arch: str, device: torch.device) -> torch.nn.Module:
 
 def export_row(*, device: torch.device, work: Path, num: int = 16_384, batch: int = 256, arch: str = "resnet50",
                size: int = 224) -> Row:
+    check_sizes("export", num=num, batch=batch)
     row = Row(name="export", baseline="model-only inference loop on batches already on the GPU")
     images = torch.randint(0, 256, (num, 3, size, size), dtype=torch.uint8)
     model = resnet50_encoder(arch=arch, device=device)
@@ -732,10 +817,10 @@ def checkpoint_stall_seconds(*, arch: str, device: torch.device, path: Path, sav
     return {"seconds": sorted(seconds)[len(seconds) // 2], "mb": path.stat().st_size / 2 ** 20}
 
 
-def checkpoint_row(*, device: torch.device, work: Path, every_steps: int = 500) -> Row:
+def checkpoint_row(*, device: torch.device, work: Path, arch: str = "resnet50", every_steps: int = 500) -> Row:
     row = Row(name="checkpoint", baseline="-")
-    stall = checkpoint_stall_seconds(arch="resnet50", device=device, path=work / "checkpoint" / "last.pt")
-    row.figures["ResNet-50 + SGD momentum"] = (
+    stall = checkpoint_stall_seconds(arch=arch, device=device, path=work / "checkpoint" / "last.pt")
+    row.figures[f"{arch} + SGD momentum"] = (
         f"{stall['seconds']:.2f} s a save ({stall['mb']:.0f} MB), {1000 * stall['seconds'] / every_steps:.1f} ms a "
         f"step at train.checkpoint_every_steps {every_steps}")
     return row
@@ -792,7 +877,10 @@ def write_report(markdown: str, path: Path) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="make gpu-check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of {', '.join(ROWS)}")
-    parser.add_argument("--report", type=Path, default=Path("BENCHMARKS.md"), help="where the table goes")
+    parser.add_argument("--report", type=Path, default=None,
+                        help="where the table goes (default BENCHMARKS.md; with --dry-run a temporary file)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check every row's GPU sizes, then run every row on the CPU at toy sizes (DRY_SIZES)")
     args = parser.parse_args(argv)
     args.rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     unknown = sorted(set(args.rows) - set(ROWS))
@@ -809,12 +897,15 @@ def run_rows(names: list[str], *, builders: dict[str, Callable[[], Row]], report
     kept = earlier_rows(report, rerun=names)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     for name in names:
+        row_started = time.perf_counter()
         try:
             row = builders[name]()
         except Exception as exc:  # noqa: BLE001 - one failed row is reported, the others still run
             traceback.print_exc()  # the table keeps one line; the terminal gets where it failed
             row = Row(name=name, baseline="", status="failed", figures={"error": f"{type(exc).__name__}: {exc}"})
-        print(f"{row.name}: {row.status}: " + "; ".join(f"{k}: {v}" for k, v in row.figures.items()), flush=True)
+        # the row's own wall time on the terminal: what sizes the next GPU session's commands
+        print(f"{row.name}: {row.status} ({time.perf_counter() - row_started:.0f} s): "
+              + "; ".join(f"{k}: {v}" for k, v in row.figures.items()), flush=True)
         rows.append(row)
         partial = "" if len(rows) == len(names) else f", {len(rows)} of {len(names)} rows so far"
         write_report(report_markdown(rows, device=device_name, date=date, seconds=time.perf_counter() - started,
@@ -822,8 +913,141 @@ def run_rows(names: list[str], *, builders: dict[str, Callable[[], Row]], report
     return rows
 
 
+# ---------------------------------------------------------------------------------------------------- sizes
+ROW_FUNCTIONS: dict[str, Callable[..., Row]] = {
+    "pipeline": pipeline_row, "simclr": simclr_row, "kmeans": kmeans_row, "host_syncs": host_syncs_row,
+    "ddp": ddp_row, "clip": clip_row, "export": export_row, "checkpoint": checkpoint_row, "input": input_row,
+    "table4": table4_row}
+
+#: Every row at toy sizes on the CPU (``--dry-run``): the same functions as on a GPU, the model and data shrunk.
+DRY_SIZES: dict[str, dict] = {
+    "pipeline": dict(overrides=("device=cpu",)),
+    "simclr": dict(arch="resnet18", batch=2, steps=1, image_size=32, compiles=(False,)),
+    "kmeans": dict(num=2_000, dim=8, ks=(20, 4), compared=1_000, on_gpu=False),
+    "host_syncs": dict(steps=4),
+    "ddp": dict(device="cpu"),
+    "clip": dict(model="mclpipe-tiny-vit", trainable_blocks=1, image_size=32, steps=2, batch=4, samples_per_shard=4,
+                 rounds=1, decoders=(1, 2), warmup_steps=1, device="cpu", precision="bf16"),
+    "export": dict(num=10, batch=4, arch="resnet18", size=32),
+    "checkpoint": dict(arch="resnet18"),
+    "input": dict(workers=(0, 1), batch=8, steps=2, image_size=32, arch="small_cnn", precision="fp32", epochs=2,
+                  log_every_steps=1),
+    # the Table 4 quick preset itself (ResNet-18, CIFAR stem, K = 5, 3 stages + control) at a few steps; fp32, as
+    # bf16 autocast on a CPU without bf16 instructions is emulated (2 steps of ResNet-18: ~1 min instead of seconds)
+    "table4": dict(overrides=("device=cpu", "train.precision=fp32", "data.trifeature_paper.per_combination=1",
+                              "data.trifeature_paper.test_per_combination=1", "data.trifeature_paper.image_size=16",
+                              "train.epochs=1", "train.max_steps_per_epoch=2", "train.batch_size=32",
+                              "eval.probe_max_iter=10", "eval.probe_max_train=200")),
+}
+
+
+class SizeError(ValueError):
+    """A row's sizes cannot give the figures it reports: found before it runs (the dry run checks the GPU run's)."""
+
+
+def _check_clip(*, steps: int, batch: int, samples_per_shard: int, decoders: tuple[int, ...], **_) -> None:
+    # open_clip_train's get_wds_dataset asserts a shard per worker ("number of shards must be >= total workers"),
+    # and each worker stops at its shards' end: every worker needs the same whole batches, or open_clip trains
+    # fewer steps than ours (the 2026-11-26 H200 run lost its clip row to 10 shards for 12 workers).
+    samples = steps * batch
+    if samples % samples_per_shard or samples_per_shard % batch:
+        raise SizeError(f"clip: steps x batch ({steps} x {batch}) must fill whole shards of samples_per_shard "
+                        f"({samples_per_shard}), each of whole batches")
+    shards = samples // samples_per_shard
+    wrong = [count for count in decoders if shards < count or shards % count]
+    if wrong:
+        counts = " and ".join(str(count) for count in wrong)
+        raise SizeError(f"clip: {shards} shards for {counts} open_clip workers: open_clip_train needs at least a "
+                        f"shard a worker and the same number for each; make steps x batch / samples_per_shard a "
+                        f"multiple of {counts}")
+
+
+def _check_pipeline(*, preset: str, overrides: tuple[str, ...], **_) -> None:
+    from pipeline_config.loader import load_config
+    try:
+        load_config(preset, list(overrides))
+    except Exception as exc:  # noqa: BLE001 - ConfigError or a pydantic error: either is this row's mistake
+        raise SizeError(f"{preset} with {list(overrides)} does not load: {exc}") from None
+
+
+def _check_input(*, steps: int, log_every_steps: int, workers: tuple[int, ...], **_) -> None:
+    # the steady figures are the windows after each epoch's first: an epoch needs two or more windows
+    if steps // log_every_steps < 2:
+        raise SizeError(f"input: {steps} steps an epoch in windows of {log_every_steps} leave no steady window")
+
+
+def _check_at_least(**values) -> None:
+    for key, (value, least) in values.items():
+        if value < least:
+            raise SizeError(f"{key} {value} < {least}")
+
+
+SIZE_CHECKS: dict[str, Callable[..., None]] = {
+    "clip": _check_clip, "pipeline": _check_pipeline, "table4": _check_pipeline, "input": _check_input,
+    "export": lambda *, num, batch, **_: _check_at_least(**{"export: images": (num, 2 * batch)}),
+    "simclr": lambda *, batch, steps, **_: _check_at_least(**{"simclr: batch": (batch, 2), "simclr: steps": (steps, 1)}),
+    "kmeans": lambda *, num, ks, compared, **_: _check_at_least(**{"kmeans: points": (num, compared),
+                                                                  "kmeans: compared points": (compared, max(ks) + 1)}),
+}
+
+
+def check_sizes(row: str, **sizes) -> None:
+    """Raise :class:`SizeError` when ``row``'s ``sizes`` cannot work; every row calls it with its own sizes before
+    it runs, and the dry run with the GPU run's (:func:`gpu_sizes`)."""
+    if row in SIZE_CHECKS:
+        SIZE_CHECKS[row](**sizes)
+
+
+def gpu_sizes(row: str) -> dict:
+    """The sizes ``make gpu-check`` runs ``row`` at: its function's defaults."""
+    return {name: p.default for name, p in inspect.signature(ROW_FUNCTIONS[row]).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
+def row_builders(*, device: torch.device, work: Path, sizes: dict[str, dict]) -> dict[str, Callable[[], Row]]:
+    """Each row's call: its ``sizes`` (none: the GPU sizes), ``device`` where it takes a torch device without a
+    default, and a work directory of its own under ``work``."""
+    def build(name: str) -> Row:
+        function = ROW_FUNCTIONS[name]
+        parameters = inspect.signature(function).parameters
+        kwargs = dict(sizes.get(name, {}))
+        if "device" in parameters and parameters["device"].default is inspect.Parameter.empty:
+            kwargs["device"] = device
+        if "work" in parameters:
+            kwargs["work"] = work / name
+            kwargs["work"].mkdir(parents=True, exist_ok=True)
+        return function(**kwargs)
+    return {name: functools.partial(build, name) for name in ROW_FUNCTIONS}
+
+
+def dry_run(names: list[str], *, report: Path | None) -> int:
+    """``--dry-run``: check the GPU run's sizes of every row in ``names``, then run each row on the CPU at
+    DRY_SIZES through the same functions, the report writer included (into ``report``, else a temporary file).
+    Exit 1 when a GPU size is wrong or a row does not come out ``ok``."""
+    problems = []
+    for name in names:
+        try:
+            check_sizes(name, **gpu_sizes(name))
+        except SizeError as exc:
+            problems.append(f"{name}: the GPU run's sizes: {exc}")
+    with tempfile.TemporaryDirectory(prefix="gpu-check-dry-") as tmp:
+        work = Path(tmp)
+        rows = run_rows(names, builders=row_builders(device=torch.device("cpu"), work=work, sizes=DRY_SIZES),
+                        report=report or work / "BENCHMARKS.md", device_name="CPU (dry run, toy sizes)")
+    problems += [f"{row.name}: {row.status} in the dry run: {row.figures.get('error', '')}" for row in rows
+                 if row.status != "ok"]
+    for problem in problems:
+        print(f"make gpu-check --dry-run: {problem}", flush=True)
+    if not problems:
+        print(f"make gpu-check --dry-run: {len(rows)} rows ran on the CPU and the GPU sizes check out", flush=True)
+    return 1 if problems else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.dry_run:
+        return dry_run(args.rows, report=args.report)
+    report = args.report or Path("BENCHMARKS.md")
     if not torch.cuda.is_available():
         from contrastive.engine.device import check_gpus_usable
         from contrastive.errors import ConfigError
@@ -837,17 +1061,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     device = torch.device("cuda", 0)
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        builders = {"pipeline": lambda: pipeline_row(work=work / "pipeline"),
-                    "simclr": lambda: simclr_row(device=device, work=work),
-                    "kmeans": kmeans_row, "host_syncs": lambda: host_syncs_row(device=device),
-                    "ddp": lambda: ddp_row(work=work / "ddp"), "clip": lambda: clip_row(work=work),
-                    "export": lambda: export_row(device=device, work=work),
-                    "checkpoint": lambda: checkpoint_row(device=device, work=work),
-                    "input": lambda: input_row(device=device, work=work)}
-        (work / "pipeline").mkdir(exist_ok=True)
-        (work / "ddp").mkdir(exist_ok=True)
-        rows = run_rows(args.rows, builders=builders, report=args.report,
+        rows = run_rows(args.rows, builders=row_builders(device=device, work=Path(tmp), sizes={}), report=report,
                         device_name=torch.cuda.get_device_name(device))
     return 1 if any(row.status == "failed" for row in rows) else 0
 

@@ -88,7 +88,7 @@ def test_kmeans_without_any_gpu_says_how_to_get_one():
     import faiss
     if getattr(faiss, "get_num_gpus", lambda: 0)() > 0 or torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    row = gpu_check.kmeans_row(num=1000, dim=8)
+    row = gpu_check.kmeans_row(num=1000, dim=8, ks=(10,), compared=500)
     assert row.status == "not measured" and "faiss-gpu or a CUDA build of torch" in row.figures["why"]
 
 
@@ -257,8 +257,8 @@ def test_the_input_row_names_its_cuda_device_as_the_config_does(tmp_path, monkey
     specs = []
     monkeypatch.setattr(stages, "train_stage", lambda spec, callbacks=(): specs.append(spec) or
                         {"views_per_second": 1.0, "data_wait_share": 0.0})
-    gpu_check.input_row(device=torch.device("cuda", 0), work=tmp_path, workers=(4,), batch=2, steps=1,
-                        image_size=16, arch="small_cnn", precision="fp32")
+    gpu_check.input_row(device=torch.device("cuda", 0), work=tmp_path, workers=(4,), batch=2, steps=2,
+                        image_size=16, arch="small_cnn", precision="fp32", log_every_steps=1)
     assert [spec.device for spec in specs] == ["cuda", "cuda"] and "cuda" in DEVICES  # the warm-up, the timed
 
 
@@ -293,3 +293,83 @@ def test_a_gpu_this_torch_cannot_use_fails_with_the_fix(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "nvidia-smi lists 1 GPU(s) (GPU 0: NVIDIA H100 80GB HBM3, driver 535.104)" in out and "R580" in out
     assert "not measured" not in out
+
+
+# ---------------------------------------------------------------------------------------------------- dry run
+#: Rows of the dry run left to make test-slow: two whole pipelines, and DDP's four spawned processes (minutes here).
+SLOW_ROWS = ("pipeline", "ddp", "table4")
+FAST_ROWS = [row for row in gpu_check.ROWS if row not in SLOW_ROWS]
+
+
+def _table(report) -> dict[str, list[str]]:
+    """row name -> its cells, from the gpu-check section of a report."""
+    lines = [line for line in report.read_text().splitlines() if line.startswith("| ") and "---" not in line]
+    return {cells[0]: cells for cells in (gpu_check._cells(line) for line in lines[1:])}
+
+
+def test_the_dry_run_runs_every_row_on_the_cpu_into_its_own_report(tmp_path, monkeypatch, capsys):
+    """`make gpu-check DRY=1`: every row (SLOW_ROWS in the slow test below) runs on the CPU at
+    DRY_SIZES through the row functions a GPU runs, each comes out ok in a report of its own; BENCHMARKS.md is not
+    touched (no --report: a temporary one)."""
+    monkeypatch.chdir(tmp_path)
+    report = tmp_path / "dry.md"
+    assert gpu_check.main(["--dry-run", "--rows", ",".join(FAST_ROWS), "--report", str(report)]) == 0
+    table = _table(report)
+    assert list(table) == FAST_ROWS
+    assert all(cells[1].endswith("CPU (dry run, toy sizes)") and cells[3] == "ok" for cells in table.values()), table
+    assert "2 decoders" in table["clip"][4] and "AMI" in table["kmeans"][4]
+    assert capsys.readouterr().out.rstrip().endswith(f"{len(FAST_ROWS)} rows ran on the CPU and the GPU sizes check out")
+    assert gpu_check.main(["--dry-run", "--rows", "host_syncs"]) == 0 and not (tmp_path / "BENCHMARKS.md").exists()
+
+
+def test_the_dry_run_fails_on_the_gpu_runs_clip_shards_for_its_workers(tmp_path, monkeypatch, capsys):
+    """The mistake that lost a GPU run's clip row (10 shards for 12 open_clip workers) fails the dry run from the GPU
+    sizes alone, and the row itself refuses such sizes before writing a shard."""
+    import functools
+    # 20 steps x 128 / 256 samples a shard = 10 shards, for the GPU run's 4 and 12 workers
+    monkeypatch.setitem(gpu_check.ROW_FUNCTIONS, "clip", functools.partial(gpu_check.clip_row, steps=20))
+    monkeypatch.setitem(gpu_check.DRY_SIZES, "clip", {**gpu_check.DRY_SIZES["clip"], "decoders": (1, 3)})
+    assert gpu_check.main(["--dry-run", "--rows", "clip", "--report", str(tmp_path / "dry.md")]) == 1
+    out = capsys.readouterr().out
+    assert "clip: the GPU run's sizes: clip: 10 shards for 4 and 12 open_clip workers" in out
+    assert "clip: failed in the dry run: SizeError: clip: 2 shards for 3 open_clip workers" in out
+    assert not (tmp_path / "clip").exists()
+
+
+@pytest.mark.parametrize("sizes, wrong", [
+    (dict(steps=48, batch=128, samples_per_shard=256, decoders=(4, 12)), None),
+    (dict(steps=40, batch=128, samples_per_shard=256, decoders=(4, 12)), "20 shards for 12"),  # 8 workers get 2
+    (dict(steps=48, batch=128, samples_per_shard=200, decoders=(4,)), "whole shards"),
+    (dict(steps=48, batch=96, samples_per_shard=256, decoders=(4,)), "whole shards"),  # 256 is not whole batches
+])
+def test_clip_sizes_give_every_open_clip_worker_the_same_whole_batches(sizes, wrong):
+    if wrong is None:
+        gpu_check.check_sizes("clip", **sizes)
+    else:
+        with pytest.raises(gpu_check.SizeError, match=wrong):
+            gpu_check.check_sizes("clip", **sizes)
+
+
+def test_every_rows_gpu_sizes_check_out_and_a_wrong_preset_setting_does_not():
+    for row in gpu_check.ROWS:
+        gpu_check.check_sizes(row, **gpu_check.gpu_sizes(row))
+    assert gpu_check.gpu_sizes("table4")["preset"] == "paper_table4_trifeature_quick"
+    with pytest.raises(gpu_check.SizeError, match="does not load"):
+        gpu_check.check_sizes("table4", preset="paper_table4_trifeature_quick", overrides=("train.epoch=2",))
+    with pytest.raises(gpu_check.SizeError, match="no steady window"):
+        gpu_check.check_sizes("input", steps=4, log_every_steps=4, workers=(4,))
+
+
+@pytest.mark.slow
+def test_the_dry_run_of_the_pipeline_and_ddp_rows(tmp_path):
+    """The pipeline row, DDP's stages under gloo and the Table 4 quick preset (ResNet-18, K = 5, 3 stages + control,
+    at 2 steps a stage of 1,000 images of 16 px) end to end on the CPU; the table4 row reads the results table and
+    the stages' rates."""
+    report = tmp_path / "dry.md"
+    assert gpu_check.main(["--dry-run", "--rows", ",".join(SLOW_ROWS), "--report", str(report)]) == 0
+    table = _table(report)
+    assert all(table[row][3] == "ok" for row in SLOW_ROWS)
+    assert "max loss difference" in table["ddp"][4]
+    figures = table["table4"][4]
+    assert "stage 0: shape " in figures and "(paper 0.44)" in figures and "MCL concat: shape " in figures
+    assert "5 stages of 1 epochs" in figures and "h on 8 (ideal scaling)" in figures
