@@ -373,3 +373,18 @@ def test_the_dry_run_of_the_pipeline_and_ddp_rows(tmp_path):
     figures = table["table4"][4]
     assert "stage 0: shape " in figures and "(paper 0.44)" in figures and "MCL concat: shape " in figures
     assert "5 stages of 1 epochs" in figures and "h on 8 (ideal scaling)" in figures
+
+
+def test_the_table4_quick_preset_is_the_papers_setting_with_fewer_epochs():
+    """paper_table4_trifeature_quick differs from paper_table4_trifeature (the paper's Table 4 at tau 0.5) in its
+    name, its epochs and bf16 autocast only."""
+    from pipeline_config.loader import load_config
+    full = load_config("paper_table4_trifeature").model_dump(mode="json")
+    quick = load_config("paper_table4_trifeature_quick").model_dump(mode="json")
+    assert quick["train"]["epochs"] == 2 and quick["train"]["precision"] == "bf16"
+    assert full["train"]["epochs"] == gpu_check.FULL_EPOCHS == 200
+    for config in (full, quick):
+        config.pop("name"), config.pop("sweep", None), config["train"].pop("epochs"), config["train"].pop("precision")
+    assert quick == full
+    assert full["method"]["temperature"] == 0.5 and full["mcl"]["clusters"] == 5 and full["mcl"]["control"]
+    assert full["model"]["encoder"] == "resnet18" and full["model"]["stem"] == "cifar"
