@@ -25,11 +25,12 @@ run: $(STAMP)
 	$(BIN)/mclpipe run $(CONFIG)
 
 # make test runs in pytest-xdist processes: the cores this process may use, at most 4 (each one runs torch and
-# starts its own Prefect test server); TEST_WORKERS=0 runs everything in one process.
+# starts its own Prefect test server); TEST_WORKERS=0 runs everything in one process. --durations=15: the slowest
+# tests at the end of the log, where CI time is tuned from.
 TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))")
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist worksteal
+	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist worksteal --durations=15
 
 # make test-slow runs in SLOW_WORKERS pytest-xdist processes (default 2) with --dist loadgroup: the tests of a group
 # run in one process, one after the other, because they share a singleton (tests/conftest.py lists each group's
