@@ -12,6 +12,8 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 # One Prefect home for `make run` and `.venv/bin/mclpipe run` (the Makefile's), so `make ui-prefect` shows runs started
 # either way; a team server given by PREFECT_API_URL keeps the user's own home and profile.
+# `mclpipe resume` moves it to the run root of the pipeline it resumes when it is this CLI's choice, not the user's.
+OWN_PREFECT_HOME = "PREFECT_API_URL" not in os.environ and "PREFECT_HOME" not in os.environ
 if "PREFECT_API_URL" not in os.environ:
     os.environ.setdefault("PREFECT_HOME", os.path.join(os.getcwd(), ".prefect"))
 
@@ -195,9 +197,28 @@ def resume(pipeline: Annotated[str, typer.Argument(help="pipeline id (config has
            rerun_from: RerunOpt = None, overrides: SetOpt = None) -> None:
     """Continue a crashed or killed pipeline: finished steps are reused, a stage killed mid-way continues from its
     last checkpoint. --set changes the saved config first (e.g. --set stage_overrides.2.train.epochs=20 with
-    --rerun-from 2): that is a new pipeline id, whose unchanged steps are reused."""
-    run_and_report(lambda: load_config(find_pipeline_config(pipeline, output_dir), overrides or []),
+    --rerun-from 2): that is a new pipeline id, whose unchanged steps are reused. Works from any directory: the
+    saved config's relative paths are those of the directory the pipeline was started in."""
+    output_dir = output_dir.resolve()
+    run_and_report(lambda: saved_config_at_its_root(find_pipeline_config(pipeline, output_dir), output_dir,
+                                                    overrides or []),
                    rerun_from=rerun_from)
+
+
+def saved_config_at_its_root(path: Path, output_dir: Path, overrides: list[str]):
+    """The saved config ``path`` of a pipeline found under ``output_dir``, with this process moved to the pipeline's
+    run root (``pipeline_config.run_root``): what the config names relatively (output_dir, data.cache_dir, the
+    default MLflow store, Prefect's home) is what it named when the pipeline started, whatever directory the
+    command runs in and wherever the whole directory was moved. A renamed output_dir is the one given."""
+    from pipeline_config.run_root import run_root_of_saved
+    config = load_config(path, overrides)
+    root = run_root_of_saved(path, output_dir=output_dir, saved_output_dir=config.output_dir)
+    os.chdir(root)
+    if OWN_PREFECT_HOME:
+        os.environ["PREFECT_HOME"] = str(root / ".prefect")
+    if Path(config.output_dir).resolve() != output_dir:
+        config.output_dir = Path(os.path.relpath(output_dir, root))
+    return config
 
 
 @app.command()

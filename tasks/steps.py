@@ -28,6 +28,7 @@ from contrastive.modalities.base import (Member, Modality, ResultsTable, format_
                                         table_columns, tables_markdown)
 from contrastive.modalities.registry import modality_for
 from pipeline_config.loader import dump_config
+from pipeline_config.run_root import record_started_in
 from pipeline_config.schema import _PipelineBase
 from tasks.records import (ClusterRecord, DiagnosisRecord, EvalRecord, ExportRecord, FeaturesRecord, ModelRecord,
                            PseudoLabelRecord, RegroupRecord, StepRecord, TrainRecord, finished_record, in_step_dir)
@@ -281,6 +282,7 @@ def open_pipeline_run(*, config: _PipelineBase, pipeline_id: str, flow_run_id: s
     Path(pipeline_dir).mkdir(parents=True, exist_ok=True)
     write_json(Path(pipeline_dir) / "config.json", config.model_dump(mode="json"))
     (Path(pipeline_dir) / "config.yaml").write_text(dump_config(config))
+    record_started_in(Path(pipeline_dir), output_dir=Path(config.output_dir))  # `mclpipe resume` from anywhere
     tracker = tracker_for(config)
     tags = {"pipeline_id": pipeline_id, "config_hash": config.config_hash(), "kind": "pipeline",
             "pipeline_name": config.name, "modality": modality_of(config).title}
