@@ -14,6 +14,9 @@ from contrastive.modalities.image import serving
 from contrastive.modalities.registry import modality_for
 
 METHOD = dict(name="simclr", temperature=0.5)
+#: The export stores float16 embeddings: a served float32 row matches it to about 1e-3 after normalisation (a wrong
+#: transform, channel order or stage order differs by far more).
+EXPORT_ATOL = 2e-3
 MODALITIES = ("image", "clip", "text", "embeddings")  # the pipeline keys (clip: the image_text package)
 SENTENCES = ["a red square left of a blue circle", "two green triangles", "the circle is above the square",
              "a blue square", "nothing at all", "green circle, red triangle"]
@@ -180,14 +183,13 @@ def test_the_logged_model_says_what_it_takes_and_embeds_every_layout(tracker, tm
 
     model = mlflow.pyfunc.load_model(logged["registered_uri"])
     hwc = images()
-    stages = [serving.embed(serving.load_encoder(p), hwc) for p in paths]
-    from contrastive.integrate import concat_normalized
-    expected = concat_normalized(stage_embeddings=stages)
-    np.testing.assert_allclose(model.predict(hwc), expected, atol=1e-6)
-    np.testing.assert_allclose(model.predict(np.ascontiguousarray(hwc.transpose(0, 3, 1, 2))), expected, atol=1e-6)
+    expected = exported("image", paths, hwc, tmp_path)  # the engine's export of the same images
+    np.testing.assert_allclose(model.predict(hwc), expected, atol=EXPORT_ATOL)
+    np.testing.assert_allclose(model.predict(np.ascontiguousarray(hwc.transpose(0, 3, 1, 2))), expected,
+                               atol=EXPORT_ATOL)
     ragged = np.empty(len(hwc), dtype=object)  # a list of images that MLflow's signature check lets through
     ragged[:] = list(hwc)
-    np.testing.assert_allclose(model.predict(ragged), expected, atol=1e-6)
+    np.testing.assert_allclose(model.predict(ragged), expected, atol=EXPORT_ATOL)
     with pytest.raises(ValueError, match=r"\(n, H, W, C\) or \(n, C, H, W\)"):
         model.unwrap_python_model().predict(None, np.zeros((2, 12, 12, 2), np.uint8))
 
@@ -200,7 +202,8 @@ def test_a_model_of_an_earlier_run_that_stores_the_old_image_key_still_loads(tra
     logged = log_encoder(tracker, run, name="old", model_paths=[path], dims=[16], modality="mcl")
     assert mlflow.models.get_model_info(logged["model_uri"]).metadata["modality"] == "mcl"
     model = mlflow.pyfunc.load_model(logged["model_uri"])
-    np.testing.assert_allclose(model.predict(images()), serving.embed(serving.load_encoder(path), images()), atol=1e-6)
+    np.testing.assert_allclose(model.predict(images()), exported("image", [path], images(), tmp_path),
+                               atol=EXPORT_ATOL)
 
 
 def test_the_model_ships_contrastive_and_installable_pinned_requirements(tracker, tmp_path):
@@ -264,11 +267,9 @@ def test_each_modality_model_loads_and_predicts_with_only_its_own_requirements(t
     import subprocess
     import sys
 
-    from contrastive.integrate import concat_normalized
     from tasks.tracking.serving_model import save_encoder
     paths, dims, given = stages_and_input(modality, tmp_path)
-    plugin = modality_for(modality)
-    expected = concat_normalized(stage_embeddings=[plugin.embed(plugin.load_encoder(p), given) for p in paths])
+    expected = exported(modality, paths, given, tmp_path)
     save_encoder(tmp_path / "model", model_paths=paths, dims=dims, modality=modality)
     np.save(tmp_path / "input.npy", given)
     (elsewhere := tmp_path / "elsewhere").mkdir()
@@ -282,7 +283,7 @@ def test_each_modality_model_loads_and_predicts_with_only_its_own_requirements(t
     assert Path(report["contrastive"]).parents[1] == tmp_path / "model" / "code", report["contrastive"]
     assert {"prefect", "tasks", "flows"} <= set(report["hidden"])
     assert ("webdataset" in report["hidden"]) == (modality in ("text", "embeddings")), report["hidden"]
-    np.testing.assert_allclose(np.load(tmp_path / "predicted.npy"), expected, atol=1e-5)
+    np.testing.assert_allclose(np.load(tmp_path / "predicted.npy"), expected, atol=EXPORT_ATOL)
 
 
 # --------------------------------------------------------------------------------------------- tiny stage models
@@ -319,6 +320,69 @@ def feature_stage(path: Path, *, seed: int) -> str:
     save_torch({"state_dict": model.state_dict(), "in_dim": 10, "encoder": encoder, "views": {"temperature": 0.2}},
                path, what="a test model")
     return str(path)
+
+
+# ---------------------------------------------------------------------------------------------------- the engine's export
+def exported(modality: str, paths: list[str], given, tmp: Path) -> np.ndarray:
+    """What the pipeline's own export writes for the serving input ``given`` (float32, in ``given``'s order; of
+    several stages L2-normalised per stage and concatenated): the inputs written as a user's data (a folder of PNGs, PNG shards, a text
+    file of sentences, an .npy of vectors), prepared as the pipeline prepares it, and each stage exported by the
+    modality's export step. The expected output of the registered model from a path independent of the serving
+    code it wraps (``plugin.load_encoder`` / ``plugin.embed``)."""
+    from PIL import Image
+
+    from contrastive.embeddings import load_embeddings
+    from contrastive.integrate import concat_normalized
+    root = tmp / f"export-{modality}"
+    if modality == "image":
+        from contrastive.modalities.image.datasets.image_folder import prepare_image_folder
+        from contrastive.modalities.image.steps import export_stage_embeddings
+        (root / "source" / "a").mkdir(parents=True)
+        keys = [f"a/{i:03d}.png" for i in range(len(given))]
+        for key, image in zip(keys, given):
+            Image.fromarray(image).save(root / "source" / key)
+        dataset = prepare_image_folder(source=root / "source", root=root / "prepared", image_size=given.shape[1],
+                                       storage="files")
+        export = lambda path, out: export_stage_embeddings(dataset_dir=dataset, model_path=path, out_dir=out,  # noqa: E731
+                                                           batch_size=4, device="cpu")
+    elif modality == "clip":
+        from contrastive.modalities.image_text.data import TAR_END, encode_image, sample_members
+        from contrastive.modalities.image_text.steps import export_stage
+        keys = [f"{i:09d}" for i in range(len(given))]
+        root.mkdir(parents=True)
+        shard = root / "00000.tar"
+        shard.write_bytes(b"".join(sample_members({"__key__": key, "png": encode_image(image, fmt="png"),
+                                                   "txt": b"a picture"}) for key, image in zip(keys, given))
+                          + TAR_END)
+        export = lambda path, out: export_stage(model_path=path, urls=[str(shard)], out_dir=str(out),  # noqa: E731
+                                                batch_size=4, device="cpu", max_skip_fraction=0.0)
+    elif modality == "text":
+        from contrastive.modalities.text.dataset import prepare_text_files
+        from contrastive.modalities.text.steps import export_text_embeddings
+        root.mkdir(parents=True)
+        (root / "sentences.txt").write_text("".join(f"{sentence}\n" for sentence in given))
+        dataset = prepare_text_files(root=root / "prepared", sentences_path=root / "sentences.txt")
+        keys = [f"s{i:08d}" for i in range(len(given))]
+        export = lambda path, out: export_text_embeddings(dataset_dir=dataset, model_path=path, out_dir=out,  # noqa: E731
+                                                          batch_size=4, device="cpu")
+    else:
+        from contrastive.modalities.embeddings.data import prepare_feature_files
+        from contrastive.modalities.embeddings.steps import export_feature_embeddings
+        root.mkdir(parents=True)
+        np.save(root / "vectors.npy", given)
+        dataset = prepare_feature_files(root=root / "prepared", features_path=root / "vectors.npy", ids_path=None,
+                                        labels_path=None, test_fraction=0.0, seed=0)
+        keys = None  # the rows' own ids, in the file's order
+        export = lambda path, out: export_feature_embeddings(dataset_dir=str(dataset), model_path=path,  # noqa: E731
+                                                             out_dir=str(out), batch_size=4, device="cpu")
+    stages = []
+    for number, path in enumerate(paths):
+        export(path, root / f"stage{number}")
+        ids, z = load_embeddings(directory=root / f"stage{number}")
+        order = np.arange(len(ids)) if keys is None else [ids.tolist().index(key) for key in keys]
+        assert len(ids) == len(given)
+        stages.append(np.asarray(z, dtype=np.float32)[order])
+    return stages[0] if len(stages) == 1 else concat_normalized(stage_embeddings=stages)  # as the pipeline serves
 
 
 def stages_and_input(modality: str, tmp: Path) -> tuple[list[str], list[int], np.ndarray]:
