@@ -1,11 +1,11 @@
-"""The registered model of every modality works elsewhere: in a fresh virtual environment holding only the models'
-own requirements.txt (installed from the package index with pip) and a working directory outside this checkout,
-``mlflow.pyfunc.load_model("models:/<name>@current").predict(x)`` gives the embeddings this process computes, for
-the image, image-text (CLIP), text and embeddings modalities (x: the modality's ``serving`` input: uint8 images,
-sentences, float32 vectors). ``contrastive`` comes from the model's ``code/`` (its ``code_paths``), never from the
-checkout: the venv is made without system site-packages (this project is installed editable in .venv, and the venv
-made here does not see .venv), and its interpreter runs with ``-I`` (no PYTHONPATH, no user site, no working
-directory on sys.path), which the script checks before it loads the model.
+"""The registered model of every modality works elsewhere: in a fresh virtual environment holding only the models' own
+requirements.txt (installed from the package index with pip) and a working directory outside this checkout,
+``mlflow.pyfunc.load_model("models:/<name>@current").predict(x)`` gives the embeddings the pipeline's export writes
+for the same inputs, for the image, image-text (CLIP), text and embeddings modalities (x: the modality's ``serving``
+input: uint8 images, sentences, float32 vectors). ``contrastive`` comes from the model's ``code/`` (its
+``code_paths``), never from the checkout: the venv is made without system site-packages (this project is installed
+editable in .venv, and the venv made here does not see .venv), and its interpreter runs with ``-I`` (no PYTHONPATH,
+no user site, no working directory on sys.path), which the script checks before it loads the model.
 
 One venv holds the union of the four models' requirements (they are pinned to the versions installed here, so
 they agree; where they do not, each modality gets its own venv). So that the union cannot hide a requirement one
@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.tasks.test_serving_model import MODALITIES, ONLY_THE_MODELS_REQUIREMENTS, stages_and_input
+from tests.tasks.test_serving_model import (EXPORT_ATOL, MODALITIES, ONLY_THE_MODELS_REQUIREMENTS, exported,
+                                           stages_and_input)
 
 REPO = Path(__file__).resolve().parents[2]
 # Run by the fresh venv's interpreter: argv = model uri, input .npy, output .npy, report .json, requirements.txt.
@@ -79,12 +80,10 @@ def _venv_groups(requirements: dict[str, Path]) -> list[list[str]]:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """Every modality's registered model, its input and this process's embeddings, and the venv python that
-    holds its requirements: {modality: {...}}, plus the timings."""
+    """Every modality's registered model, its input and the engine's export of that input (the expected output),
+    and the venv python that holds its requirements: {modality: {...}}, plus the timings."""
     import mlflow
 
-    from contrastive.integrate import concat_normalized
-    from contrastive.modalities.registry import modality_for
     from tasks.tracking import Tracker, log_encoder
 
     tmp = tmp_path_factory.mktemp("fresh")
@@ -95,8 +94,7 @@ def served(tmp_path_factory):
     start = time.time()
     for modality in MODALITIES:
         paths, dims, given = stages_and_input(modality, tmp)
-        plugin = modality_for(modality)
-        expected = concat_normalized(stage_embeddings=[plugin.embed(plugin.load_encoder(p), given) for p in paths])
+        expected = exported(modality, paths, given, tmp)  # the engine's export of the same inputs
         logged = log_encoder(tracker, run, name=f"{modality}-representation", model_paths=paths, dims=dims,
                              modality=modality, registered_name=f"fresh-{modality}")
         np.save(tmp / f"{modality}-input.npy", given)
@@ -148,4 +146,4 @@ def test_the_registered_model_loads_and_predicts_in_a_fresh_venv(served, modalit
         (modality != "clip", modality in ("text", "embeddings")), report["hidden"]
     predicted, expected = np.load(predicted_path), model["expected"]
     assert predicted.dtype == np.float32 and predicted.shape == expected.shape == (len(expected), sum(model["dims"]))
-    np.testing.assert_allclose(predicted, expected, atol=1e-5)
+    np.testing.assert_allclose(predicted, expected, atol=EXPORT_ATOL)
