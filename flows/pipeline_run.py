@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import TypeVar
 
 from prefect.exceptions import TerminationSignal
+from prefect import get_run_logger
 from prefect.runtime import flow_run
 
+from flows.attempts import attempt, claim_dead_attempts
 from flows.runner import StepRunner
 from tasks import steps as t
 
@@ -45,10 +47,28 @@ def opened_pipeline(runner_type: type[Runner], *, config, data: dict, **runner_k
 
     Every run the runner opened is closed FINISHED when the block completes (a ``return`` inside it included) and
     FAILED when it raises, KILLED when a person or a scheduler stopped it (Ctrl-C, SIGTERM, a cancellation from the
-    Prefect UI), so a failed flow never leaves runs marked running and an interrupted one does not read as broken."""
+    Prefect UI), so a failed flow never leaves runs marked running and an interrupted one does not read as broken.
+    A killed process closes nothing: the next attempt of the pipeline carries its parent run on (``flows.attempts``),
+    reopening its stage runs, and ends what it does not reuse."""
     pipeline_id = config.config_hash()
+    directory = pipeline_dir(config)
+    dead = claim_dead_attempts(directory)
+    adopted, inherited = take_over(config, pipeline_id=pipeline_id, parents=dead.parent_run_ids)
     parent = t.open_pipeline_run(config=config, pipeline_id=pipeline_id, flow_run_id=flow_run.id,
-                                 pipeline_dir=str(pipeline_dir(config)))
+                                 pipeline_dir=str(directory), adopt=adopted)
     runner = runner_type(config=config, data=data, parent_run_id=parent, pipeline_id=pipeline_id, **runner_kwargs)
-    with closing_runs(lambda status: runner.close(status=status)):
+    runner.inherited_runs = inherited
+    with attempt(directory, parent, dead), closing_runs(lambda status: runner.close(status=status)):
         yield runner
+
+
+def take_over(config, *, pipeline_id: str, parents: list[str]) -> tuple[str | None, set[str]]:
+    """:func:`tasks.steps.take_over_dead_attempts`, or nothing taken over when the tracking store cannot say (the
+    killed attempt's runs stay as they are; this attempt opens its own)."""
+    if not parents:
+        return None, set()
+    try:
+        return t.take_over_dead_attempts(config=config, pipeline_id=pipeline_id, parents=parents)
+    except Exception as exc:  # noqa: BLE001 - an outage here must not stop the pipeline
+        get_run_logger().warning("could not take over the MLflow runs of a killed attempt: %s", exc)
+        return None, set()

@@ -195,6 +195,8 @@ class StepRunner:
         self.storage = self.root / RESULT_STORE
         self.stage_runs: dict[StageRun, str] = {}  # the runs this invocation opened (closed at the end)
         self.linked_runs: dict[StageRun, str] = {}  # earlier invocations' runs that hold reused stages
+        # RUNNING runs of a killed attempt whose parent run this one carries on (flows.attempts): reused, or ended
+        self.inherited_runs: set[str] = set()
         self.renewed: set[Path] = set()  # step directories computed again because their files were gone
         self._tracker = None
 
@@ -475,11 +477,11 @@ class StepRunner:
 
     def left_open(self, run_id: str) -> bool:
         """A reused stage's run that an earlier attempt did not finish: marked FAILED by a failed one, KILLED by a
-        stopped one, or still RUNNING after one of this same flow run was killed (SIGKILL, a lost node) before it
-        could close it."""
+        stopped one, or still RUNNING after one of this same flow run, or the killed attempt this one carries on, was
+        killed (SIGKILL, a lost node) before it could close it."""
         run = self.tracker.run_state(run_id)
-        return run.status in ("FAILED", "KILLED") or (
-            run.status == "RUNNING" and self.flow_run_id is not None
+        return run.status in ("FAILED", "KILLED") or run.status == "RUNNING" and (
+            run_id in self.inherited_runs or self.flow_run_id is not None
             and run.tags.get("prefect.flow_run_id") == str(self.flow_run_id))
 
     def orphaned_runs(self, *, exclude: set[str]) -> list[str]:
@@ -504,8 +506,10 @@ class StepRunner:
         if status == "FINISHED":  # reused stages' runs an earlier attempt left unfinished: every step is done now
             runs += [run_id for run_id in set(self.linked_runs.values()) - set(runs) if self.left_open(run_id)]
         runs += self.orphaned_runs(exclude=set(runs))
-        for run_id in runs:
+        # The killed attempt's runs this one did not carry on (a stage it never reached): they end as it did.
+        dead = sorted(self.inherited_runs - set(runs))
+        for run_id, end in [*((run_id, status) for run_id in runs), *((run_id, "KILLED") for run_id in dead)]:
             try:
-                t.close_run(config=self.config, mlflow_run_id=run_id, status=status)
+                t.close_run(config=self.config, mlflow_run_id=run_id, status=end)
             except Exception as exc:  # noqa: BLE001 - reported, the original outcome stands
-                logger.warning("could not mark MLflow run %s %s: %s", run_id, status, exc)
+                logger.warning("could not mark MLflow run %s %s: %s", run_id, end, exc)

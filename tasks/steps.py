@@ -277,8 +277,10 @@ def prepare_data(*, config: _PipelineBase) -> dict:
 
 
 @task(name="open-pipeline-run")
-def open_pipeline_run(*, config: _PipelineBase, pipeline_id: str, flow_run_id: str | None, pipeline_dir: str) -> str:
-    """Open the parent MLflow run, and keep the config beside the results (``mclpipe resume`` reads it)."""
+def open_pipeline_run(*, config: _PipelineBase, pipeline_id: str, flow_run_id: str | None, pipeline_dir: str,
+                      adopt: str | None = None) -> str:
+    """Open the parent MLflow run, and keep the config beside the results (``mclpipe resume`` reads it). ``adopt``:
+    the parent run of a killed attempt of this pipeline (:func:`take_over_dead_attempts`), carried on instead."""
     Path(pipeline_dir).mkdir(parents=True, exist_ok=True)
     write_json(Path(pipeline_dir) / "config.json", config.model_dump(mode="json"))
     (Path(pipeline_dir) / "config.yaml").write_text(dump_config(config))
@@ -291,11 +293,38 @@ def open_pipeline_run(*, config: _PipelineBase, pipeline_id: str, flow_run_id: s
     # A retried flow run reopens its parent run: the one of this flow run that is a pipeline (its stage runs carry
     # the flow run's id too, and the latest of them was reopened as the parent before) of this pipeline.
     reuse = {"prefect.flow_run_id": flow_run_id, "kind": "pipeline", "pipeline_id": pipeline_id}
-    run_id = tracker.start_run(name=f"{config.name}-{pipeline_id[:8]}", tags=tags,
-                               reuse_tags=reuse if flow_run_id else None)
+    if adopt is not None:
+        tracker.set_tags(adopt, {**tags, "resumed_after_kill": "true"})
+        run_id = adopt
+    else:
+        run_id = tracker.start_run(name=f"{config.name}-{pipeline_id[:8]}", tags=tags,
+                                   reuse_tags=reuse if flow_run_id else None)
     tracker.log_params(run_id, config.model_dump(mode="json"))
     tracker.log_text(run_id, dump_config(config), "config.yaml")
     return run_id
+
+
+def take_over_dead_attempts(*, config: _PipelineBase, pipeline_id: str,
+                            parents: list[str]) -> tuple[str | None, set[str]]:
+    """(parent run, its RUNNING runs) of the newest killed attempt of this pipeline (``parents``: the parent runs of
+    the attempts ``flows.attempts`` found dead, newest first), for this attempt to carry on in: its stage runs are
+    reopened as a retried flow run's are, so a resumed stage's metrics continue in one run. The older dead attempts'
+    RUNNING runs end KILLED. (None, empty) when none is RUNNING in this store."""
+    tracker = tracker_for(config)
+    adopted, inherited = None, set()
+    for parent in parents:
+        if not tracker.run_exists(parent):
+            continue
+        state = tracker.run_state(parent)
+        if state.status != "RUNNING" or state.tags.get("pipeline_id") != pipeline_id:
+            continue
+        running = set(tracker.running_children(parent_run_id=parent, tags={}))
+        if adopted is None:
+            adopted, inherited = parent, running
+            continue
+        for run_id in [*running, parent]:
+            tracker.end_run(run_id, status="KILLED")
+    return adopted, inherited
 
 
 @task(name="open-stage-run")
