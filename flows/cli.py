@@ -18,6 +18,7 @@ if "PREFECT_API_URL" not in os.environ:
     os.environ.setdefault("PREFECT_HOME", os.path.join(os.getcwd(), ".prefect"))
 
 import json  # noqa: E402
+import shlex  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -281,7 +282,8 @@ def print_links(cfg, summary: dict) -> None:
     if summary.get("prefect_flow_run_url"):
         import sys
         prefect_bin = Path(sys.executable).with_name("prefect")
-        command = "make ui-prefect" if Path("Makefile").exists() and "PREFECT_API_URL" not in os.environ \
+        here = shlex.quote(str(Path.cwd()))  # `make -C`: the command works from any directory
+        command = f"make -C {here} ui-prefect" if Path("Makefile").exists() and "PREFECT_API_URL" not in os.environ \
             else f"PREFECT_HOME={os.environ.get('PREFECT_HOME', '~/.prefect')} {prefect_bin} server start"
         if "PREFECT_API_URL" in os.environ:
             console.print("Prefect: open the flow run", soft_wrap=True)

@@ -14,6 +14,7 @@ import itertools
 import json
 import logging
 import os
+import shlex
 import shutil
 import sys
 import threading
@@ -186,15 +187,15 @@ def ui_base(uri: str) -> str:
 
 
 def ui_command(uri: str) -> str | None:
-    """A command that opens the MLflow UI on a local store, working as printed: `make ui-mlflow` from the checkout
-    whose Makefile serves this store, else the mlflow executable of this interpreter's environment (not on PATH
-    outside the venv). None for a tracking server (its URL is the UI)."""
+    """A command that opens the MLflow UI on a local store, working as printed from any directory: `make -C
+    <checkout> ui-mlflow` for the checkout whose Makefile serves this store, else the mlflow executable of this
+    interpreter's environment (not on PATH outside the venv). None for a tracking server (its URL is the UI)."""
     if is_remote(uri):
         return None
     mlflow_bin = Path(sys.executable).with_name("mlflow")
     if uri == f"sqlite:///{Path.cwd() / 'mlflow.db'}" and (Path.cwd() / "Makefile").exists() \
             and Path(sys.executable).parent.parent.resolve() == (Path.cwd() / ".venv").resolve():
-        return "make ui-mlflow"
+        return f"make -C {shlex.quote(str(Path.cwd()))} ui-mlflow"  # from any directory
     return f"{mlflow_bin} ui --backend-store-uri {uri} --port 5000"
 
 

@@ -369,3 +369,22 @@ def test_the_ranks_metrics_file_keeps_a_steps_last_values_and_sends_twice_withou
     assert [(m.step, m.value) for m in tracker.client.get_metric_history(run, "train/loss")] == [
         (1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0)]
     assert [(m.step, m.value) for m in tracker.client.get_metric_history(run, "train/epoch_loss")] == [(0, 5.0)]
+
+
+def test_the_checkouts_ui_command_works_from_any_directory(tmp_path, monkeypatch):
+    """`make ui-mlflow` worked only in the checkout; the printed `make -C <checkout> ui-mlflow` works anywhere."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tasks.tracking import ui_command
+    checkout = Path(__file__).resolve().parents[2]
+    if Path(sys.executable).parent.parent.resolve() != (checkout / ".venv").resolve():
+        pytest.skip("not run from the checkout's venv")
+    monkeypatch.chdir(checkout)
+    command = ui_command(f"sqlite:///{checkout / 'mlflow.db'}")
+    assert command == f"make -C {checkout} ui-mlflow"
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    dry = subprocess.run([*command.split(), "-n"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert dry.returncode == 0 and f"mlflow ui --backend-store-uri sqlite:///{checkout}/mlflow.db" in dry.stdout
