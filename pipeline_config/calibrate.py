@@ -8,7 +8,8 @@ MLflow, in a temporary directory:
 - prepare: the real preparation, then again: a run after the plan finds the data prepared, and that second call's
   time is the row's (the first one's is in its note);
 - train: stage 0 for ``TRAIN_STEPS`` optimizer steps (``train.max_steps_per_epoch``), each step timed by a training
-  callback: the median step after the first two is the per-step rate, the rest of the call the fixed cost;
+  callback: the median step after the first two is the per-step rate, the rest of the call the fixed cost; twice,
+  as a run's first training (cold: imports, kernels, workers) and as its later ones;
 - export: the real export of that model, stopped after ``EXPORT_ROWS`` rows (its progress callback), or whole on
   data smaller than that; seconds a row after the first batch, the rest fixed;
 - k-means and pseudo-labels: the real steps on the calibration's export when it is whole, else k-means on
@@ -182,19 +183,25 @@ def _data_bytes(data: dict) -> int | None:
 
 
 def _train(config, modality, *, data: dict, work: Path, rates: dict, device: str) -> str:
+    """Stage 0 trained twice for TRAIN_STEPS steps: the first call pays what a process pays once (imports,
+    kernels, worker start-up: ``train_cold``, the first training of a run), the second what every later stage
+    pays (``train``)."""
     stage = _short_training(config)
-    spec = modality.train_spec(stage, stage=0, seed=config.seed, out_dir=str(work / "train"), data=data,
-                               batches_path=None, init_model_path=None)
-    timer = _StepTimes()
-    with measured(device) as m:
-        summary = modality.train(spec, callbacks=[timer])
-    gaps = np.diff(timer.stamps[1:]) if len(timer.stamps) > 2 else np.diff([0.0, *timer.stamps]) if timer.stamps \
-        else np.asarray([m.seconds])
-    per_step = float(statistics.median(gaps.tolist()))
-    steps = max(len(timer.stamps), 1)
-    rates["train"] = Rate(fixed_s=max(0.0, m.seconds - steps * per_step), per_unit_s=per_step, units=steps,
-                          peak_rss=m.peak_rss, disk=dir_bytes(work / "train"), gpu_mem=m.gpu_mem,
-                          batch=stage.global_batch_size(0))
+    summary = None
+    for name in ("train_cold", "train"):
+        out_dir = work / name
+        spec = modality.train_spec(stage, stage=0, seed=config.seed, out_dir=str(out_dir), data=data,
+                                   batches_path=None, init_model_path=None)
+        timer = _StepTimes()
+        with measured(device) as m:
+            summary = modality.train(spec, callbacks=[timer])
+        gaps = np.diff(timer.stamps[1:]) if len(timer.stamps) > 2 else np.diff([0.0, *timer.stamps]) \
+            if timer.stamps else np.asarray([m.seconds])
+        per_step = float(statistics.median(gaps.tolist()))
+        steps = max(len(timer.stamps), 1)
+        rates[name] = Rate(fixed_s=max(0.0, m.seconds - steps * per_step), per_unit_s=per_step, units=steps,
+                           peak_rss=m.peak_rss, disk=dir_bytes(out_dir), gpu_mem=m.gpu_mem,
+                           batch=stage.global_batch_size(0))
     return summary["model_path"]
 
 

@@ -291,7 +291,9 @@ def estimate(config, steps: list[PlannedStep], *, calibration: Calibration | Non
     """One row per step: seconds, peak RAM, disk written and GPU memory per device, with what each rests on."""
     size = size or data_size(config, calibration=calibration)
     pipeline = config.pipeline
-    rows = [_row(config, step, size=size, cal=calibration, pipeline=pipeline) for step in steps]
+    first_train = next((i for i, step in enumerate(steps) if step.category == "train"), None)
+    rows = [_row(config, step, size=size, cal=calibration, pipeline=pipeline, cold=i == first_train)
+            for i, step in enumerate(steps)]
     for row, step in zip(rows, steps):
         row.critical = on_critical_path(step, steps)
     assumptions = [f"M = {size.num_train:,} training samples ({size.sources.get('M', '?')})" if size.num_train
@@ -312,11 +314,15 @@ def _scaled(rate: Rate, units: float, *, pipeline: str, category: str, n: float 
     return rate.fixed_s + rate.per_unit_s * units * factor
 
 
-def _row(config, step: PlannedStep, *, size: DataSize, cal: Calibration | None, pipeline: str) -> PlanRow:
+def _row(config, step: PlannedStep, *, size: DataSize, cal: Calibration | None, pipeline: str,
+         cold: bool = False) -> PlanRow:
+    """One step's projection; ``cold``: the run's first training, which pays the process's one-time start-up."""
     c = step.category
     m, d = size.num_train, size.dim
     exported = size.num_exported or m
     rate = cal.rates.get(c) if cal is not None else None
+    if cold and cal is not None and "train_cold" in cal.rates:
+        rate = cal.rates["train_cold"]
     if c in ("diagnose", "hyper") and rate is None and cal is not None:
         rate = cal.rates.get("eval")  # assumption stated in the basis
     n_cal = cal.num_train if cal is not None else None
@@ -332,8 +338,8 @@ def _row(config, step: PlannedStep, *, size: DataSize, cal: Calibration | None, 
             per_step = Rate(rate.fixed_s, rate.per_unit_s * batch_ratio, rate.units)
             seconds = _scaled(per_step, units, pipeline=pipeline, category=c, n=n_cal, m=m)
             basis.append(f"{units:,} steps x {per_step.per_unit_s * 1000:.1f} ms a step of "
-                         f"{stage_config.global_batch_size(step.stage or 0)} + {rate.fixed_s:.1f} s start, measured "
-                         f"on {device}")
+                         f"{stage_config.global_batch_size(step.stage or 0)} + {rate.fixed_s:.1f} s start"
+                         f"{' (the first training: cold)' if cold else ''}, measured on {device}")
             peak, disk, gpu = rate.peak_rss, rate.disk, rate.gpu_mem
         else:
             basis.append("not calibrated")
