@@ -88,14 +88,15 @@ def write_image_folder(root: Path, *, num_images: int, size: int = SOURCE_SIZE, 
 
 # ---------------------------------------------------------------------------------------------------- ours
 def stage_spec(*, dataset_dir: Path, stage_dir: Path, threads: int, workers: int,
-               max_steps: int | None = None):
+               max_steps: int | None = None, model: dict | None = None):
+    """Our stage of the unimodal rows: ``model`` (the config's model section; default the preset's CNN)."""
     from bench import fixtures
     from contrastive.engine.task import LoopSpec, OptimSpec
     from contrastive.modalities.image.steps import ImageStageSpec
 
     return ImageStageSpec(
         dataset_dir=str(dataset_dir), stage_dir=str(stage_dir), pseudo_labels_path=None,
-        model=fixtures.model_kwargs(), method={"name": "simclr", "temperature": 0.2}, augment=dict(AUGMENT),
+        model=model or fixtures.model_kwargs(), method={"name": "simclr", "temperature": 0.2}, augment=dict(AUGMENT),
         batch_size=BATCH, remainder_policy="partial", workers=workers, seed=0, device="cpu", threads=threads,
         optim=OptimSpec(name="adam", lr=1e-3, weight_decay=1e-6, schedule="cosine"),
         loop=LoopSpec(epochs=1, checkpoint_every_steps=500, log_every_steps=10, precision="fp32",
@@ -128,15 +129,17 @@ def _steady(arrivals: list[float]) -> float | None:
     return (len(arrivals) - 1) * BATCH / (arrivals[-1] - arrivals[0])
 
 
-def warm_up_ours(*, dataset_dir: Path, work: Path, name: str, threads: int, workers: int) -> None:
+def warm_up_ours(*, dataset_dir: Path, work: Path, name: str, threads: int, workers: int,
+                 model: dict | None = None) -> None:
     """A WARMUP_STEPS-step stage: first-touch costs (allocator, our workers' forkserver) are paid here."""
     from contrastive.modalities.image import steps as stages
 
     stages.train_stage(stage_spec(dataset_dir=dataset_dir, stage_dir=work / f"{name}-warmup", threads=threads,
-                                  workers=workers, max_steps=WARMUP_STEPS))
+                                  workers=workers, max_steps=WARMUP_STEPS, model=model))
 
 
-def run_ours(*, dataset_dir: Path, work: Path, name: str, threads: int, workers: int) -> dict:
+def run_ours(*, dataset_dir: Path, work: Path, name: str, threads: int, workers: int,
+             model: dict | None = None) -> dict:
     """One full epoch in a fresh stage directory (one holding a checkpoint would resume). Returns the stage's
     summary plus the wall seconds of the whole call, when the first batch reached the loop and the rate after it."""
     from contrastive.modalities.image import steps as stages
@@ -144,7 +147,7 @@ def run_ours(*, dataset_dir: Path, work: Path, name: str, threads: int, workers:
     arrivals = _Arrivals()
     started = time.perf_counter()
     summary = stages.train_stage(stage_spec(dataset_dir=dataset_dir, stage_dir=work / name, threads=threads,
-                                            workers=workers), callbacks=[arrivals])
+                                            workers=workers, model=model), callbacks=[arrivals])
     call = time.perf_counter() - started
     return {**summary, "call_seconds": call, "steady_samples_per_second": _steady(arrivals.times),
             # From the call (dataset opened, model built: a few tens of ms) to the first batch in the loop.
@@ -174,7 +177,7 @@ class Baseline:
     SimCLR loop of the public reference code. :meth:`epoch` runs ``limit`` steps with a fresh DataLoader (as every
     epoch of such a loop does) and times them."""
 
-    def __init__(self, *, folder: Path, threads: int):
+    def __init__(self, *, folder: Path, threads: int, model: dict | None = None, workers: int = 1):
         import torch
         from torchvision.datasets import ImageFolder
 
@@ -184,7 +187,8 @@ class Baseline:
         torch.set_num_threads(threads)
         torch.manual_seed(0)
         self.dataset = ImageFolder(str(folder), transform=TwoViews(IMAGE_SIZE))
-        self.method = build_method(model_kwargs=fixtures.model_kwargs(),
+        self.workers = workers
+        self.method = build_method(model_kwargs=model or fixtures.model_kwargs(),
                                    method_kwargs={"name": "simclr", "temperature": 0.2})
         self.method.train()
         # The engine's model-side setting, given to the baseline too (one line in any peer loop), so the ratio
@@ -198,7 +202,9 @@ class Baseline:
 
         self.method.on_train_start(total_steps=limit)
         started, images, loss, arrivals = time.perf_counter(), 0, float("nan"), []
-        loader = DataLoader(self.dataset, batch_size=BATCH, num_workers=1, shuffle=True)
+        # pin_memory as a competent user sets it (it only acts with a GPU: a CPU run would warn and ignore it)
+        loader = DataLoader(self.dataset, batch_size=BATCH, num_workers=self.workers, shuffle=True,
+                            pin_memory=torch.cuda.is_available())
         for step, ((view1, view2), _) in enumerate(loader):
             if step >= limit:
                 break
@@ -228,18 +234,21 @@ def thread_settings() -> list[int]:
     return sorted({1, os.cpu_count() or 1})
 
 
-def files_comparison(*, folder: Path, files_dir: Path, stage_dirs: Path, threads: int, steps: int) -> dict:
-    """ROUNDS interleaved epochs of ours (files, 1 decode worker) and the baseline (1 worker), both at ``threads``
-    torch threads, each after a warm-up of its own. Returns {"ours": [records], "baseline": [records]}."""
-    baseline = Baseline(folder=folder, threads=threads)
-    warm_up_ours(dataset_dir=files_dir, work=stage_dirs, name=f"files-t{threads}", threads=threads, workers=1)
+def files_comparison(*, folder: Path, files_dir: Path, stage_dirs: Path, threads: int, steps: int,
+                     model: dict | None = None, workers: int = 1, rounds: int = ROUNDS) -> dict:
+    """``rounds`` interleaved epochs of ours (files, ``workers`` decode workers) and the baseline (as many DataLoader
+    workers), both at ``threads`` torch threads and with ``model`` (default the preset's CNN), each after a warm-up
+    of its own. Returns {"ours": [records], "baseline": [records]}."""
+    baseline = Baseline(folder=folder, threads=threads, model=model, workers=workers)
+    warm_up_ours(dataset_dir=files_dir, work=stage_dirs, name=f"files-t{threads}", threads=threads, workers=workers,
+                 model=model)
     baseline.epoch(WARMUP_STEPS)
     # Rounds A B, B A: the order alternates so drifts of the shared machine's load fall on both sides.
     candidates = {"ours": lambda n: run_ours(dataset_dir=files_dir, work=stage_dirs, name=f"files-t{threads}-{n}",
-                                             threads=threads, workers=1),
+                                             threads=threads, workers=workers, model=model),
                   "baseline": lambda n: baseline.epoch(steps)}
     runs: dict[str, list[dict]] = {"ours": [], "baseline": []}
-    for round_number in range(ROUNDS):
+    for round_number in range(rounds):
         for name in (list(candidates) if round_number % 2 == 0 else list(candidates)[::-1]):
             record = candidates[name](round_number)
             runs[name].append(record)

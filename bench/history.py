@@ -240,4 +240,16 @@ FINDINGS = [
     "row index of a key table written with the shards) and join on those.",
     "k-means on a GPU (1M x 256, K=20000) is not measured: no GPU was lent to this project's sessions so far. "
     "At K > 256 the default seeding is faiss's random one (k-means++ would cost more than Lloyd).",
+    'Per-step work of our unimodal loop on a zero-cost model (cProfile of one 32-step epoch of `train_stage`, 1 '
+    "torch thread, 1 decode worker, 2026-11-27, machine loaded ~18 by other jobs; `bench.framework_overhead`'s "
+    "model): of 9.0 s, the model's own forward and backward 4.6 s (autograd 3.2, batch norm 1.0, conv 0.4, the "
+    "same work as a plain loop's), waiting for the next batch 1.6 s (one decode worker bounds a model this "
+    "cheap), the loop's own Python (run_epochs, the loss's fp32 guard, Adam, the schedule, the distributed "
+    'checks) ~0.5 s, and 1.2 s in the one `gc.collect()` of `release_device_memory` after the last step (outside '
+    "the engine's clock, inside the whole call). That full collection ends every training stage, export and GPU "
+    'k-means and scans every object of the process: 0.27 s of CPU where prefect, mlflow and tasks.steps are '
+    'imported (446k objects), 0.00 s after `gc.freeze()`. The pipeline flow now collects and freezes its starting'
+    ' heap once before its first step (`flows.pipeline.freeze_imported_heap`); a process that calls the steps '
+    'itself (the `export` row of `make gpu-check`, 189k objects: ~0.1 s) still pays it, a suspect for part of the'
+    " GPU export's whole-call gap.",
 ]

@@ -12,6 +12,8 @@ modality's (``contrastive/modalities/<name>/``); the flow, its tasks and what a 
 """
 from __future__ import annotations
 
+import gc
+
 from prefect import flow
 
 from flows.pipeline_run import opened_pipeline, pipeline_dir
@@ -25,6 +27,17 @@ from tasks.links import log_pipeline_model, pipeline_run_name, publish_links
 PipelineConfigs = config_union()
 
 
+def freeze_imported_heap() -> None:
+    """Collect what is garbage now, then move every surviving object (the imported libraries: ~450k objects with
+    Prefect and MLflow loaded) to the collector's permanent generation. Each training stage, export and GPU k-means
+    ends with a full collection (``release_device_memory``: a stage's model in reference cycles goes before the
+    next one allocates), which otherwise scans all of them: 0.27 s of CPU each (2026-11-27, gc.collect in a process
+    with prefect, mlflow and tasks.steps imported; 0.00 s after the freeze). Objects created later are collected as
+    before; only those alive now are exempt (modules, the config, clients: they live as long as the process)."""
+    gc.collect()
+    gc.freeze()
+
+
 @flow(name="mcl-pipeline", flow_run_name=pipeline_run_name, log_prints=True)
 def mcl_pipeline(config: PipelineConfigs, rerun_from: int | None = None) -> dict:
     """Multistage contrastive learning (MCL) end to end; returns the summary record (paths, results, links).
@@ -33,6 +46,7 @@ def mcl_pipeline(config: PipelineConfigs, rerun_from: int | None = None) -> dict
     and every evaluation that includes them.
     """
     check_run_parameters(config)  # a deployment's run may change only what its run_policy allows
+    freeze_imported_heap()
     data = t.prepare_data(config=config)
     with opened_pipeline(ProgressRunner, config=config, data=data, rerun_from=rerun_from) as runner:
         runner.follow()  # the plan (mclpipe plan) as artifacts of the flow run and the MLflow run, then progress
