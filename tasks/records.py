@@ -17,6 +17,7 @@ from typing import ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from contrastive.embeddings import MANIFEST as EMBEDDINGS_MANIFEST
 from contrastive.engine.files import write_json
 
 RECORD = "record.json"
@@ -38,6 +39,9 @@ class StepRecord(BaseModel):
 
     #: The fields naming files of the step ("a.b": entry b of dict field a): relative to the run root on disk.
     PATHS: ClassVar[tuple[str, ...]] = ("dir",)
+    #: {field naming a directory: files it holds when whole}: a step whose reader would stop on their absence
+    #: ("rerun the pipeline to export again") is computed again instead.
+    INSIDE: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def save(self) -> "StepRecord":
         write_json(Path(self.dir) / RECORD, self.stored())
@@ -56,8 +60,11 @@ class StepRecord(BaseModel):
         return list(dict.fromkeys(path for path in named if isinstance(path, str)))
 
     def missing_files(self) -> list[str]:
-        """The files the record names that are gone (deleted, or not copied with the run): [] for a usable record."""
-        return [path for path in self.paths() if not Path(path).exists()]
+        """The files the record names, and those its directories must hold (``INSIDE``), that are gone (deleted, or
+        not copied with the run): [] for a usable record."""
+        values = self.model_dump(mode="json")
+        inside = [str(Path(values[field]) / name) for field, names in self.INSIDE.items() for name in names]
+        return [path for path in [*self.paths(), *inside] if not Path(path).exists()]
 
     def is_on_disk(self) -> bool:
         """A (possibly cached) record is only usable while its files are still on disk."""
@@ -73,6 +80,7 @@ class TrainRecord(StepRecord):
 
 class ExportRecord(StepRecord):
     PATHS = ("dir", "embeddings_dir")
+    INSIDE = {"embeddings_dir": (EMBEDDINGS_MANIFEST,)}
     embeddings_dir: str
     num_samples: int
     dim: int

@@ -80,3 +80,16 @@ def test_record_kind_is_the_tasks_return_type():
     from tasks import steps as t
     assert record_kind(t.train_stage) is TrainRecord
     assert record_kind(t.make_pseudo_labels) is PseudoLabelRecord
+
+
+def test_an_export_whose_manifest_is_gone_is_not_finished(tmp_path):
+    """Its reader would stop with "manifest.json missing: rerun the pipeline to export again": the rerun must."""
+    from tasks.records import ExportRecord
+    step = tmp_path / "runs" / "steps" / "export0-abc"
+    (step / "embeddings").mkdir(parents=True)
+    (step / "embeddings" / "manifest.json").write_text("{}")
+    record = ExportRecord(key="abc", dir=str(step), mlflow_run_id="run", embeddings_dir=str(step / "embeddings"),
+                          num_samples=3, dim=2).save()
+    assert gone_files(record.dir, ExportRecord) == []
+    (step / "embeddings" / "manifest.json").unlink()
+    assert gone_files(record.dir, ExportRecord) == [str(step / "embeddings" / "manifest.json")]
