@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 ATTEMPTS_DIR = "attempts"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -53,6 +55,8 @@ class AttemptLock:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
         self.release()
+        with contextlib.suppress(OSError):  # the folder goes with its last attempt
+            self.path.parent.rmdir()
 
 
 @dataclass
@@ -89,7 +93,11 @@ def attempt(pipeline_dir: Path, parent_run_id: str, dead: DeadAttempts) -> Itera
         if lock is not own:
             lock.end()
     if own is None:
-        own = AttemptLock.take(attempts_dir(pipeline_dir) / f"{parent_run_id}.lock")
+        try:
+            own = AttemptLock.take(attempts_dir(pipeline_dir) / f"{parent_run_id}.lock")
+        except OSError as exc:  # a full disk, a read-only one: the run goes on; a kill would leave its runs open
+            log.warning("could not write the lock that lets a later attempt close this one's MLflow runs if it is "
+                        "killed: %s", exc)
     try:
         yield own
     finally:

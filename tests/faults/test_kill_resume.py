@@ -65,3 +65,45 @@ def test_corrupt_last_checkpoint_resumes_from_previous(dataset_dir, tmp_path):
     with pytest.warns(RuntimeWarning, match="corrupt"):
         summary = train(dataset_dir, stage_dir)
     assert summary["resumed_from_step"] == 9 and summary["steps"] == 24
+
+
+@pytest.mark.slow  # two runs of the real CLI, each with its own temporary Prefect server (minutes)
+@pytest.mark.timeout(1800)
+def test_sigkill_of_the_cli_mid_stage_then_a_rerun_leaves_mlflow_whole(tmp_path):
+    """`mclpipe run` killed with SIGKILL in the middle of stage 1 (its whole process group: CLI, Prefect server):
+    nothing of it closes a run. The same command again resumes the stage from its checkpoint and leaves no run of
+    the pipeline RUNNING, one parent run, one run per stage, the stage's loss curve in one run from before the kill
+    to its end, and the pipeline's links on finished runs."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    from tests.faults.cli_process import MCLPIPE, checkpoint_of, cli_env, start, tiny_run_args
+    from tests.flows.mlflow_runs import run_tree
+
+    args = tiny_run_args(tmp_path, "train.epochs=4", "mcl.control=false", "mcl.num_stages=2")
+    cli = start(tmp_path, args)
+    cli.wait_for(lambda: (found := checkpoint_of(tmp_path, "train1")) is not None
+                 and torch.load(found, weights_only=True)["step"] >= 8, timeout=900, what="stage 1 at step 8")
+    os.killpg(cli.process.pid, signal.SIGKILL)  # the CLI, its server and any worker at once
+    cli.wait(timeout=30)
+    killed_at = load_checkpoint(checkpoint_of(tmp_path, "train1"))["step"]
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parents, _ = run_tree(uri)
+    assert [p.info.status for p in parents] == ["RUNNING"]  # what a kill leaves
+
+    again = subprocess.run([MCLPIPE, *args], cwd=tmp_path, env=cli_env(tmp_path), capture_output=True, text=True,
+                           timeout=1200)
+    assert again.returncode == 0, again.stderr[-3000:]
+    client = MlflowClient(tracking_uri=uri)
+    parents, children = run_tree(uri)
+    every = client.search_runs([parents[0].info.experiment_id], max_results=500)
+    assert [(r.info.run_name, r.info.status) for r in every if r.info.status != "FINISHED"] == []
+    assert len(parents) == 1
+    assert sorted((c.data.tags["kind"], c.data.tags["stage"]) for c in children) == [("mcl", "0"), ("mcl", "1")]
+    stage1 = next(c for c in children if c.data.tags["stage"] == "1")
+    steps = [m.step for m in client.get_metric_history(stage1.info.run_id, "train/loss")]
+    assert len(steps) == len(set(steps)) and min(steps) <= killed_at < max(steps), (killed_at, steps)
+    assert stage1.data.tags["resumed_from_step"] == str(killed_at)
+    summary = json.loads(next((tmp_path / "runs" / "pipelines").glob("*/summary.json")).read_text())
+    assert {run["run_id"] for run in summary["stage_runs"].values()} == {c.info.run_id for c in children}
