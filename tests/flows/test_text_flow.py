@@ -73,3 +73,29 @@ def test_text_stage_trains_and_exports_as_two_processes(tmp_path):
     assert sorted(p.name for p in export_dir.glob("rank*-part-*.npy")) == ["rank000-part-00000.npy",
                                                                           "rank001-part-00000.npy"]
     assert (export_dir.parent / "torchrun.log").exists()  # the export's own torchrun launch
+
+
+@pytest.mark.slow  # two runs of the tiny text pipeline with Hyper-CL
+def test_rerun_from_recomputes_the_hyper_cl_step_on_the_retrained_stage(tmp_path, monkeypatch):
+    """``--rerun-from 1`` where only stage 1's floats change (its key stays): the Hyper-CL step on the final
+    representation is computed again from the new weights, not found cached with the old scores."""
+    import dataclasses
+
+    rerun = {"on": False}
+    real = stages.train_text_stage
+
+    def other_floats(spec, **kwargs):  # the same content key, other weights
+        return real(dataclasses.replace(spec, seed=spec.seed + 7) if rerun["on"] else spec, **kwargs)
+
+    monkeypatch.setattr(stages, "train_text_stage", other_floats)
+    config = load_config("text_tiny", [f"output_dir={tmp_path / 'runs'}", f"data.cache_dir={tmp_path / 'data'}",
+                                       f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", "hyper.enabled=true",
+                                       "hyper.epochs=2", "mcl.control=false"])
+    first = text_pipeline(config)
+    rerun["on"] = True
+    again = text_pipeline(config, rerun_from=1)
+    steps = Path(config.output_dir) / "steps"
+    assert len(list(steps.glob("text-hyper-*.replaced-*"))) == 1  # computed again, the old one kept beside it
+    assert again["results"]["stage 0"] == first["results"]["stage 0"]
+    assert again["results"]["stage 1"] != first["results"]["stage 1"]
+    assert again["final"] != first["final"]
