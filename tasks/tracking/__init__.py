@@ -6,6 +6,8 @@
   in ``mlflow-pending.jsonl``), kept through outages and crashes.
 - ``serving_model``: the pipeline's MLflow model (:class:`EncoderModel`, :func:`save_encoder`), pickled by value.
 - ``registry``: logging that model to a run and the model registry (:func:`log_encoder`, alias ``current``).
+- ``relocate``: a local store moved or copied with its run directory points its artifact locations at the new
+  place (the client calls it when it opens the store).
 
 Import from ``tasks.tracking``; the names below are its public API.
 """

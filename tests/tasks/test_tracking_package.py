@@ -28,7 +28,7 @@ def test_mlflow_is_imported_only_in_the_tracking_package():
                  if any(m == "mlflow" or m.startswith("mlflow.") for m in imported_modules(p))}
     assert importers and all(name.startswith("tasks/tracking/") for name in importers), importers
     assert {p.name for p in package.glob("*.py")} == {"__init__.py", "client.py", "journal.py", "serving_model.py",
-                                                       "registry.py"}
+                                                       "registry.py", "relocate.py"}
 
 
 def test_outside_the_package_the_tracker_is_used_through_its_public_methods(tmp_path, monkeypatch):
