@@ -575,9 +575,11 @@ def table_rows(plan: Plan) -> list[dict[str, str]]:
 
 
 def summary_lines(plan: Plan) -> list[str]:
-    lines = [f"total {fmt_seconds(plan.total_s)} (steps one after another, as the flow runs them); critical path "
-             f"(* above) {fmt_seconds(plan.critical_s)}; disk written {fmt_bytes(plan.disk)}; peak RAM "
-             f"{fmt_bytes(plan.peak_ram)}"]
+    some = "at least " if plan.unknown else ""  # the rows not projected add to it
+    time = (f"total {some}{fmt_seconds(plan.total_s)} (steps one after another, as the flow runs them); critical "
+            f"path (* above) {some}{fmt_seconds(plan.critical_s)}" if len(plan.unknown) < len(plan.rows) else
+            "time not projected")
+    lines = [f"{time}; disk written {fmt_bytes(plan.disk)}; peak RAM {fmt_bytes(plan.peak_ram)}"]
     if plan.unknown:
         lines.append(f"not projected ({len(plan.unknown)}): {', '.join(plan.unknown[:6])}"
                      + (" ..." if len(plan.unknown) > 6 else ""))

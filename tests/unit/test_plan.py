@@ -103,3 +103,22 @@ def test_growth_beyond_the_calibration_follows_the_bench_scale_slope():
     assert P._scaled(rate, 10, pipeline="image", category="export", n=1, m=10) == pytest.approx(10 ** 1.09)
     # a slope under 1 (fixed costs at the measured sizes) grows linearly
     assert P._scaled(rate, 10, pipeline="clip", category="export", n=1, m=10) == pytest.approx(10)
+
+
+def test_run_refuses_before_any_step_and_force_skips_the_check(tmp_path, monkeypatch):
+    """flows.cli.run_pipeline: the check runs before the flow (InfeasiblePlan, nothing started); --force skips it."""
+    import contextlib
+
+    import flows.cli as cli
+    import flows.pipeline
+    started = []
+    monkeypatch.setattr(cli, "starting_local_server", contextlib.nullcontext)
+    monkeypatch.setattr(flows.pipeline, "mcl_pipeline", lambda config, rerun_from=None: started.append(config) or {})
+    monkeypatch.setattr(P, "free_bytes", lambda path: (1000, 1))  # 1 kB free
+    config = load_config("trifeature_tiny", [f"output_dir={tmp_path / 'runs'}", f"data.cache_dir={tmp_path / 'data'}",
+                                             f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"])
+    with pytest.raises(P.InfeasiblePlan, match="this pipeline writes about .* under output_dir"):
+        cli.run_pipeline(config)
+    assert started == [] and not (tmp_path / "runs").exists()
+    cli.run_pipeline(config, force=True)
+    assert started == [config]
