@@ -102,8 +102,20 @@ def finish_train_record(*, tracker: Tracker, mlflow_run_id: str, key: str, out_d
     tracker.log_artifact(mlflow_run_id, Path(out_dir) / "checkpoints", artifact_path="checkpoints")
     tracker.log_artifact(mlflow_run_id, Path(out_dir) / "model", artifact_path="model")
     tracker.log_artifact(mlflow_run_id, Path(out_dir) / "train_summary.json")
+    supersede_unfinished_trainings(tracker, key=key, finished_in=mlflow_run_id)
     return TrainRecord(key=key, dir=out_dir, stage=stage, mlflow_run_id=mlflow_run_id,
                        model_path=summary["model_path"], summary=summary).save()
+
+
+def supersede_unfinished_trainings(tracker: Tracker, *, key: str, finished_in: str) -> None:
+    """The run that finished training ``key`` is the one tagged with it: a run where an attempt began that training
+    and died (killed, its node lost) before its final loss, and that no later attempt carried on (another pipeline
+    sharing the step finished it in its own run), gives the tag up for ``train_key.superseded_by``, so the training
+    has one run, the one holding its final loss and model."""
+    for run_id, state in tracker.runs_tagged({"train_key": key}).items():
+        if run_id != finished_in and "train/final_loss" not in state.metrics:
+            tracker.set_tags(run_id, {"train_key.superseded_by": finished_in})
+            tracker.delete_tag(run_id, "train_key")
 
 
 def finish_cluster_record(*, tracker: Tracker, mlflow_run_id: str, key: str, out_dir: str, stage: int, k: int,

@@ -372,6 +372,16 @@ class Tracker:
                           max_results=1, order_by=["attributes.start_time DESC"])
         return runs[0].info.run_id if runs else None
 
+    def runs_tagged(self, tags: dict[str, str]) -> dict[str, RunState]:
+        """{run id: state} of every run of the experiment that carries ``tags``, whatever its parent and status."""
+        clauses = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+        runs = self._call("search runs", self.client.search_runs, [self.experiment_id], clauses, max_results=1000)
+        return {run.info.run_id: RunState(status=run.info.status, tags=dict(run.data.tags),
+                                          metrics=dict(run.data.metrics)) for run in runs}
+
+    def delete_tag(self, run_id: str, key: str) -> None:
+        self._call("delete a tag", self.client.delete_tag, run_id, key)
+
     def running_children(self, *, parent_run_id: str, tags: dict[str, str]) -> list[str]:
         """The runs nested under ``parent_run_id`` that carry ``tags`` and are still RUNNING."""
         clauses = [f"tags.`{PARENT_TAG}` = '{parent_run_id}'", "attributes.status = 'RUNNING'",

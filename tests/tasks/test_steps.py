@@ -68,3 +68,37 @@ def test_kmeans_runs_on_its_own_gpu_inside_the_steps_concurrency_slot(tmp_path, 
         task_steps.cluster_embeddings.fn(config=config, key="k", out_dir=str(tmp_path / device), stage=0,
                                          exported=exported, earlier=[], data={}, mlflow_run_id="r")
         assert events == ["slot taken", ("k-means", devices), "slot given back"]
+
+
+def test_the_run_that_finishes_a_training_takes_its_key_from_a_killed_attempts_run(tmp_path):
+    """A training begun in one run and killed (its run tagged with the train_key, a loss curve, no final loss), then
+    finished in another (a pipeline sharing the step computed it in its own run): the training must have one run
+    tagged with its key, the one holding the final loss (tests/e2e/test_load.py found the killed one)."""
+    import json
+
+    from tasks.steps import finish_train_record, tracker_for
+
+    config = ImagePipelineConfig(output_dir=str(tmp_path / "runs"),
+                                 tracking={"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "keys"})
+    tracker = tracker_for(config)
+    killed = tracker.start_run(name="mcl-stage1", tags={"train_key": "k1"})
+    tracker.log_metrics(killed, {"train/loss": 2.0}, step=2)
+    finished_elsewhere = tracker.start_run(name="mcl-stage1", tags={"train_key": "k2"})
+    tracker.log_metrics(finished_elsewhere, {"train/final_loss": 1.0})
+    unfinished_other = tracker.start_run(name="mcl-stage1", tags={"train_key": "k2"})  # another key: not touched
+    done = tracker.start_run(name="mcl-stage1", tags={"train_key": "k1"})
+    stage_dir = tmp_path / "steps" / "train1-k1"
+    for sub in ("checkpoints", "model"):
+        (stage_dir / sub).mkdir(parents=True)
+        (stage_dir / sub / "file.pt").write_bytes(b"weights")
+    summary = {"steps": 8, "final_loss": 1.5, "resumed_from_step": None, "seconds": 3.0, "batch_plan": {"groups": 3},
+               "model_path": str(stage_dir / "model" / "file.pt")}
+    (stage_dir / "train_summary.json").write_text(json.dumps(summary))
+
+    finish_train_record(tracker=tracker, mlflow_run_id=done, key="k1", out_dir=str(stage_dir), stage=1,
+                        summary=summary, extra_metrics={})
+
+    tagged = tracker.runs_tagged({"train_key": "k1"})
+    assert list(tagged) == [done] and tagged[done].metrics["train/final_loss"] == 1.5
+    assert tracker.run_state(killed).tags["train_key.superseded_by"] == done
+    assert set(tracker.runs_tagged({"train_key": "k2"})) == {finished_elsewhere, unfinished_other}
