@@ -99,3 +99,31 @@ def test_a_finished_stage_whose_model_was_deleted_retrains_in_one_line(finished,
     assert "rerun the pipeline" not in output
     assert (train_dir / "model" / "model.pt").exists() and list(train_dir.parent.glob("train0-*.replaced-*"))
     assert results(project) == results(original)  # CPU training is deterministic: the same weights again
+
+
+@pytest.mark.timeout(1800)
+def test_after_a_full_disk_the_run_directory_moved_to_a_big_one_finishes_without_recomputing(tmp_path,
+                                                                                             small_tmpfs):
+    """The disk-full message says to free space or move to a larger disk: the output_dir copied to a big disk and
+    the small one unmounted, the rerun there exits 0 (it ended in "trained model .../model.pt is missing: rerun the
+    pipeline" for ever), reuses every step that had finished and never writes to the old place."""
+    from tests.faults.cli_process import cli_env, one_line
+
+    def run(output_dir):
+        args = ["run", "trifeature_tiny", "--set", f"output_dir={output_dir}", "--set",
+                f"data.cache_dir={tmp_path / 'data'}", "--set", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"]
+        done = subprocess.run([MCLPIPE, *args], cwd=tmp_path, env=cli_env(tmp_path), capture_output=True, text=True,
+                              timeout=1500)
+        return done.returncode, ANSI.sub("", done.stdout + done.stderr)
+
+    code, output = run(small_tmpfs / "runs")
+    assert code == 2 and one_line(output, "error:").startswith("error: disk full"), output[-3000:]
+    shutil.copytree(small_tmpfs / "runs", tmp_path / "big" / "runs")
+    before = finished_steps(tmp_path / "big")
+    assert before, "the disk filled up before any step finished: the test config needs a larger tmpfs"
+    subprocess.run(["umount", "-l", str(small_tmpfs)], check=True)
+    code, output = run(tmp_path / "big" / "runs")
+    assert code == 0, output[-3000:]
+    after = finished_steps(tmp_path / "big")
+    assert {name: after[name] for name in before} == before  # reused, not recomputed
+    assert list(small_tmpfs.iterdir()) == []  # nothing written where the small disk was
