@@ -10,8 +10,11 @@ ended by their ids.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
+import threading
 import time
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -71,6 +74,7 @@ class Load:
     output_dir: Path
     pipelines: list[Pipeline]
     log: Path
+    slots: SlotWatch | None = None
     worker: subprocess.Popen | None = None
     submitted_at: float = 0.0
     logs: list = field(default_factory=list)
@@ -123,6 +127,8 @@ class Load:
         return tree
 
     def close(self) -> None:
+        if self.slots is not None:
+            self.slots.stop()
         if self.worker is not None:
             end_process_tree(self.worker)
             self.worker = None
@@ -166,6 +172,66 @@ def deploy_all(stack: Stack, *, tag: str, pool: str, limit: str, experiment: str
             for (short, preset, _), deployment_id in zip(PIPELINES, ids)]
 
 
+class SlotWatch:
+    """The concurrency limit's holders over time, read from the Prefect server every ``every`` seconds while the
+    load runs: every holder counts, whatever it does inside its slot (a training, an export, a k-means, an
+    encoding, their model and data set-up and uploads) and however it ends (a flow run killed while it held one)."""
+
+    def __init__(self, stack: Stack, limit: str, every: float = 0.2):
+        self.stack, self.limit, self.every = stack, limit, every
+        self.samples: list[tuple[float, int]] = []  # (time, active slots)
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name=f"slot-watch-{limit}", daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.samples.append((time.time(), read_limit(self.stack, self.limit)["active_slots"]))
+            except Exception as exc:  # a busy server: the next poll reads it; kept to say so if nothing was read
+                self.errors.append(repr(exc))
+            self._stop.wait(self.every)
+
+    def most(self) -> int:
+        return max((held for _, held in self.samples), default=0)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+
+#: The steps that hold a slot (tasks/steps.py: gpu_slot), by the first word of their task run's name
+#: (flows/runner.py: step_title) and by their step directory's name (<prefix><kind><stage>-<key>).
+SLOT_STEPS = {"train": "train", "export": "export", "k-means": "cluster", "encode": "encode"}
+_STEP_DIR = re.compile(r"^(?:[a-z]+-)?(train|export|cluster|encode)\d*-[0-9a-f]+$")
+
+
+def slot_holds(load: "Load") -> Counter:
+    """How many times each kind of step took a slot of the load's limit, from the task runs' "holding a slot of"
+    log lines on the Prefect server (tasks/launching.py: gpu_slot); a task run of any other kind is named as such."""
+    flow_runs = [p.flow_run_id for p in load.pipelines]
+    held, offset = Counter(), 0
+    while True:
+        logs = api(load.stack, "/logs/filter", {
+            "logs": {"flow_run_id": {"any_": flow_runs}, "text": {"query": '"holding a slot of"'}},
+            "sort": "TIMESTAMP_ASC", "limit": 200, "offset": offset})
+        for log in logs:
+            if f"holding a slot of {load.limit!r}" not in log["message"]:
+                continue
+            name = api(load.stack, f"/task_runs/{log['task_run_id']}", method="GET")["name"]
+            held[SLOT_STEPS.get(name.split()[0], f"other: {name}")] += 1
+        if len(logs) < 200:
+            return held
+        offset += len(logs)
+
+
+def computed_slot_steps(steps: Path) -> Counter:
+    """The finished step directories (record.json) of each kind that holds a slot: what was computed."""
+    return Counter(found[1] for record in steps.glob("*/record.json")
+                   if (found := _STEP_DIR.match(record.parent.name)))
+
+
 @contextmanager
 def load_stack(stack: Stack, tag: str):
     """A process work pool, a global concurrency limit of ``SLOTS``, the eight deployments and a running worker;
@@ -179,6 +245,7 @@ def load_stack(stack: Stack, tag: str):
     load = Load(stack=stack, tag=tag, pool=pool, limit=limit, experiment=experiment, output_dir=output_dir,
                 pipelines=pipelines, log=stack.root / f"load-{tag}-worker.log")
     try:
+        load.slots = SlotWatch(stack, limit)
         load.start_worker()
         yield load
     finally:

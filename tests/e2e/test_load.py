@@ -12,6 +12,12 @@ stage); a stage training (one step directory, one content key) with more than on
 registered model with more than one version. A rerun reopens its parent and stage runs (the flow run keeps its
 id) and registers the pipeline's model once, when it completes; a stage killed mid-way continues in its own run.
 
+The slots are read from the Prefect server's side (``SlotWatch``: the limit's holders over the whole run, every
+holder whatever it does inside its slot, killed ones too) and from the task runs that took one: both slots are used
+and never more, every computed training, export, k-means and encoding took a slot, and every slot is given back
+(after the kill too: the killed holders' leases run out by themselves, nobody recreates the limit). The killed run
+resumes a stage from its checkpoint and ends with the undisturbed run's results.
+
 The numbers of a run (wall time against the sum of the runs over two) are printed (``-s``) and kept as the test's
 ``record_property`` entries; docs/operating.md has the last ones measured.
 """
@@ -21,8 +27,9 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.e2e.load import (PIPELINES, SHARING, SLOTS, STAGES, create_limit, delete_limit, load_stack, max_overlap,
-                            read_limit, report, step_files, trainings)
+from contrastive.engine.checkpoint import verified_checkpoint
+from tests.e2e.load import (PIPELINES, SHARING, SLOTS, STAGES, computed_slot_steps, load_stack, max_overlap,
+                            read_limit, report, slot_holds, step_files, trainings)
 from tests.e2e.test_worker_retry import press_retry
 from tests.e2e.worker import api
 
@@ -90,13 +97,36 @@ def check_records(load, runs: dict[str, dict]) -> None:
         assert len(pair) == (1 if shares else 2), (preset, pair)
 
 
-def check_slots(load) -> list:
-    """Never more than SLOTS stage trainings at one moment, from every finished training's recorded interval."""
+def check_slots(load, *, killed: bool = False) -> list:
+    """Both slots used at once and never more (SLOTS > 1, so a serialised run fails), from the limit's holders
+    over the whole run; every computed training, export, k-means and encoding took a slot (one that ran beside two
+    holders without one fails), exactly once in an undisturbed run (at least once after a kill: a killed holder
+    took its slot again), and no other step took one; every slot is given back."""
+    load.slots.stop()
+    assert load.slots.samples, load.slots.errors[-3:]
+    assert SLOTS > 1 and load.slots.most() == SLOTS, (load.slots.most(), load.slots.samples[::50])
+    held, computed = slot_holds(load), computed_slot_steps(load.steps)
+    assert set(held) == set(computed) == {"train", "export", "cluster", "encode"}, (held, computed)
+    if killed:
+        assert all(held[kind] >= computed[kind] for kind in computed), (held, computed)
+    else:
+        assert held == computed
+    assert read_limit(load.stack, load.limit)["active_slots"] == 0  # every slot given back: none leaked
     trained = trainings(load.steps)
-    most = max_overlap([(t.start, t.end) for t in trained])
-    assert 1 <= most <= SLOTS, [(t.dir.name, round(t.start, 1), round(t.end, 1)) for t in trained]
-    assert read_limit(load.stack, load.limit)["active_slots"] == 0  # every slot given back
+    assert max_overlap([(t.start, t.end) for t in trained]) <= SLOTS
     return trained
+
+
+def results(load, runs: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """{pipeline's short name: its parent run's eval/* metrics} (what its summary and the MLflow UI report)."""
+    client = MlflowClient(tracking_uri=load.stack.mlflow_url)
+    out = {}
+    for pipeline in load.pipelines:
+        [parent] = client.search_runs([client.get_experiment_by_name(load.experiment).experiment_id],
+                                      f"tags.kind = 'pipeline' and tags.pipeline_name = '{pipeline.name}'")
+        out[pipeline.name.removeprefix(f"load_{load.tag}_")] = {
+            k: v for k, v in parent.data.metrics.items() if k.startswith("eval/")}
+    return out
 
 
 def report_numbers(load, runs, record_property, **extra) -> dict:
@@ -108,38 +138,53 @@ def report_numbers(load, runs, record_property, **extra) -> dict:
     return numbers
 
 
-def test_eight_pipelines_at_once_share_two_slots(team_stack, record_property):
+@pytest.fixture(scope="module")
+def undisturbed(team_stack):
+    """The eight pipelines run once, undisturbed: (load, flow runs), the worker ended; what the killed run's
+    results are compared with."""
     with load_stack(team_stack, "all") as load:
         load.submit_all()
         runs = load.wait_all(seconds=2400)
-        assert {r["run_count"] for r in runs.values()} == {1}
-        check_slots(load)
-        check_records(load, runs)
-        report_numbers(load, runs, record_property)
+        load.close()
+        yield load, runs
+
+
+def test_eight_pipelines_at_once_share_two_slots(undisturbed, record_property):
+    load, runs = undisturbed
+    assert {r["run_count"] for r in runs.values()} == {1}
+    check_slots(load)
+    check_records(load, runs)
+    report_numbers(load, runs, record_property, most_slots_held=load.slots.most())
+
+
+def mid_training(steps) -> list:
+    """Trainings under way that have written a checkpoint they would resume from (no summary yet)."""
+    return [d for d in steps.glob("*train[0-9]*-*") if d.is_dir() and not (d / "train_summary.json").exists()
+            and verified_checkpoint(d / "checkpoints" / "last.pt") is not None]
 
 
 @pytest.mark.timeout(3600)
-def test_a_killed_worker_restarted_reruns_every_pipeline_from_its_finished_steps(team_stack, record_property):
+def test_a_killed_worker_restarted_reruns_every_pipeline_from_its_finished_steps(team_stack, undisturbed,
+                                                                                record_property):
     with load_stack(team_stack, "kill") as load:
         load.submit_all()
-        # halfway: about half of the stage trainings finished, and some pipeline still running
+        # halfway: about half of the stage trainings finished, and a stage under way past its first checkpoint
         deadline = time.time() + 2400
-        while len(trainings(load.steps)) < TRAININGS // 2:
+        while len(trainings(load.steps)) < TRAININGS // 2 or not mid_training(load.steps):
             assert time.time() < deadline, load.log.read_text()[-4000:]
-            time.sleep(1)
+            time.sleep(0.5)
         load.kill_worker()
+        interrupted = mid_training(load.steps)
+        assert interrupted, "every stage under way finished before the kill: kill earlier"
         before = load.runs()
         unfinished = {name for name, r in before.items() if r["state_type"] != "COMPLETED"}
         assert unfinished, "every pipeline finished before the kill: kill earlier"
         finished_files = step_files(load.steps)
         trained_before = {t.dir for t in trainings(load.steps)}
 
-        # The slots the killed flow runs held stay taken until their lease runs out (Prefect's default: 300 s);
-        # the operator who knows the holders are dead frees them now by creating the limit again (the stale
-        # leases then expire against the deleted one).
+        # The slots the killed flow runs held stay taken until their lease runs out (Prefect's default: 300 s):
+        # the rerun waits for them; nobody recreates the limit (check_slots: all given back at the end).
         leaked = read_limit(load.stack, load.limit)["active_slots"]
-        delete_limit(load.stack, load.limit)
-        create_limit(load.stack, load.limit)
         # Nobody is left to report the killed flow runs: they still read Running. The operator marks them Crashed
         # (the UI's "Change state", forced) and presses Retry (tests/e2e/test_worker_retry.py); scheduled ones the
         # new worker picks up by itself.
@@ -159,7 +204,19 @@ def test_a_killed_worker_restarted_reruns_every_pipeline_from_its_finished_steps
         after = {p: p.stat().st_mtime_ns for record in {f.parent for f in finished_files if f.name == "record.json"}
                  for p in record.rglob("*") if p.is_file()}
         assert after == finished_files
-        assert trained_before <= {t.dir for t in check_slots(load)}
+        assert trained_before <= {t.dir for t in check_slots(load, killed=True)}
         check_records(load, runs)
+        # each stage killed past a checkpoint resumed from it, in its own MLflow run
+        client = MlflowClient(tracking_uri=load.stack.mlflow_url)
+        for directory in interrupted:
+            resumed = json.loads((directory / "train_summary.json").read_text())["resumed_from_step"]
+            run_id = json.loads((directory / "record.json").read_text())["mlflow_run_id"]
+            assert resumed and client.get_run(run_id).data.tags.get("resumed_from_step") == str(resumed), directory
+        # and every pipeline ends with the scores of the undisturbed run (the same configs, a bit-exact resume)
+        expected, got = results(*undisturbed), results(load, runs)
+        assert set(got) == set(expected) and all(set(got[n]) == set(expected[n]) and expected[n] for n in got)
+        differ = {(n, k): (got[n][k], v) for n in got for k, v in expected[n].items() if abs(got[n][k] - v) > 1e-4}
+        assert not differ, differ
         report_numbers(load, runs, record_property, killed_after_trainings=len(trained_before),
-                       pipelines_rerun=len(unfinished), slots_leaked_by_the_kill=leaked)
+                       pipelines_rerun=len(unfinished), slots_held_at_the_kill=leaked,
+                       stages_resumed=len(interrupted), most_slots_held=load.slots.most())
