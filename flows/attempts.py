@@ -79,15 +79,23 @@ def claim_dead_attempts(pipeline_dir: Path) -> DeadAttempts:
     folder = attempts_dir(pipeline_dir)
     if not folder.is_dir():
         return DeadAttempts()
-    paths = sorted(folder.glob("*.lock"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    paths = sorted(folder.glob("*.lock"), key=_started_ns, reverse=True)
     return DeadAttempts(locks=[lock for path in paths if (lock := AttemptLock.take(path)) is not None])
+
+
+def _started_ns(path: Path) -> int:
+    """When the attempt of lock ``path`` began (0 for one removed meanwhile: it ended)."""
+    try:
+        return path.stat().st_mtime_ns
+    except FileNotFoundError:
+        return 0
 
 
 @contextlib.contextmanager
 def attempt(pipeline_dir: Path, parent_run_id: str, dead: DeadAttempts) -> Iterator[AttemptLock]:
     """Hold this attempt's lock while the block runs (the dead attempt's lock when it took that parent run over);
-    the other dead attempts' files go (their runs were ended). The file is removed only when the block ends without
-    an exception escaping the closing of runs: an attempt killed before that leaves it for the next one."""
+    the other dead attempts' files go (their runs were ended). The file is removed when the block ends, however it
+    ends (the runs were closed on the way out); only a killed process leaves it, for the next attempt."""
     own = next((lock for lock in dead.locks if lock.parent_run_id == parent_run_id), None)
     for lock in dead.locks:
         if lock is not own:
