@@ -258,6 +258,7 @@ def _train(*, config, buffer: MetricBuffer, out_dir: str, spec, entry: str, trai
     if uses_processes(config):
         summary = run_stage_processes(config=config, what="train", entry=entry, kwargs={"spec": spec.to_json()},
                                       stage_dir=out_dir)
+        summary["model_path"] = in_step_dir(summary["model_path"], out_dir)  # the file names it relative
         buffer.add_trained(rank_metric_points(Path(out_dir) / "train_metrics.jsonl"))
         buffer.flush(final=True)
     else:

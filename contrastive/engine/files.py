@@ -98,3 +98,19 @@ def atomic_write_bytes(path: Path, payload: bytes | Callable[[BinaryIO], None], 
 def write_json(path: Path, value: dict) -> None:
     """A JSON record written atomically (write, then rename)."""
     atomic_write_bytes(Path(path), json.dumps(value, indent=2, default=str).encode(), what="a JSON record")
+
+
+def write_stage_summary(path: Path, summary: dict) -> None:
+    """A step's summary (``train_summary.json``) written atomically, every path it names inside its own directory
+    relative to that directory (``model/model.pt``): a run directory moves (DESIGN.md section 3), and what reads the
+    summary resolves them where the directory is then. The caller keeps its absolute paths."""
+    directory = Path(path).parent.resolve()
+
+    def relative(value):
+        if isinstance(value, str) and Path(value).is_absolute():
+            try:
+                return str(Path(value).resolve().relative_to(directory))
+            except ValueError:  # outside the step's directory (a data set): as it is
+                return value
+        return value
+    write_json(path, {key: relative(value) for key, value in summary.items()})

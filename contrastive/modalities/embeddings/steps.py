@@ -14,7 +14,7 @@ import torch
 from contrastive.data.dataset import RowsOf
 from contrastive.embeddings import save_embeddings
 from contrastive.engine.checkpoint import save_torch
-from contrastive.engine.files import write_json
+from contrastive.engine.files import write_json, write_stage_summary
 from contrastive.engine.safe_load import load_torch_file
 from contrastive.engine.distributed import device_for, single_process_info
 from contrastive.engine.launch import EXPORT_SUMMARY
@@ -71,7 +71,7 @@ def train_feature_stage(spec: FeatureStageSpec, *, callbacks: list[TrainCallback
                 "views": spec.views}, model_path, what="the stage's final model")
     summary = {**result.summary(), "global_batch": spec.batch_size, "batch_plan": plan.sampler.stats,
                "cluster_pure_batches": plan.groups is not None, "model_path": str(model_path)}
-    write_json(stage_dir / "train_summary.json", summary)
+    write_stage_summary(stage_dir / "train_summary.json", summary)
     del task
     release_device_memory(torch_device)
     return summary

@@ -19,7 +19,7 @@ from contrastive.data.loading import BatchReader, iter_batches, load_dataset, re
 from contrastive.embeddings import ExportBatch, compute_embeddings, export_ranked, rank_share
 from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
 from contrastive.engine.checkpoint import save_torch
-from contrastive.engine.files import write_json
+from contrastive.engine.files import write_json, write_stage_summary
 from contrastive.engine.safe_load import load_torch_file
 from contrastive.engine.distributed import DistInfo, current_info, device_for
 from contrastive.engine.loop import TrainCallback, release_device_memory, train
@@ -99,7 +99,7 @@ def train_stage(spec: ImageStageSpec, *, info: DistInfo | None = None, callbacks
     if info.is_main:
         save_torch({"state_dict": method.state_dict(), "model_kwargs": spec.model, "method_kwargs": spec.method},
                    model_path, what="the stage's final model")
-        write_json(stage_dir / "train_summary.json", summary)
+        write_stage_summary(stage_dir / "train_summary.json", summary)
     del task, method, source
     release_device_memory(torch_device)
     return summary

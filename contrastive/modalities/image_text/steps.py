@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from contrastive.engine.checkpoint import save_torch
-from contrastive.engine.files import write_json
+from contrastive.engine.files import write_json, write_stage_summary
 from contrastive.data.loading import resolve_workers
 from contrastive.modalities.image_text.data import (ClipBatch, SampleDecodePool, SampleDecoder, concat_batches,
                                                     count_samples, iter_decoded, ready_for_step, stream_batches,
@@ -225,7 +225,7 @@ def _train_stage(spec: ClipStageSpec, *, info: DistInfo, callbacks: list[TrainCa
                "data": counter.stats(), "model_path": str(model_path)}
     if info.is_main:
         save_stage_model(model=bundle.model, spec=bundle.spec, path=model_path, weights_file=bundle.weights_file)
-        write_json(stage / "train_summary.json", summary)
+        write_stage_summary(stage / "train_summary.json", summary)
     return summary
 
 

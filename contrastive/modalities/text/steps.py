@@ -16,7 +16,7 @@ from contrastive.data.dataset import RowsOf
 from contrastive.embeddings import ExportBatch, compute_embeddings, export_ranked, rank_share
 from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
 from contrastive.engine.checkpoint import save_torch
-from contrastive.engine.files import write_json
+from contrastive.engine.files import write_json, write_stage_summary
 from contrastive.engine.safe_load import load_torch_file
 from contrastive.engine.distributed import DistInfo, current_info, device_for
 from contrastive.engine.loop import TrainCallback, release_device_memory, train
@@ -147,7 +147,7 @@ def train_text_stage(spec: TextStageSpec, *, info: DistInfo | None = None, callb
         save_torch({"state_dict": model.state_dict(), "encoder": spec.encoder, "method": spec.method,
                     "vocab": vocab}, model_path, what="the stage's final model")
         write_json(stage_dir / "isotropy.json", {"history": history})
-        write_json(stage_dir / "train_summary.json", summary)
+        write_stage_summary(stage_dir / "train_summary.json", summary)
     torch_device = next(model.parameters()).device
     del task, model, source
     release_device_memory(torch_device)
