@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from contrastive.data.dataset import as_string_array, write_npy
-from contrastive.engine.files import atomic_write_bytes, write_json
+from contrastive.engine.files import atomic_write_bytes, write_json, write_stage_summary
 from contrastive.engine.distributed import DistInfo
 from contrastive.errors import DataError
 
@@ -274,7 +274,7 @@ def export_ranked(*, out_dir: Path, info: DistInfo, embed: Callable[[EmbeddingWr
     manifest = write_manifest(directory=out_dir, parts=parts)
     summary = {"dir": str(out_dir), "num_samples": manifest["num_samples"], "dim": manifest["dim"],
                "world_size": info.world_size, **counts, **extra}
-    write_json(out_dir / EXPORT_SUMMARY, summary)
+    write_stage_summary(out_dir / EXPORT_SUMMARY, summary)
     return summary
 
 

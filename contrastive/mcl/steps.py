@@ -17,7 +17,7 @@ import torch
 from contrastive.data.dataset import RowsOf, npz_column_for_ids, save_index
 from contrastive.embeddings import load_embedding_ids, load_embeddings
 from contrastive.engine.distributed import DistInfo, per_rank_batch
-from contrastive.engine.files import write_json
+from contrastive.engine.files import write_stage_summary
 from contrastive.engine.rng import seed_everything
 from contrastive.errors import DataError
 from contrastive.integrate import concat_normalized
@@ -72,7 +72,7 @@ def cluster_stage(*, embeddings_dir: Path, out_dir: Path, kmeans_spec: KMeansSpe
         if (labels >= 0).any():
             ami[f"attr_{attribute}"] = adjusted_mutual_information(a=labels, b=result.assignments)
     summary = {**summary, "ami": ami, "dir": str(out_dir)}
-    write_json(Path(out_dir) / "summary.json", summary)
+    write_stage_summary(Path(out_dir) / "summary.json", summary)
     return summary
 
 
@@ -108,7 +108,7 @@ def build_pseudo_labels(*, cluster_dirs: list[Path], embeddings_dirs: list[Path]
     tmp.replace(out)
     stats = {**stats, "stages_combined": len(cluster_dirs), "num_groups": int(sizes.size),
              "min_group": int(sizes.min()), "max_group": int(sizes.max()), "samples": int(ids.size), "path": str(out)}
-    write_json(out.with_suffix(".json"), stats)
+    write_stage_summary(out.with_suffix(".json"), stats)
     return stats
 
 

@@ -14,7 +14,7 @@ import torch
 from contrastive.data.dataset import RowsOf
 from contrastive.embeddings import save_embeddings
 from contrastive.engine.checkpoint import save_torch
-from contrastive.engine.files import write_json, write_stage_summary
+from contrastive.engine.files import write_stage_summary
 from contrastive.engine.safe_load import load_torch_file
 from contrastive.engine.distributed import device_for, single_process_info
 from contrastive.engine.launch import EXPORT_SUMMARY
@@ -109,7 +109,7 @@ def export_feature_embeddings(*, dataset_dir: str, model_path: str, out_dir: str
                                                          batch_size=batch_size),
                                ids=dataset.ids, directory=Path(out_dir))
     summary = {"dir": str(out_dir), "num_samples": manifest["num_samples"], "dim": manifest["dim"]}
-    write_json(Path(out_dir) / EXPORT_SUMMARY, summary)
+    write_stage_summary(Path(out_dir) / EXPORT_SUMMARY, summary)
     return summary
 
 
