@@ -3,9 +3,14 @@ from pathlib import Path
 
 import pytest
 
-# Stage 1 of the worker's pipeline trains long enough (30 epochs of 8 steps) for the retry test to kill it between
-# its first checkpoint and its end; the other stages stay one epoch.
-WORKER_STAGE1 = "stage_overrides.1.train.epochs=30"
+# Stage 1 of the worker's pipeline trains long enough for the retry tests to kill it between its first checkpoint
+# (step 4) and its end: 8 epochs of about 10 steps, checkpointed every 4 steps and logged every 2 to the stack's
+# MLflow (on a loaded 2-core machine 300 steps took 197 s, so the 76 steps after the first checkpoint last tens of
+# seconds; the kill comes within 0.05 s of it, and crash_in_stage1 fails with "make it longer" if stage 1 ever
+# finished first). The other stages stay one epoch. Three flow runs train this stage (the browser's custom run and
+# both retries), so its length is minutes of the slow suite.
+WORKER_STAGE1_EPOCHS = 8
+WORKER_STAGE1 = f"stage_overrides.1.train.epochs={WORKER_STAGE1_EPOCHS}"
 
 
 @pytest.fixture(scope="session")

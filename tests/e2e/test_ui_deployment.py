@@ -12,6 +12,7 @@ from mlflow.tracking import MlflowClient
 
 from pipeline_config.schema import ImagePipelineConfig
 from tasks.tracking import TRAINING_VIEW
+from tests.e2e.conftest import WORKER_STAGE1_EPOCHS
 from tests.e2e.test_ui_browser import WAIT_MS, open_page, signed_in_page
 from tests.e2e.worker import PIPELINE, api, flow_run
 
@@ -59,7 +60,8 @@ def test_custom_run_from_the_deployment_form(worker_deployment, browser, shots):
         "sort": "EXPECTED_START_TIME_DESC", "limit": 1})
     flow_run_id = submitted["id"]
     config = ImagePipelineConfig.model_validate(flow_run(stack, flow_run_id)["parameters"]["config"])
-    assert config.train.epochs == 2 and config.for_stage(1).train.epochs == 30  # only the changed field
+    # only the changed field: stage 1 keeps the deployment's own epochs
+    assert config.train.epochs == 2 and config.for_stage(1).train.epochs == WORKER_STAGE1_EPOCHS
 
     # the worker runs it; the flow run page follows it to Completed, named after the config
     worker_deployment.wait(flow_run_id, {"COMPLETED"}, seconds=RUN_MS / 1000)
