@@ -154,6 +154,10 @@ class LauncherConfig(_Launcher):
                                                             "sharing a GPU pool do not oversubscribe it")
     concurrency_timeout_seconds: float | None = Field(None, gt=0, description="fail a stage that waited this long "
                                                                               "for a slot (None: wait)")
+    concurrency_lease_seconds: float = Field(300, ge=10, description="how long a slot stays taken after its "
+                                                                     "holder stopped renewing it (a killed or lost "
+                                                                     "process): a live holder renews it; Prefect's "
+                                                                     "default is 300")
     slurm: SlurmLauncherConfig = SlurmLauncherConfig()
     kubernetes: KubernetesLauncherConfig = KubernetesLauncherConfig()
 

@@ -47,7 +47,8 @@ def gpu_slot(config):
     with ExitStack() as stack:
         try:
             stack.enter_context(concurrency(name, occupy=1, strict=True,
-                                            timeout_seconds=config.launcher.concurrency_timeout_seconds))
+                                            timeout_seconds=config.launcher.concurrency_timeout_seconds,
+                                            lease_duration=config.launcher.concurrency_lease_seconds))
         except TimeoutError:
             raise ConfigError(f"no slot of the concurrency limit {name!r} within launcher."
                               f"concurrency_timeout_seconds={config.launcher.concurrency_timeout_seconds}: raise "

@@ -25,6 +25,9 @@ from tests.e2e.stack import BIN, REPO, Stack
 from tests.e2e.worker import TERMINAL, api, end_process_tree, flow_run, prefect_cli, wait_until_ready
 
 SLOTS = 2  # the size of the global concurrency limit: "two GPUs"
+# A killed holder's slot frees itself this long after its last renewal (launcher.concurrency_lease_seconds; a live
+# holder renews at 3/4 of it, so 90 s leaves 22 s of slack on a loaded machine); the kill test's rerun waits for it.
+LEASE_SECONDS = 90
 STAGES = 2  # every pipeline below has two MCL stages (and no control run)
 
 # (short name, preset, overrides): each modality's tiny preset made smaller (as in tests/flows/test_modalities.py),
@@ -161,7 +164,8 @@ def deploy_all(stack: Stack, *, tag: str, pool: str, limit: str, experiment: str
     in one process (what `mclpipe deploy <preset> --work-pool <pool> --source <checkout> --set ...` calls, eight
     times)."""
     common = [f"output_dir={output_dir}", f"data.cache_dir={stack.root / 'data'}", f"tracking.experiment={experiment}",
-              f"launcher.concurrency_limit={limit}", "tracking.system_metrics_seconds=0", "device=cpu"]
+              f"launcher.concurrency_limit={limit}", f"launcher.concurrency_lease_seconds={LEASE_SECONDS}",
+              "tracking.system_metrics_seconds=0", "device=cpu"]
     specs = [{"preset": preset, "pool": pool, "source": str(REPO),
               "overrides": [*overrides, *common, f"name=load_{tag}_{short}"]} for short, preset, overrides in PIPELINES]
     result = subprocess.run([str(BIN / "python"), "-c", DEPLOY, json.dumps(specs)], cwd=REPO, env=stack.env(),
