@@ -187,8 +187,8 @@ def test_a_killed_worker_restarted_reruns_every_pipeline_from_its_finished_steps
         finished_files = step_files(load.steps)
         trained_before = {t.dir for t in trainings(load.steps)}
 
-        # The slots the killed flow runs held stay taken until their lease runs out (LEASE_SECONDS of tests/e2e/load.py after the kill):
-        # the rerun waits for them; nobody recreates the limit (check_slots: all given back at the end).
+        # The slots the killed flow runs held stay taken until their leases run out (load.py's LEASE_SECONDS after
+        # the kill): the rerun waits for them; nobody recreates the limit (check_slots: all given back at the end).
         leaked = read_limit(load.stack, load.limit)["active_slots"]
         # Nobody is left to report the killed flow runs: they still read Running. The operator marks them Crashed
         # (the UI's "Change state", forced) and presses Retry (tests/e2e/test_worker_retry.py); scheduled ones the
