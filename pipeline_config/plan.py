@@ -135,14 +135,17 @@ _IMAGE_WIDTHS = {"resnet18": 512, "resnet34": 512, "resnet50": 2048, "vit_tiny":
 
 
 def embedding_dim(config) -> int | None:
-    """D of a stage's export as the model config implies it, or None when only a calibration can tell."""
-    model = config.model
+    """D of a stage's export as the model config implies it, or None when only a calibration can tell (a modality
+    registered from outside mclpipe may have no ``model`` section at all)."""
+    model = getattr(config, "model", None)
     pipeline = config.pipeline
+    if model is None:
+        return None
     if pipeline == "clip":
         return _open_clip_embed_dim(model.name)
     if pipeline == "image":
         return model.widths[-1] if model.encoder == "small_cnn" else _IMAGE_WIDTHS.get(model.encoder)
-    if getattr(model, "encoder", "tiny") == "tiny" or pipeline == "embeddings":
+    if (getattr(model, "encoder", "tiny") == "tiny" or pipeline == "embeddings") and hasattr(model, "dim"):
         return int(model.dim)
     return None
 
