@@ -501,6 +501,7 @@ def encode_for_eval(*, config: _PipelineBase, key: str, out_dir: str, name: str,
             path = run_stage_processes(config=config, what="encode", entry=modality.launch.encode_entry,
                                        kwargs={"encode": encode}, stage_dir=out_dir, result_file=ENCODE_SUMMARY,
                                        log_path=Path(out_dir) / "launch.log", single_process=True)["path"]
+            path = in_step_dir(path, out_dir)  # the job's summary names it relative to the step directory
         else:
             path = modality.encode_for_eval(**encode)
     return FeaturesRecord(key=key, dir=out_dir, name=name, features=path, model_path=model_path,

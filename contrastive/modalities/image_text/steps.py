@@ -296,9 +296,10 @@ def export_stage_from_json(*, export: dict, info: DistInfo | None = None) -> dic
 def encode_eval_sets_from_json(*, encode: dict, info: DistInfo | None = None) -> dict:
     """Entry point of the evaluation sets' encoding as a job (one process): :func:`encode_eval_sets`, its path
     written to ``out_dir/ENCODE_SUMMARY`` for the flow."""
+    from contrastive.engine.files import write_stage_summary
     from contrastive.engine.launch import ENCODE_SUMMARY
     result = {"path": encode_eval_sets(**encode)}
-    write_json(Path(encode["out_dir"]) / ENCODE_SUMMARY, result)
+    write_stage_summary(Path(encode["out_dir"]) / ENCODE_SUMMARY, result)  # relative: the run directory may move
     return result
 
 
