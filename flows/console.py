@@ -69,6 +69,34 @@ def _is_console(handler: logging.Handler) -> bool:
     return isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
 
 
+class _LogFileHandler(logging.FileHandler):
+    """The run's log file. A write that fails (the output disk is full, the directory was removed) stops the file
+    with one warning line on stderr instead of a "--- Logging error ---" traceback for every later record: the
+    run's own error (a DiskFullError naming the fix) is what the user must read, and the console keeps showing
+    warnings and errors."""
+
+    def __init__(self, path: Path):
+        super().__init__(path, encoding="utf-8")
+        self.failed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        import sys
+        error = sys.exc_info()[1]
+        if self.failed:
+            return
+        self.failed = True
+        try:
+            self.close()
+        except OSError:
+            pass  # closing flushes, and the flush is what failed
+        print(f"warning: the log file {self.baseFilename} is no longer written ({error}); the console keeps "
+              "showing warnings and errors", file=sys.stderr)
+
+
 def quiet_console(log_file: Path | None) -> Path | None:
     """Filter the console handlers of the root, Prefect and MLflow loggers to :func:`console_level` and send their
     records at INFO and above to ``log_file`` (created with its directory). Call it once Prefect and MLflow are
@@ -78,7 +106,7 @@ def quiet_console(log_file: Path | None) -> Path | None:
     file_handler = None
     if log_file is not None:
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        file_handler = logging.FileHandler(log_file, encoding="utf-8")
+        file_handler = _LogFileHandler(log_file)
         file_handler.setLevel(logging.INFO)
         file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         file_handler.set_name("mclpipe-log-file")

@@ -3,6 +3,7 @@ them, and Prefect's and MLflow's INFO lines in the log file rather than on the c
 import io
 import logging
 import math
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -119,3 +120,21 @@ def test_verbose_brings_the_info_lines_back(chatty_loggers, tmp_path, monkeypatc
     run_console.quiet_console(tmp_path / "run.log")
     logging.getLogger("mlflow").info("Started monitoring system metrics.")
     assert "monitoring" in stream.getvalue()
+
+
+def test_a_log_file_on_a_full_disk_stops_with_one_warning_line(chatty_loggers, monkeypatch, capsys):
+    # /dev/full fails every write with ENOSPC, as the output disk does once it is full
+    stream, console_handler, mlflow_handler = chatty_loggers
+    monkeypatch.setattr(run_console, "_is_console", lambda handler: handler in (console_handler, mlflow_handler))
+    monkeypatch.delenv(run_console.LOG_LEVEL_ENV, raising=False)
+    monkeypatch.setattr(logging, "raiseExceptions", True)  # logging's default: a failed emit prints a traceback
+    run_console.quiet_console(Path("/dev/full"))
+    for n in range(3):
+        logging.getLogger("prefect.task_runs").warning(f"a stage had to wait {n}")
+        logging.getLogger("mlflow").info("Started monitoring system metrics.")
+    stderr = capsys.readouterr().err
+    assert "Traceback" not in stderr and "Logging error" not in stderr
+    assert stderr.count("warning: the log file /dev/full is no longer written") == 1
+    assert "No space left on device" in stderr
+    # the console goes on showing warnings
+    assert "a stage had to wait 2" in stream.getvalue()
