@@ -206,6 +206,12 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
         raise ConfigError(f"train.on_nonfinite must be stop or rollback, got {loop.on_nonfinite!r}")
     base_lrs = list(scheduler.base_lrs)
     guard = NonFiniteGuard()
+    # The last trained step's loss, kept in each checkpoint: a stage stopped after its last checkpoint but before
+    # its summary resumes into a loop with no step left, and reports this as its final loss instead of NaN.
+    last_loss: dict = {"value": float("nan"), "tensor": None}
+
+    def last_loss_value() -> float:
+        return float(last_loss["tensor"]) if last_loss["tensor"] is not None else last_loss["value"]
 
     def restore(checkpoint: dict) -> tuple[int, int, int]:
         """Load a checkpoint into every stateful part; returns (epoch, batches consumed in it, step)."""
@@ -216,6 +222,7 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
         load_scaler_state(scaler, checkpoint["scaler"])
         restore_rng(rng_of_rank(checkpoint, rank=info.rank, world_size=info.world_size), task.generators)
         guard = NonFiniteGuard.from_state(checkpoint.get("nonfinite"))
+        last_loss["value"], last_loss["tensor"] = float(checkpoint.get("last_loss", float("nan"))), None
         return checkpoint["epoch"], checkpoint["batches_consumed"], checkpoint["step"]
 
     def scale_learning_rate() -> None:
@@ -246,7 +253,8 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
             save_checkpoint({"model": task.state_dict(), "optimizer": opt.state_dict(),
                              "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
                              "rng": rngs[0], "rng_by_rank": rngs, "epoch": epoch, "batches_consumed": position,
-                             "step": step, "nonfinite": guard.state_dict()}, checkpoint_path)
+                             "step": step, "nonfinite": guard.state_dict(), "last_loss": last_loss_value()},
+                            checkpoint_path)
             result.checkpoint_seconds += time.perf_counter() - started_saving
             for callback in callbacks:
                 callback.on_checkpoint(path=checkpoint_path, step=step)
@@ -288,7 +296,7 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
                                      loss=bad.loss, lr_scale=guard.lr_scale, rollbacks=guard.rollbacks)
         return epoch, position
 
-    result = TrainResult(steps=step, epochs=start_epoch, final_loss=float("nan"), resumed_from_step=resumed_from,
+    result = TrainResult(steps=step, epochs=start_epoch, final_loss=last_loss["value"], resumed_from_step=resumed_from,
                          seconds=0.0, samples_per_second=0.0, environment={
                              **device_report(device, backend=dist.get_backend() if info.is_distributed else None,
                                              world_size=info.world_size),
@@ -374,6 +382,7 @@ def train(*, task: StageTask, source: BatchSource, optim: OptimSpec, loop: LoopS
                 task.after_step(step=step)
                 step += 1
                 epoch_losses.append(step_loss)
+                last_loss["tensor"] = step_loss
                 samples += step_samples
                 window_samples += step_samples
                 if step % loop.log_every_steps == 0:

@@ -107,10 +107,21 @@ def test_a_resumed_run_ends_equal_to_an_uninterrupted_one(tmp_path):
     assert [h["train/loss"] for h in resumed.history] == tail
 
 
+def test_a_stage_stopped_after_its_last_checkpoint_resumes_with_its_final_loss(tmp_path):
+    # killed between the end-of-training checkpoint and the summary: the resume has no step left to train
+    _, full = _run(tmp_path, name="full")
+    _, finished = _run(tmp_path, name="crash")
+    resumed_task, resumed = _run(tmp_path, name="crash")
+    assert resumed.resumed_from_step == 18 and resumed.steps == 18 and resumed.history == []
+    assert resumed.final_loss == finished.final_loss == full.final_loss
+    assert resumed.final_loss == full.history[-1]["train/loss"]
+
+
 def test_the_checkpoint_holds_everything_a_resume_needs(tmp_path):
     _run(tmp_path, stop_after=5)
     state = load_checkpoint(tmp_path / "ckpt" / "last.pt")
-    assert {"model", "optimizer", "scheduler", "scaler", "rng", "epoch", "batches_consumed", "step"} <= set(state)
+    assert {"model", "optimizer", "scheduler", "scaler", "rng", "epoch", "batches_consumed", "step",
+            "last_loss"} <= set(state)
     assert state["step"] == 5 and state["epoch"] == 0 and state["batches_consumed"] == 5
     assert {"python", "numpy", "torch", "generators"} <= set(state["rng"]) and "noise" in state["rng"]["generators"]
 
