@@ -24,6 +24,7 @@ quickly (DataLoader workers, skipping of unreadable images) see :func:`contrasti
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -181,16 +182,17 @@ class IndexedImageDataset(SampleIndex):
         """Where an unreadable ``row`` lives (the image folder, the shard), for skip messages."""
         raise NotImplementedError
 
-    def decode(self, row: int) -> np.ndarray | str:
+    def decode(self, row: int, *, resample: bool = True) -> np.ndarray | str:
         """uint8 (S, S, 3) of ``row``, or the error text ("OSError: ...") when the sample is broken: its file gone,
         its bytes no image. Reading and decoding are apart: an I/O error reading the index or the file is no broken
         sample and ends the read (DataReadError, after a second try), whatever PIL raises decoding the bytes read
-        (OSError included: "image file is truncated") marks the sample broken."""
+        (OSError included: "image file is truncated") marks the sample broken. ``resample=False``: a JPEG of
+        ``decode_scale`` "auto" as its centre square at the decoded side (n, n, 3), for :meth:`decode_squares`."""
         try:
             data = self.encoded(row)
         except (FileNotFoundError, BrokenSample) as err:
             return f"{type(err).__name__}: {err}"
-        return square_or_error(data, size=self.image_size, decode_scale=self.decode_scale)
+        return square_or_error(data, size=self.image_size, decode_scale=self.decode_scale, resample=resample)
 
     def read(self, row: int) -> torch.Tensor | None:
         """uint8 (3, S, S) of ``row``: shorter side resized to S and centre-cropped; None if unreadable
@@ -206,18 +208,40 @@ class IndexedImageDataset(SampleIndex):
 
         ``threads`` > 1 decodes with this dataset's thread pool (not in a DataLoader worker: one per process).
         """
-        rows = np.asarray(rows, dtype=np.int64)
-        if threads > 1 and rows.size > 1:
-            results = list(self._thread_pool().map(self.decode, rows.tolist()))
-        else:
-            results = [self.decode(int(r)) for r in rows]
-        keep = [i for i, result in enumerate(results) if not isinstance(result, str)]
-        failures = [(int(rows[i]), result) for i, result in enumerate(results) if isinstance(result, str)]
+        rows, results, keep, failures = self._decoded_rows(rows, threads=threads, resample=True)
         images = result_tensor((len(keep), 3, self.image_size, self.image_size))
         channels_last = images.permute(0, 2, 3, 1).numpy()  # a view: each (S, S, 3) image is written transposed, once
         for out, i in enumerate(keep):
             channels_last[out] = results[i]
         return rows[keep], images, failures
+
+    def decode_squares(self, rows: Sequence[int] | np.ndarray, *, threads: int = 1,
+                       ) -> tuple[np.ndarray, torch.Tensor, np.ndarray, list[tuple[int, str]]]:
+        """:meth:`decode_rows` with the resampling left out (``train.resample_on_gpu``): (rows kept int64 (b,),
+        uint8 flat: each kept row's centre square (n, n, 3) back to back, sides int64 (b,): each one's n,
+        failures). :func:`contrastive.data.image_decode.resample_squares` makes the (b, 3, S, S) batch of them."""
+        rows, results, keep, failures = self._decoded_rows(rows, threads=threads, resample=False)
+        squares = [results[i] for i in keep]
+        sides = np.array([square.shape[0] for square in squares], dtype=np.int64)
+        flat = result_tensor((int(sum(square.size for square in squares)),))
+        at, out = 0, flat.numpy()
+        for square in squares:
+            out[at:at + square.size] = square.reshape(-1)
+            at += square.size
+        return rows[keep], flat, sides, failures
+
+    def _decoded_rows(self, rows: Sequence[int] | np.ndarray, *, threads: int, resample: bool
+                      ) -> tuple[np.ndarray, list, list[int], list[tuple[int, str]]]:
+        """(rows int64, each row's decode result, positions decoded, [(unreadable row, error)])."""
+        rows = np.asarray(rows, dtype=np.int64)
+        decode = functools.partial(self.decode, resample=resample)
+        if threads > 1 and rows.size > 1:
+            results = list(self._thread_pool().map(decode, rows.tolist()))
+        else:
+            results = [decode(int(r)) for r in rows]
+        keep = [i for i, result in enumerate(results) if not isinstance(result, str)]
+        failures = [(int(rows[i]), result) for i, result in enumerate(results) if isinstance(result, str)]
+        return rows, results, keep, failures
 
     def get_batch(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> torch.Tensor:
         """uint8 (B, 3, S, S) of rows ``indices``, in the order given, decoded by a thread pool in this process.

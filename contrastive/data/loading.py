@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from contrastive.data.dataset import ImageArrayDataset, _as_index_array, read_manifest
+from contrastive.data.image_decode import resample_squares
 from contrastive.data.image_files import UNREADABLE, Dataset, ImageFileDataset, IndexedImageDataset
 from contrastive.data.shards import ShardDataset
 from contrastive.data.skips import SkipCounter
@@ -60,15 +61,37 @@ def resolve_workers(workers: int | None) -> int:
 
 
 class _BatchDecoder:
-    """An int64 row array -> that batch decoded: (rows kept, uint8 (b, 3, S, S), failures). The rows come from the
-    plan, so one set of workers serves every epoch's plan."""
+    """An int64 row array -> that batch decoded: (rows kept, uint8 (b, 3, S, S), failures), or with ``squares``
+    (rows kept, the unresampled squares packed flat, their sides, failures: :meth:`IndexedImageDataset.
+    decode_squares`). The rows come from the plan, so one set of workers serves every epoch's plan."""
 
-    def __init__(self, dataset: IndexedImageDataset, *, threads: int = 1) -> None:
+    def __init__(self, dataset: IndexedImageDataset, *, threads: int = 1, squares: bool = False) -> None:
         self.dataset = dataset
         self.threads = threads
+        self.squares = squares
 
-    def __call__(self, rows: np.ndarray) -> tuple[np.ndarray, torch.Tensor, list[tuple[int, str]]]:
+    def __call__(self, rows: np.ndarray) -> tuple:
+        if self.squares:
+            return self.dataset.decode_squares(rows, threads=self.threads)
         return self.dataset.decode_rows(rows, threads=self.threads)
+
+
+def resample_device(*, on_gpu: bool, device: torch.device) -> torch.device | None:
+    """Where a stage's reader resamples the decoded squares (``train.resample_on_gpu``): ``device`` when the
+    setting is on and the stage runs on CUDA, else None (the workers resample, as without the setting).
+
+    A run on the CPU falls back rather than refusing: the setting moves work, not results (the pixels are the
+    workers' to rounding, so it is not in the content key), and on a CPU the "device" is the training process
+    itself, which would take the resampling from the workers for nothing. So one config serves a GPU host and a
+    laptop; the fallback is logged once a reader.
+    """
+    if not on_gpu:
+        return None
+    if device.type != "cuda":
+        log.info("train.resample_on_gpu is set but the stage runs on %s: the DataLoader workers resample the "
+                 "images, as without it", device)
+        return None
+    return device
 
 
 def load_dataset(directory: Path, *, verify_digest: bool = False,
@@ -96,12 +119,14 @@ def load_dataset(directory: Path, *, verify_digest: bool = False,
 
 def iter_batches(dataset: Dataset, batches: Iterable[np.ndarray], *, workers: int, prefetch: int = 2,
                  max_skip_fraction: float | None = None, counter: SkipCounter | None = None,
-                 pin_memory: bool | None = None) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
+                 pin_memory: bool | None = None, resample_on: torch.device | None = None,
+                 ) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
     """Yield ``(rows_kept, uint8 (b, 3, S, S))`` for every batch of dataset rows, in the order of ``batches``: one
     read of a :class:`BatchReader` made for it (its workers end with the read).
 
     Args:
-        dataset, workers, prefetch, max_skip_fraction, counter, pin_memory: as :class:`BatchReader`'s.
+        dataset, workers, prefetch, max_skip_fraction, counter, pin_memory, resample_on: as
+            :class:`BatchReader`'s.
         batches: int arrays of dataset rows, one per batch.
 
     Yields:
@@ -114,7 +139,7 @@ def iter_batches(dataset: Dataset, batches: Iterable[np.ndarray], *, workers: in
         IndexError: a batch holds a row outside the dataset.
     """
     reader = BatchReader(dataset, workers=workers, prefetch=prefetch, max_skip_fraction=max_skip_fraction,
-                         counter=counter, pin_memory=pin_memory)
+                         counter=counter, pin_memory=pin_memory, resample_on=resample_on)
     try:
         yield from reader.read(batches)
     finally:
@@ -142,13 +167,19 @@ class BatchReader(ClosedOnExit):
             is given.
         counter: a SkipCounter to count into across reads; default: a new one for this reader.
         pin_memory: pin the image tensors (faster, asynchronous copies to the GPU); default: when CUDA is available.
+        resample_on: a device (``train.resample_on_gpu``, :func:`resample_device`): the workers ship each JPEG's
+            centre square at its decoded size and this reader resamples the batch there
+            (:func:`~contrastive.data.image_decode.resample_squares`; the pixels are the workers' to rounding), so
+            a batch comes out on that device. None: the workers resample (the default). Only an index decoded with
+            ``decode_scale`` "auto" has squares to ship; other datasets read as without it.
 
     Raises:
         ConfigError: ``workers`` < 0 or ``prefetch`` < 1.
     """
 
     def __init__(self, dataset: Dataset, *, workers: int, prefetch: int = 2, max_skip_fraction: float | None = None,
-                 counter: SkipCounter | None = None, pin_memory: bool | None = None) -> None:
+                 counter: SkipCounter | None = None, pin_memory: bool | None = None,
+                 resample_on: torch.device | None = None) -> None:
         self.dataset = dataset
         self.counter = counter
         if counter is None and isinstance(dataset, IndexedImageDataset):
@@ -156,8 +187,11 @@ class BatchReader(ClosedOnExit):
                                        else max_skip_fraction, where=f"reading images of {dataset.origin}",
                                        fix=dataset.skip_fix)
         threads = 1 if workers else min(_IN_PROCESS_THREADS, os.cpu_count() or 1)
-        self._workers = OrderedWorkers(_BatchDecoder(dataset, threads=threads) if isinstance(
-            dataset, IndexedImageDataset) else None, workers=workers, prefetch=prefetch,
+        indexed = isinstance(dataset, IndexedImageDataset)
+        # Only libjpeg-turbo's path ("auto") leaves a square unresampled; PIL's ("full") resamples in the worker.
+        self.resample_on = resample_on if indexed and dataset.decode_scale == "auto" else None
+        self._workers = OrderedWorkers(_BatchDecoder(dataset, threads=threads, squares=self.resample_on is not None)
+                                       if indexed else None, workers=workers, prefetch=prefetch,
             pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory)
 
     def read(self, batches: Iterable[np.ndarray]) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
@@ -178,8 +212,10 @@ class BatchReader(ClosedOnExit):
     def _decoded(self, plan: Iterator[np.ndarray]) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
         dataset, counter = self.dataset, self.counter
         skipped_before, batches = sum(counter.skipped.values()), 0
-        for kept, images, failures in self._workers.map(plan):  # in the order planned
+        for kept, *decoded, failures in self._workers.map(plan):  # in the order planned
             batches += 1
+            images = decoded[0] if self.resample_on is None else resample_squares(
+                decoded[0].to(self.resample_on, non_blocking=True), decoded[1], size=dataset.image_size)
             for row, error in failures:
                 counter.skip(reason=UNREADABLE, key=str(dataset.ids[row]), url=dataset.skip_url(row), detail=error)
             counter.ok(len(kept))

@@ -64,7 +64,8 @@ class ImageModality(Modality):
         return ImageStageSpec(
             **self.stage_fields(config, seed=seed, out_dir=out_dir, data=data, batches_path=batches_path),
             model=config.model.model_dump(mode="json"), method=config.method.model_dump(mode="json"),
-            augment=config.augment.model_dump(), workers=config.train.workers, init_model_path=init_model_path)
+            augment=config.augment.model_dump(), workers=config.train.workers, init_model_path=init_model_path,
+            resample_on_gpu=config.train.resample_on_gpu)
 
     def train(self, spec, *, callbacks: list) -> dict:
         from contrastive.modalities.image.steps import train_stage
@@ -78,7 +79,7 @@ class ImageModality(Modality):
         """Under the stage's precision (part of the train key, so of this export's key) and memory format."""
         return {**super().export_kwargs(config, model_path=model_path, data=data, out_dir=out_dir),
                 "workers": config.train.workers, "precision": config.train.precision,
-                "channels_last": config.train.channels_last}
+                "channels_last": config.train.channels_last, "resample_on_gpu": config.train.resample_on_gpu}
 
     def export(self, **kwargs) -> dict:
         from contrastive.modalities.image.steps import export_stage_embeddings

@@ -15,7 +15,7 @@ import torch
 
 from contrastive.modalities.image.augment import TwoViewAugment
 from contrastive.data.dataset import RowsOf
-from contrastive.data.loading import BatchReader, iter_batches, load_dataset, resolve_workers
+from contrastive.data.loading import BatchReader, iter_batches, load_dataset, resample_device, resolve_workers
 from contrastive.embeddings import ExportBatch, compute_embeddings, export_ranked, rank_share
 from contrastive.engine.callbacks import JsonlMetrics, KeyRecorder
 from contrastive.engine.checkpoint import save_torch
@@ -50,6 +50,8 @@ class ImageStageSpec(StageSpec):
     workers: int | None = 0
     #: model.pt of an earlier stage to start from (naive inheritance, paper Table 5); None = a fresh encoder.
     init_model_path: str | None = None
+    #: ``train.resample_on_gpu``: on CUDA the workers ship decoded squares and the GPU resamples them.
+    resample_on_gpu: bool = False
 
 
 def train_stage(spec: ImageStageSpec, *, info: DistInfo | None = None, callbacks: list[TrainCallback] = (),
@@ -71,7 +73,8 @@ def train_stage(spec: ImageStageSpec, *, info: DistInfo | None = None, callbacks
     torch_device = device_for(name=spec.device, info=info)
     task = ImageContrastiveTask(method=method, augment=TwoViewAugment(**spec.augment), seed=spec.seed,
                                 channels_last=spec.loop.channels_last, epochs=spec.loop.epochs)
-    reader = BatchReader(dataset, workers=resolve_workers(spec.workers))  # its workers serve every epoch
+    reader = BatchReader(dataset, workers=resolve_workers(spec.workers),  # its workers serve every epoch
+                         resample_on=resample_device(on_gpu=spec.resample_on_gpu, device=torch_device))
     source = ImageBatchSource(
         sampler=sampler, ids=RowsOf(dataset.ids, train_indices), groups=groups, info=info,
         read_batches=lambda planned: read_image_batches(reader=reader, rows_in_split=train_indices,
@@ -141,7 +144,8 @@ def read_trained_model(*, model_path: Path, device: torch.device) -> tuple[torch
 
 def export_stage_embeddings(*, dataset_dir: Path, model_path: Path, out_dir: Path, batch_size: int, device: str,
                             workers: int | None = 0, precision: str = "fp32", channels_last: bool = False,
-                            info: DistInfo | None = None, progress: Callable[[int], None] | None = None) -> dict:
+                            info: DistInfo | None = None, progress: Callable[[int], None] | None = None,
+                            resample_on_gpu: bool = False) -> dict:
     """Embed every sample (train and test) with the stage's backbone; float16 shards + ids in ``out_dir``.
 
     Streams: images are read batch by batch (decoded in ``workers`` DataLoader workers for a dataset stored as
@@ -151,7 +155,8 @@ def export_stage_embeddings(*, dataset_dir: Path, model_path: Path, out_dir: Pat
     fp16 autocast on the encoder, the embeddings stored as float16 either way); it is part of the train key, so
     the export key, which holds the train key, follows it. ``channels_last``: the stage's memory format
     (``train.channels_last``; on CPU oneDNN's convolutions and max-pooling run about 1.5x faster in it, the
-    embeddings are the same up to rounding). An unreadable image gets a zero embedding (counted in
+    embeddings are the same up to rounding). ``resample_on_gpu``: ``train.resample_on_gpu``
+    (:func:`contrastive.data.loading.resample_device`). An unreadable image gets a zero embedding (counted in
     ``unreadable``), so every sample keeps its id. Also what a benchmark calls to time an export at a precision.
     """
     info = info or current_info()
@@ -164,7 +169,8 @@ def export_stage_embeddings(*, dataset_dir: Path, model_path: Path, out_dir: Pat
     planned = [mine[i:i + batch_size] for i in range(0, len(mine), batch_size)]
 
     def embed(writer) -> dict[str, int]:
-        read = iter_batches(dataset, planned, workers=resolve_workers(workers))
+        read = iter_batches(dataset, planned, workers=resolve_workers(workers),
+                            resample_on=resample_device(on_gpu=resample_on_gpu, device=torch_device))
         batches = (ExportBatch(ids=dataset.ids[rows], inputs=(images,), present=np.isin(rows, kept))
                    for rows, (kept, images) in zip(planned, read))
         unreadable = compute_embeddings(encode=pixels_to_embedding(model, channels_last=channels_last),
