@@ -78,7 +78,8 @@ def log_pipeline_model(*, config: _PipelineBase, parent_run_id: str, trained: li
     return log_encoder(tracker, parent_run_id, name="mcl-representation", modality=config.pipeline,
                        model_paths=[r.model_path for r in trained], dims=[e.dim for e in exports],
                        registered_name=config.tracking.registered_model or config.name,
-                       tags={"pipeline_id": config.config_hash(), "stages": str(len(trained))})
+                       tags={"pipeline_id": config.config_hash(), "stages": str(len(trained))},
+                       source_root=Path(config.output_dir).resolve())
 
 
 @task(name="link prefect and mlflow")

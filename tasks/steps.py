@@ -413,7 +413,8 @@ def export_embeddings(*, config: _PipelineBase, key: str, out_dir: str, trained:
     if modality.serving is not None:
         log_encoder(tracker, mlflow_run_id, name=f"stage{trained.stage}-encoder", model_paths=[trained.model_path],
                     dims=[result["dim"]], modality=config.pipeline,
-                    tags={"stage": str(trained.stage), "train_key": trained.key})
+                    tags={"stage": str(trained.stage), "train_key": trained.key},
+                    source_root=Path(config.output_dir).resolve())
     embeddings_dir = in_step_dir(result["dir"], Path(out_dir) / "embeddings")  # a launch's summary: relative
     return ExportRecord(key=key, dir=out_dir, embeddings_dir=embeddings_dir, num_samples=result["num_samples"],
                         dim=result["dim"], mlflow_run_id=mlflow_run_id).save()

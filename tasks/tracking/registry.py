@@ -14,19 +14,20 @@ MODEL_ALIAS = "current"  # the registered model's alias for the encoder of the l
 
 
 def log_encoder(tracker: Tracker, run_id: str, *, name: str, model_paths: list[str], dims: list[int],
-                modality: str, registered_name: str | None = None,
-                tags: dict[str, str] | None = None) -> dict[str, str]:
+                modality: str, registered_name: str | None = None, tags: dict[str, str] | None = None,
+                source_root: Path | None = None) -> dict[str, str]:
     """Log ``model_paths`` (one stage's ``model.pt``, or every stage's for the integrated representation) of the
     pipeline ``modality`` (the config's ``pipeline:`` key) as an MLflow logged model of the run, loadable with
     ``mlflow.pyfunc.load_model`` where its requirements are installed; with ``registered_name``, register it and
-    point the alias ``current`` at it. Returns {"model_id", "model_uri"[, "version", "registered_uri"]}."""
+    point the alias ``current`` at it. Its ``MLmodel`` names the stage files relative to ``source_root`` (the run
+    root). Returns {"model_id", "model_uri"[, "version", "registered_uri"]}."""
     from mlflow.entities import LoggedModelOutput
 
     from contrastive.modalities.registry import modality_for
     serving = modality_for(modality).serving
     with tempfile.TemporaryDirectory() as tmp:
         local = Path(tmp) / "model"
-        save_encoder(local, model_paths=model_paths, dims=dims, modality=modality)
+        save_encoder(local, model_paths=model_paths, dims=dims, modality=modality, source_root=source_root)
         model = tracker._call("create a logged model", tracker.client.create_logged_model, tracker.experiment_id,
                               name=name, source_run_id=run_id, model_type="encoder",
                               tags={"modality": modality, "input": serving.description, **(tags or {})})

@@ -125,8 +125,11 @@ def _pickled_by_value() -> Iterator[None]:
             cloudpickle.unregister_pickle_by_value(module)
 
 
-def save_encoder(path: Path, *, model_paths: list[str], dims: list[int], modality: str) -> None:
-    """Write the MLflow model of ``model_paths`` (stage ``model.pt`` files of ``modality``) into ``path``."""
+def save_encoder(path: Path, *, model_paths: list[str], dims: list[int], modality: str,
+                 source_root: Path | None = None) -> None:
+    """Write the MLflow model of ``model_paths`` (stage ``model.pt`` files of ``modality``) into ``path``; its
+    ``MLmodel`` names where each stage's file came from relative to ``source_root`` (the run root), never as a path
+    of this machine (:func:`_name_sources_relative`)."""
     import tempfile
 
     import mlflow.pyfunc
@@ -148,3 +151,20 @@ def save_encoder(path: Path, *, model_paths: list[str], dims: list[int], modalit
             metadata={"modality": modality, "input": serving.description, "input_dtype": serving.dtype,
                       "output": f"float32 embeddings (n, {sum(dims)})", "stages": len(model_paths),
                       "description": description})
+    _name_sources_relative(path, model_paths=model_paths, source_root=source_root)
+
+
+def _name_sources_relative(path: Path, *, model_paths: list[str], source_root: Path | None) -> None:
+    """MLflow records each artifact's source as it was given (``artifacts.stage0.uri``: an absolute path under the
+    run directory, or a temporary serving file), and the logged model's ``MLmodel`` is kept in the run directory
+    (``mlartifacts/``): name the stage's model relative to ``source_root`` instead (its file name where it lies
+    outside), so nothing there names the writing machine's paths. Loading reads only the artifact's ``path``
+    (where it is inside the model); ``uri`` is a note of where it came from."""
+    from mlflow.models import Model
+    model = Model.load(str(path))
+    artifacts = model.flavors["python_function"].get("artifacts", {})
+    for i, source in enumerate(model_paths):
+        source = Path(source)
+        under_root = source_root is not None and Path(source_root) in source.parents
+        artifacts[f"stage{i}"]["uri"] = str(source.relative_to(source_root) if under_root else source.name)
+    model.save(str(Path(path) / "MLmodel"))

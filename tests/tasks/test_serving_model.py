@@ -241,6 +241,29 @@ def test_every_modality_serves_a_model_whose_requirements_are_installed_distribu
             assert pinned == version(name).split("+")[0], (key, line)
 
 
+@pytest.mark.parametrize("modality", ["embeddings", "clip"])  # clip ships a serving copy written to a temp dir
+def test_the_saved_model_names_no_path_of_the_machine_that_wrote_it(tmp_path, modality):
+    """A logged model is kept under the run directory (``runs/mlartifacts``), which may move (issue 47): its files
+    name each stage's source relative to the run root (``source_root``), not the absolute path MLflow records,
+    and the model still loads its stages (MLflow reads each artifact's ``path`` inside the model)."""
+    import os
+    import tempfile
+
+    import yaml
+
+    from tasks.tracking.serving_model import save_encoder
+    root = tmp_path / "runs"
+    paths, dims, given = stages_and_input(modality, root / "steps")
+    save_encoder(tmp_path / "model", model_paths=paths, dims=dims, modality=modality, source_root=root)
+    artifacts = yaml.safe_load((tmp_path / "model" / "MLmodel").read_text())["flavors"]["python_function"]["artifacts"]
+    assert [artifacts[f"stage{i}"]["uri"] for i in range(2)] == [str(Path(p).relative_to(root)) for p in paths]
+    for path in (tmp_path / "model").rglob("*"):
+        if path.is_file():
+            text = path.read_bytes()
+            assert str(tmp_path).encode() not in text and os.path.join(tempfile.gettempdir(), "tmp").encode() not in text, path
+    assert mlflow.pyfunc.load_model(str(tmp_path / "model")).predict(given).shape == (len(given), sum(dims))
+
+
 # Run by this venv's interpreter with -I outside the checkout: argv = model directory, input .npy, output .npy,
 # report .json. ``contrastive`` stays importable from the checkout (its editable install), but the model's own
 # code/ comes first on sys.path, and the report says which one loaded.
