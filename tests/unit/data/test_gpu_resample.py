@@ -20,7 +20,7 @@ from PIL import Image
 
 from contrastive.data.image_decode import load_square_rgb, resample_squares
 from contrastive.data import loading
-from contrastive.data.loading import iter_batches, load_dataset, resample_device
+from contrastive.data.loading import BatchReader, iter_batches, load_dataset, resample_device
 from contrastive.modalities.image.datasets.image_folder import prepare_image_folder
 
 SIZE = 16
@@ -101,8 +101,10 @@ def test_a_reader_that_resamples_on_the_device_reads_the_workers_batches(tmp_pat
 
 
 def test_a_folder_decoded_by_pil_reads_as_without_the_setting(tmp_path):
-    """decode_scale "full": PIL resamples in the worker (no square to ship): the very same batches."""
+    """decode_scale "full": PIL resamples in the worker, so there is no square to ship and nothing for the device
+    to do: the reader leaves the setting aside, and the batches are the very same."""
     dataset = load_dataset(_folder(tmp_path, decode_scale="full"), max_skip_fraction=0.5)
+    assert BatchReader(dataset, workers=0, resample_on=torch.device("cpu")).resample_on is None
     plan = [np.arange(len(dataset))]
     (kept, images), = iter_batches(dataset, plan, workers=0, max_skip_fraction=0.5)
     (kept_on, images_on), = iter_batches(dataset, plan, workers=0, max_skip_fraction=0.5,
@@ -119,3 +121,25 @@ def test_the_setting_resamples_on_cuda_only_and_falls_back_elsewhere(caplog):
     with caplog.at_level(logging.INFO, logger="contrastive.data.loading"):
         assert resample_device(on_gpu=True, device=torch.device("cpu")) is None
     assert "train.resample_on_gpu is set but the stage runs on cpu" in caplog.text
+
+
+def test_the_setting_reaches_the_stage_and_its_export_and_stays_out_of_the_key():
+    """``train.resample_on_gpu`` moves work, not results (the pixels to rounding, as ``train.tf32``): switching it
+    reuses every finished step; the training spec and the export both read it."""
+    from contrastive.modalities.registry import modality_for
+    from pipeline_config.loader import load_config
+    from pipeline_config.schema import digest_of
+
+    data = {"digest": "data", "dir": "/data", "num_train": 1000}
+    specs, keys, exports = [], [], []
+    for value in ("false", "true"):
+        config = load_config("trifeature_tiny", [f"train.resample_on_gpu={value}"])
+        modality = modality_for(config.pipeline)
+        keys.append(digest_of(modality.train_content(config, stage=1, seed=1, data=data, batches_key="b",
+                                                     inherit_key=None)))
+        specs.append(modality.train_spec(config, stage=1, seed=1, out_dir="/o", data=data, batches_path=None,
+                                         init_model_path=None))
+        exports.append(modality.export_kwargs(config, model_path="/m", data=data, out_dir="/e"))
+    assert keys[0] == keys[1]
+    assert [s.resample_on_gpu for s in specs] == [False, True]
+    assert [e["resample_on_gpu"] for e in exports] == [False, True]
