@@ -5,8 +5,10 @@ For each preset, in a fresh work directory: the plan with a fresh calibration (`
 ``recalibrate``: what `mclpipe plan` does on a machine it has not seen), then `mclpipe run` of the same config as a
 user runs it (a subprocess with its own Prefect home and temporary server), timed from the outside. The run's task
 runs (start and end in its Prefect database) give each step's measured seconds, matched to the plan's rows by their
-titles (the task run names). Printed: a markdown table per preset and the totals with their errors; ``--json``
-keeps every figure. Not part of `make bench`: minutes of CPU.
+titles (the task run names). The plan's total projects the run's wall time (its steps, each with its task run and
+records, and the run's start, bookkeeping and end as the run probe measured them), so that is what it is compared
+with; its steps alone are compared with the task runs'. Printed: a markdown table per preset and the totals with
+their errors, and the load average after each run; ``--json`` keeps every figure. Not part of `make bench`: minutes of CPU.
 """
 from __future__ import annotations
 
@@ -61,7 +63,9 @@ def measure(preset: str, work: Path) -> dict:
     measured = task_seconds(work / "prefect")
     steps = [{"step": r.title, "projected": r.seconds, "measured": measured.get(r.title)} for r in plan.rows]
     return {"preset": preset, "calibration_s": calibration_s, "projected_s": plan.total_s, "wall_s": wall,
+            "projected_steps_s": plan.total_s - plan.overhead_s, "overhead": plan.overhead,
             "steps_s": sum(s["measured"] or 0.0 for s in steps), "steps": steps,
+            "load": [round(x, 1) for x in os.getloadavg()],
             "device": plan.calibration.device if plan.calibration else "?"}
 
 
@@ -71,12 +75,16 @@ def error(projected: float, measured: float) -> str:
 
 def report(results: list[dict], *, machine: str, started: str) -> str:
     lines = [f"Measured {started} on {machine}.", "",
-             "| preset | calibration | projected total | measured: steps (task runs) | error | measured: wall of "
-             "`mclpipe run` | error |", "|---|---:|---:|---:|---:|---:|---:|"]
+             "| preset | load average after the run (1, 5, 15 min) | calibration | projected total (of it: the run's "
+             "start, bookkeeping, end) | measured: wall of `mclpipe run` | error | projected steps | measured: steps "
+             "(task runs) | error |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
-        lines.append(f"| {r['preset']} | {r['calibration_s']:.0f} s | {r['projected_s']:.0f} s | {r['steps_s']:.0f} s "
-                     f"| {error(r['projected_s'], r['steps_s'])} | {r['wall_s']:.0f} s | "
-                     f"{error(r['projected_s'], r['wall_s'])} |")
+        overhead = sum(r.get("overhead", {}).values())
+        steps = r.get("projected_steps_s", r["projected_s"])
+        lines.append(f"| {r['preset']} | {', '.join(str(x) for x in r.get('load', []))} | {r['calibration_s']:.0f} s "
+                     f"| {r['projected_s']:.0f} s ({overhead:.0f} s) | {r['wall_s']:.0f} s | "
+                     f"{error(r['projected_s'], r['wall_s'])} | {steps:.0f} s | {r['steps_s']:.0f} s | "
+                     f"{error(steps, r['steps_s'])} |")
     return "\n".join(lines) + "\n"
 
 

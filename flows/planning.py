@@ -82,10 +82,10 @@ class ProgressRunner(StepRunner):
         """Plan this run (its steps, the cached calibration if there is one: nothing is measured here), publish it
         and report progress from now on."""
         from flows.pipeline_run import pipeline_dir
-        from pipeline_config.plan import cached_calibration, estimate
+        from pipeline_config.plan import cached_calibration, cached_run_costs, estimate
         from tasks.plan_report import PlanProgress, publish_plan
         plan = estimate(self.config, planned_steps(self.config, data=self.data),
-                        calibration=cached_calibration(self.config))
+                        calibration=cached_calibration(self.config), run_costs=cached_run_costs(self.config))
         publish_plan(config=self.config, plan=plan, tracker=self.tracker, parent_run_id=self.parent_run_id,
                      out_dir=pipeline_dir(self.config))
         self.progress = PlanProgress(plan, stages=self.config.mcl.num_stages)
@@ -101,13 +101,18 @@ class ProgressRunner(StepRunner):
 def build_plan(config, *, calibrate: bool = True, recalibrate: bool = False,
                log: Callable[[str], None] = print) -> Plan:
     """The plan of ``config`` on this machine: its cached calibration (measured now when there is none and
-    ``calibrate``; again with ``recalibrate``), the runner's steps, their projections."""
-    from pipeline_config.plan import cached_calibration, estimate
+    ``calibrate``; again with ``recalibrate``) and the machine's cached run costs (the same), the runner's steps,
+    their projections."""
+    from pipeline_config.plan import cached_calibration, cached_run_costs, estimate
     calibration = None if recalibrate else cached_calibration(config)
     if calibration is None and (calibrate or recalibrate):
         from pipeline_config.calibrate import calibrate as measure
         calibration = measure(config, log=log)
-    return estimate(config, planned_steps(config), calibration=calibration)
+    run_costs = None if recalibrate else cached_run_costs(config)
+    if run_costs is None and (calibrate or recalibrate):
+        from pipeline_config.calibrate import measure_run_costs
+        run_costs = measure_run_costs(config, log=log)
+    return estimate(config, planned_steps(config), calibration=calibration, run_costs=run_costs)
 
 
 def check_feasible(config, *, warn: Callable[[str], None]) -> Plan:

@@ -19,10 +19,25 @@ MLflow, in a temporary directory:
 - evaluations, encodings, diagnostics, the soup and the final step: once each, on one member.
 
 The result is cached per machine and config hash (``plan.calibration_path``); ``--recalibrate`` measures again.
+
+What a run pays besides its steps' computation is measured too, once per machine (:func:`measure_run_costs`, cached
+in ``plan.run_costs_path``; ``--recalibrate`` measures it again). The steps above run in this process, without
+Prefect or MLflow; a run wraps each of them in a Prefect task run that records to MLflow, and starts and ends with
+its imports, a temporary Prefect server, its MLflow store and bookkeeping task runs: on the tiny presets most of a
+run's wall time (issue 46: steps of 0.1 s took 1-20 s as task runs; a 5 s run of steps took 18 s from the
+command's start). The run probe (``flows.run_probe``) measures these with the run's own code in a process of its
+own (the CLI's imports, ``starting_local_server``, ``Tracker``, a Prefect flow of task runs that record like a step)
+rather than taking them from constants or from a user's earlier runs: it is the same machinery on the same machine
+under its present load, it exists before the user's first run, and it does not mistake a step's computation for its
+overhead (a per-step learning from earlier runs would fold in whatever else those runs shared the machine with).
 """
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -32,7 +47,9 @@ from typing import Callable
 
 import numpy as np
 
-from pipeline_config.plan import Calibration, Rate, calibration_path, machine_id
+from contrastive.errors import MclpipeError
+from pipeline_config.plan import Calibration, Rate, RunCosts, calibration_path, machine_id, run_costs_from_marks, \
+    run_costs_path
 
 TRAIN_STEPS = 8
 EXPORT_ROWS = 16_384
@@ -171,6 +188,42 @@ def calibrate(config, *, log: Callable[[str], None] = print) -> Calibration:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(calibration.to_json())
     return calibration
+
+
+#: Seconds the run probe may take before the plan gives up on it (it takes 10-30 s on 2 busy cores).
+PROBE_TIMEOUT_S = 300
+
+
+def measure_run_costs(config, *, log: Callable[[str], None] = print) -> RunCosts:
+    """The run probe (``flows.run_probe``) in a process of its own with a throwaway PREFECT_HOME and MLflow store,
+    timed from its spawn to its exit; cached for this machine (``plan.run_costs_path``)."""
+    log("calibrating: a run's start, task runs and end (the run probe: a temporary Prefect server, an MLflow store)")
+    root = str(Path(__file__).resolve().parents[1])
+    with tempfile.TemporaryDirectory(prefix="mclpipe-run-probe-") as tmp:
+        work = Path(tmp)
+        env = {**os.environ, "PREFECT_HOME": str(work / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+               "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+        env.pop("PREFECT_API_URL", None)  # the run's own temporary server, never a server of the user's
+        spawned = time.time()
+        try:
+            done = subprocess.run([sys.executable, "-m", "flows.run_probe", str(work / "marks.json"), str(work)],
+                                  env=env, cwd=tmp, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+        except subprocess.TimeoutExpired as exc:
+            raise MclpipeError(f"the plan's run probe took over {PROBE_TIMEOUT_S} s (python -m flows.run_probe): "
+                               "is the machine overloaded? `mclpipe plan` again when it is not") from exc
+        exited = time.time()
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout or "").strip().splitlines()[-1:] or ["no output"]
+            raise MclpipeError(f"the plan's run probe (python -m flows.run_probe) failed: {tail[0]}; a `mclpipe run` "
+                               "would fail the same way: fix that first")
+        marks = json.loads((work / "marks.json").read_text())
+    start_s, task_s, end_s = run_costs_from_marks(marks, spawned=spawned, exited=exited)
+    costs = RunCosts(machine=machine_id(), measured_at=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                     start_s=start_s, task_s=task_s, end_s=end_s, tasks=len(marks["tasks"]))
+    path = run_costs_path(config)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(costs.to_json())
+    return costs
 
 
 def _data_bytes(data: dict) -> int | None:

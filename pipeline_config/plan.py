@@ -233,6 +233,68 @@ def cached_calibration(config) -> Calibration | None:
         return None  # an older format: calibrate again
 
 
+@dataclass
+class RunCosts:
+    """What ``mclpipe run`` pays besides its steps' computation, measured on this machine by the run probe
+    (``flows.run_probe``: the run's imports, its temporary Prefect server, a fresh MLflow store, a flow run of task
+    runs that record like a step; cached per machine, :func:`run_costs_path`):
+
+    - ``start_s``: from the process's spawn to the flow's first task call (imports, the server's start, the MLflow
+      store, the flow run's creation);
+    - ``task_s``: one task run with a step's records (an MLflow run opened, a batch of metrics, an artifact, the run
+      closed), as the flow waits for it: the mean of the probe's task runs;
+    - ``end_s``: from the flow's last task run to the process's exit (the flow run's end, the server's stop)."""
+    machine: str
+    measured_at: str
+    start_s: float
+    task_s: float
+    end_s: float
+    tasks: int
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+
+def run_costs_from_marks(marks: dict, *, spawned: float, exited: float) -> tuple[float, float, float]:
+    """(start_s, task_s, end_s) from the probe's wall-clock marks (``flows.run_probe``: ``tasks``, each task call's
+    [start, end] as the flow saw it; ``flow_end``) and the parent's spawn and exit times."""
+    spans = marks["tasks"]
+    if not spans:
+        raise ValueError("the run probe ran no task")
+    start_s = spans[0][0] - spawned
+    task_s = sum(end - began for began, end in spans) / len(spans)
+    end_s = exited - spans[-1][1]
+    return start_s, task_s, end_s
+
+
+def run_costs_path(config) -> Path:
+    """Where this machine's run costs are cached: one file a machine (not a config) in the calibration's folder."""
+    return calibration_path(config).parent / f"{machine_id()}-run-costs.json"
+
+
+def cached_run_costs(config) -> RunCosts | None:
+    path = run_costs_path(config)
+    if not path.is_file():
+        return None
+    try:
+        return RunCosts(**json.loads(path.read_text()))
+    except (ValueError, TypeError):
+        return None  # an older format: measured again by the next calibration
+
+
+def bookkeeping_tasks(steps: list[PlannedStep]) -> int:
+    """Task runs of a run that are not steps: opening the pipeline's MLflow run, one stage run opened and closed a
+    training (each training is a stage run of its own), the summary, the pipeline's model, the links between
+    Prefect and MLflow, and closing the pipeline's run."""
+    trainings = sum(1 for step in steps if step.category == "train")
+    return 2 * trainings + 5
+
+
+def overhead_seconds(costs: RunCosts, steps: list[PlannedStep]) -> dict[str, float]:
+    """What a run adds to its steps' rows, by part: the start, the bookkeeping task runs, the end."""
+    return {"start": costs.start_s, "bookkeeping": bookkeeping_tasks(steps) * costs.task_s, "end": costs.end_s}
+
+
 # ---------------------------------------------------------------------------------------------------- estimates
 @dataclass
 class PlanRow:
@@ -255,15 +317,23 @@ class Plan:
     size: DataSize
     calibration: Calibration | None
     assumptions: list[str]
+    #: what the run adds to its steps (:func:`overhead_seconds`: start, bookkeeping task runs, end); empty when the
+    #: run probe has not measured this machine
+    overhead: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def overhead_s(self) -> float:
+        return sum(self.overhead.values())
 
     @property
     def total_s(self) -> float:
-        """Seconds of every step one after another (the flow runs them so)."""
-        return sum(r.seconds or 0.0 for r in self.rows)
+        """The projected wall time of ``mclpipe run``: every step one after another (the flow runs them so), each
+        with its task run and records, plus the run's start, its bookkeeping task runs and its end."""
+        return sum(r.seconds or 0.0 for r in self.rows) + self.overhead_s
 
     @property
     def critical_s(self) -> float:
-        return sum(r.seconds or 0.0 for r in self.rows if r.critical)
+        return sum(r.seconds or 0.0 for r in self.rows if r.critical) + self.overhead_s
 
     @property
     def disk(self) -> int:
@@ -290,8 +360,10 @@ def on_critical_path(step: PlannedStep, steps: list[PlannedStep]) -> bool:
 
 
 def estimate(config, steps: list[PlannedStep], *, calibration: Calibration | None,
-             size: DataSize | None = None) -> Plan:
-    """One row per step: seconds, peak RAM, disk written and GPU memory per device, with what each rests on."""
+             size: DataSize | None = None, run_costs: RunCosts | None = None) -> Plan:
+    """One row per step: seconds, peak RAM, disk written and GPU memory per device, with what each rests on; with
+    the machine's ``run_costs``, each step's task run and records and the run's start, bookkeeping and end too
+    (``Plan.total_s``: the projected wall time of ``mclpipe run``)."""
     size = size or data_size(config, calibration=calibration)
     pipeline = config.pipeline
     first_train = next((i for i, step in enumerate(steps) if step.category == "train"), None)
@@ -299,6 +371,8 @@ def estimate(config, steps: list[PlannedStep], *, calibration: Calibration | Non
             for i, step in enumerate(steps)]
     for row, step in zip(rows, steps):
         row.critical = on_critical_path(step, steps)
+    if run_costs is not None:
+        with_task_runs(rows, run_costs)
     assumptions = [f"M = {size.num_train:,} training samples ({size.sources.get('M', '?')})" if size.num_train
                    else "M unknown before the data is prepared: `mclpipe plan` prepares it to calibrate",
                    f"D = {size.dim} ({size.sources.get('D', '?')})" if size.dim else "D unknown"]
@@ -308,7 +382,28 @@ def estimate(config, steps: list[PlannedStep], *, calibration: Calibration | Non
         assumptions.append("growth beyond the calibration's size along make bench-scale's slopes (BENCHMARKS.md)")
     else:
         assumptions.append("no calibration: closed forms only (run `mclpipe plan` to measure the rates)")
-    return Plan(rows=rows, size=size, calibration=calibration, assumptions=assumptions)
+    overhead = overhead_seconds(run_costs, steps) if run_costs is not None else {}
+    if run_costs is not None:
+        assumptions.append(
+            f"a run's own costs measured {run_costs.measured_at} by the run probe (the run's imports, a temporary "
+            f"Prefect server, a fresh MLflow store, {run_costs.tasks} task runs that record like a step): start "
+            f"{run_costs.start_s:.1f} s, {run_costs.task_s:.2f} s a task run (each step's row includes one; "
+            f"{bookkeeping_tasks(steps)} more open, close and summarize runs), end {run_costs.end_s:.1f} s"
+            + ("; PREFECT_API_URL is set, so a run starts no server of its own and starts faster"
+               if os.environ.get("PREFECT_API_URL") else ""))
+    else:
+        assumptions.append("a run's own start, bookkeeping and end not measured yet (`mclpipe plan` measures them "
+                           "once per machine): the total is the steps' alone")
+    return Plan(rows=rows, size=size, calibration=calibration, assumptions=assumptions, overhead=overhead)
+
+
+def with_task_runs(rows: list[PlanRow], costs: RunCosts) -> None:
+    """Each projected step as the run makes it: its computation plus one task run with its records."""
+    for row in rows:
+        if row.seconds is not None:
+            row.seconds += costs.task_s
+            row.basis = "; ".join(filter(None, [row.basis, f"+ {costs.task_s:.2f} s task run and records "
+                                                             "(run probe)"]))
 
 
 def _scaled(rate: Rate, units: float, *, pipeline: str, category: str, n: float | None, m: float | None) -> float:
@@ -579,7 +674,10 @@ def table_rows(plan: Plan) -> list[dict[str, str]]:
 
 def summary_lines(plan: Plan) -> list[str]:
     some = "at least " if plan.unknown else ""  # the rows not projected add to it
-    time = (f"total {some}{fmt_seconds(plan.total_s)} (steps one after another, as the flow runs them); critical "
+    what = ("the wall time of `mclpipe run`: steps one after another, as the flow runs them, and the run's start, "
+            f"bookkeeping and end ({fmt_seconds(plan.overhead_s)})" if plan.overhead else
+            "steps one after another, as the flow runs them")
+    time = (f"total {some}{fmt_seconds(plan.total_s)} ({what}); critical "
             f"path (* above) {some}{fmt_seconds(plan.critical_s)}" if len(plan.unknown) < len(plan.rows) else
             "time not projected")
     lines = [f"{time}; disk written {fmt_bytes(plan.disk)}; peak RAM {fmt_bytes(plan.peak_ram)}"]
@@ -605,8 +703,8 @@ def remaining_seconds(plan: Plan, done: int) -> float:
 
 
 def progress_percent(plan: Plan, done: int) -> float:
-    """Share of the projected time the first ``done`` steps make up (by count when nothing is projected)."""
-    total = plan.total_s
+    """Share of the steps' projected time the first ``done`` steps make up (by count when nothing is projected)."""
+    total = sum(r.seconds or 0.0 for r in plan.rows)
     if not total:
         return 100.0 * done / max(len(plan.rows), 1)
     return min(100.0, 100.0 * (total - remaining_seconds(plan, done)) / total)

@@ -122,3 +122,48 @@ def test_run_refuses_before_any_step_and_force_skips_the_check(tmp_path, monkeyp
     assert started == [] and not (tmp_path / "runs").exists()
     cli.run_pipeline(config, force=True)
     assert started == [config]
+
+
+def test_the_run_probe_marks_give_start_task_run_and_end():
+    """flows.run_probe's marks: start = spawn to the first task call, task = mean task call, end = last task to
+    exit."""
+    marks = {"tasks": [[110.0, 111.0], [111.0, 111.5], [111.5, 112.5]], "flow_end": 113.0}
+    start, task, end = P.run_costs_from_marks(marks, spawned=100.0, exited=115.0)
+    assert (start, task, end) == pytest.approx((10.0, 2.5 / 3, 2.5))
+
+
+def test_a_run_has_two_bookkeeping_task_runs_a_training_and_five_more():
+    """Measured on embeddings_tiny (2026-11-27 23:39): 3 trainings, 11 task runs that are not steps (open-pipeline-
+    run, 3 open-stage-run, summarize, log pipeline model, link prefect and mlflow, 4 close-run)."""
+    steps = [P.PlannedStep(what=w, title=w) for w in ("prepare", "train", "export", "eval.probe", "cluster",
+                                                      "pseudo_labels", "train", "export", "train", "export")]
+    assert P.bookkeeping_tasks(steps) == 11
+
+
+def test_the_total_projects_the_run_with_its_task_runs_start_and_end(tmp_path):
+    """With the run probe's costs: each projected row + one task run, the total + start + bookkeeping + end; rows
+    not projected stay unknown (no task run is added to nothing)."""
+    config = load_config("trifeature_quick", [f"output_dir={tmp_path}", f"data.cache_dir={tmp_path}"])
+    calibration = P.Calibration(
+        machine="m", device="cpu", measured_at="now", config_hash=config.config_hash(), seconds=1.0, num_train=8000,
+        num_exported=10_000, dim=256, data_bytes=None, id_bytes=8.0,
+        rates={"train": P.Rate(fixed_s=2.0, per_unit_s=0.1, units=8, batch=64),
+               "train_cold": P.Rate(fixed_s=9.0, per_unit_s=0.1, units=8, batch=64)})
+    costs = P.RunCosts(machine="m", measured_at="now", start_s=12.0, task_s=0.5, end_s=3.0, tasks=6)
+    steps = planned_steps(config)
+    bare = P.estimate(config, steps, calibration=calibration)
+    plan = P.estimate(config, steps, calibration=calibration, run_costs=costs)
+    trainings = [r for r in bare.rows if r.what == "train"]
+    assert len(trainings) == 3 and bare.overhead == {} and bare.total_s == pytest.approx(sum(r.seconds for r in
+                                                                                              trainings))
+    rows = {r.title: r for r in plan.rows}
+    assert rows["train stage 0"].seconds == pytest.approx(9.0 + 3 * 125 * 0.1 + 0.5)
+    assert "0.50 s task run and records" in rows["train stage 0"].basis
+    assert rows["export stage 0"].seconds is None  # not calibrated: still unknown, not 0.5 s
+    # 3 trainings (stage 0, stage 1 of MCL and of the control) x (their seconds + 0.5 s) + start 12 s
+    # + (2 x 3 + 5) bookkeeping runs x 0.5 s + end 3 s
+    assert plan.overhead == pytest.approx({"start": 12.0, "bookkeeping": 5.5, "end": 3.0})
+    assert plan.total_s == pytest.approx(bare.total_s + 3 * 0.5 + 12.0 + 5.5 + 3.0)
+    assert "the run's start, bookkeeping and end (20.5 s)" in P.summary_lines(plan)[0]
+    # progress is the steps' share: the last step done is 100 %, the first (prepare, not projected) 0 %
+    assert P.progress_percent(plan, len(plan.rows)) == 100.0 and P.progress_percent(plan, 1) == 0.0
