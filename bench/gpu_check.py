@@ -41,6 +41,7 @@ lent GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import functools
 import inspect
@@ -462,10 +463,12 @@ def host_syncs_row(*, device: torch.device, steps: int = 60) -> Row:
 
 # ---------------------------------------------------------------------------------------------------- input
 def input_stage_spec(*, dataset_dir: Path, stage_dir: Path, workers: int, device: str, batch: int, steps: int,
-                     arch: str = "resnet50", precision: str = "bf16", epochs: int = 1, log_every_steps: int = 10):
+                     arch: str = "resnet50", precision: str = "bf16", epochs: int = 1, log_every_steps: int = 10,
+                     resample_on_gpu: bool = False):
     """SimCLR from an image folder as a user trains it: ``arch`` (the ImageNet stem for a ResNet; any other name a
     small CNN, for a CPU test), SimCLR's crop / flip / colour jitter / grayscale, SGD, ``precision`` autocast,
-    channels_last, ``epochs`` of ``steps`` steps of the global ``batch`` read by ``workers`` DataLoader workers."""
+    channels_last, ``epochs`` of ``steps`` steps of the global ``batch`` read by ``workers`` DataLoader workers
+    (``resample_on_gpu``: ``train.resample_on_gpu``, the GPU resampling the decoded squares)."""
     from contrastive.engine.task import LoopSpec, OptimSpec
     from contrastive.modalities.image.steps import ImageStageSpec
     model = (dict(encoder=arch, stem="imagenet", projection_hidden=2048, projection_dim=128)
@@ -477,6 +480,7 @@ def input_stage_spec(*, dataset_dir: Path, stage_dir: Path, workers: int, device
         augment=dict(crop_scale=(0.08, 1.0), crop_ratio=(3 / 4, 4 / 3), hflip=True, color_jitter=0.4,
                      color_jitter_p=0.8, grayscale_p=0.2),
         batch_size=batch, seed=0, device=device, remainder_policy="partial", workers=workers,
+        resample_on_gpu=resample_on_gpu,
         # a rate plain SGD keeps finite on a ResNet-50 from scratch: the row times the stage, a NaN would end it
         optim=OptimSpec(name="sgd", lr=0.05, momentum=0.9, schedule="constant"),
         loop=LoopSpec(epochs=epochs, max_steps_per_epoch=steps, precision=precision, channels_last=True,
@@ -514,13 +518,19 @@ def _mean(windows: list[dict], key: str) -> float:
 
 def input_row(*, device: torch.device, work: Path, workers: tuple[int, ...] = INPUT_WORKERS, batch: int = 256,
               steps: int = 16, image_size: int = 224, arch: str = "resnet50", precision: str = "bf16",
-              epochs: int = 2, log_every_steps: int = 4) -> Row:
+              epochs: int = 2, log_every_steps: int = 4, resample_workers: tuple[int, ...] = (8,)) -> Row:
     """The ``input`` row: one stage per worker count over the same ``batch * steps`` JPEGs (written once), each
     ``epochs`` epochs (workers persist across them), after an unreported warm-up stage (CUDA context, cuDNN's
     autotuning of every convolution shape: it made the first stage of the first H200 run, 4 workers, read 314
     views/s against 2,022 with 8). Per worker count: the steady rate and wait share (the logging windows after the
     first of each epoch: the first holds the workers' start-up, a later epoch's first its hand-over), each epoch's
-    first window's wait, and the stage's (start-up included)."""
+    first window's wait, and the stage's (start-up included).
+
+    Then one stage per count of ``resample_workers`` with ``train.resample_on_gpu`` (the workers ship the decoded
+    375 px squares, the GPU resamples them), and the pixels of one batch resampled on the device against the
+    workers' (max and mean levels of 255; more than 2 levels apart fails the row: the CPU tests bound the float
+    kernel on the CPU, this row CUDA's). On a CPU (the dry run) the stage would fall back to the workers, so the
+    row resamples on the CPU instead (:func:`_resample_where_the_stage_runs`): the same code path as on a GPU."""
     from bench.image_input import write_jpegs
     from contrastive.modalities.image.datasets.image_folder import prepare_image_folder
     from contrastive.modalities.image.steps import train_stage
@@ -535,21 +545,54 @@ def input_row(*, device: torch.device, work: Path, workers: tuple[int, ...] = IN
     train_stage(input_stage_spec(dataset_dir=dataset_dir, stage_dir=work / "input" / "warmup", workers=workers[0],
                                  device=device.type, batch=batch, steps=min(steps, 2), arch=arch, precision=precision))
     row.figures["warm-up stage"] = f"{time.perf_counter() - started:.1f} s"
-    for count in workers:
+    for count, on_gpu in [*((c, False) for c in workers), *((c, True) for c in resample_workers)]:
         windows = _Windows()
-        summary = train_stage(input_stage_spec(dataset_dir=dataset_dir, stage_dir=work / "input" / f"w{count}",
-                                               workers=count, device=device.type, batch=batch, steps=steps,
-                                               arch=arch, precision=precision, epochs=epochs,
-                                               log_every_steps=log_every_steps), callbacks=[windows])
+        with _resample_where_the_stage_runs(device) if on_gpu else contextlib.nullcontext():
+            summary = train_stage(input_stage_spec(
+                dataset_dir=dataset_dir, stage_dir=work / "input" / f"w{count}{'_resample' if on_gpu else ''}",
+                workers=count, device=device.type, batch=batch, steps=steps, arch=arch, precision=precision,
+                epochs=epochs, log_every_steps=log_every_steps, resample_on_gpu=on_gpu), callbacks=[windows])
         inside, starts = windows.split()
         steady = inside or windows.windows
         epoch_starts = ", ".join(f"{100 * w['train/data_wait_share']:.0f}%" for w in starts)
-        row.figures[f"{count} workers"] = (
+        row.figures[f"{count} workers{', GPU resample' if on_gpu else ''}"] = (
             f"{_mean(steady, 'train/views_per_s'):,.0f} views/s, GPU waited for data "
             f"{100 * _mean(steady, 'train/data_wait_share'):.0f}% steady (inside epochs); epochs' first windows "
             f"waited {epoch_starts}; {summary['views_per_second']:,.0f} views/s, "
             f"{100 * summary['data_wait_share']:.0f}% over the stage (start-up included)")
+    if resample_workers:
+        largest, mean = resampled_pixel_difference(dataset_dir=dataset_dir, device=device, batch=batch)
+        row.figures["GPU resample pixels"] = f"max {largest} levels, mean {mean:.4f} from the workers'"
+        if largest > 2:
+            row.status = "failed"
     return row
+
+
+@contextlib.contextmanager
+def _resample_where_the_stage_runs(device: torch.device):
+    """On a CPU (the dry run) a stage with ``train.resample_on_gpu`` resamples in its workers (the fallback,
+    ``contrastive.data.loading.resample_device``); here the reader resamples on the CPU instead, so the dry run goes
+    through the GPU's code path (the squares shipped, the reader's resampling). On CUDA: nothing patched."""
+    from unittest import mock
+    if device.type == "cuda":
+        yield
+        return
+    with mock.patch("contrastive.modalities.image.steps.resample_device",
+                    lambda *, on_gpu, device: device if on_gpu else None):
+        yield
+
+
+def resampled_pixel_difference(*, dataset_dir: Path, device: torch.device, batch: int) -> tuple[int, float]:
+    """(max, mean) absolute difference in levels of 255 between the first ``batch`` images resampled on ``device``
+    (``BatchReader(resample_on=device)``) and by the workers' kernel, read in this process."""
+    import numpy as np
+    from contrastive.data.loading import iter_batches, load_dataset
+    dataset = load_dataset(dataset_dir)
+    plan = [np.arange(min(batch, len(dataset)))]
+    (_, workers), = iter_batches(dataset, plan, workers=0)
+    (_, ours), = iter_batches(dataset, plan, workers=0, resample_on=device)
+    diff = (ours.cpu().to(torch.int16) - workers.to(torch.int16)).abs()
+    return int(diff.max()), float(diff.float().mean())
 
 
 # ---------------------------------------------------------------------------------------------------- ddp
@@ -931,7 +974,7 @@ DRY_SIZES: dict[str, dict] = {
     "export": dict(num=10, batch=4, arch="resnet18", size=32),
     "checkpoint": dict(arch="resnet18"),
     "input": dict(workers=(0, 1), batch=8, steps=2, image_size=32, arch="small_cnn", precision="fp32", epochs=2,
-                  log_every_steps=1),
+                  log_every_steps=1, resample_workers=(1,)),
     # the Table 4 quick preset itself (ResNet-18, CIFAR stem, K = 5, 3 stages + control) at a few steps; fp32, as
     # bf16 autocast on a CPU without bf16 instructions is emulated (2 steps of ResNet-18: ~1 min instead of seconds)
     "table4": dict(overrides=("device=cpu", "train.precision=fp32", "data.trifeature_paper.per_combination=1",

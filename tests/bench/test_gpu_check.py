@@ -204,13 +204,25 @@ def _steady(figure: str) -> tuple[float, int]:
     return float(views.replace(",", "")), int(waited.removesuffix("%"))
 
 
-def test_the_input_row_trains_a_stage_from_jpegs_per_worker_count_on_cpu(tmp_path):
+def test_the_input_row_trains_a_stage_from_jpegs_per_worker_count_on_cpu(tmp_path, monkeypatch):
     """The input row as it runs on a GPU, shrunk (a small CNN at 32 px, batch 8, 2 steps, fp32): one real stage a
-    worker count through train_stage, each reporting its views/s and the share it waited for data."""
+    worker count through train_stage, each reporting its views/s and the share it waited for data; then a stage
+    with ``train.resample_on_gpu`` whose reader resamples every batch (on the CPU here, the GPU's code path) and
+    the pixels of a batch resampled there against the workers'."""
+    from contrastive.data import loading
+    resampled = []
+    real_resample = loading.resample_squares
+    monkeypatch.setattr(loading, "resample_squares", lambda flat, sides, size: resampled.append(len(sides)) or
+                        real_resample(flat, sides, size=size))
     row = gpu_check.input_row(device=torch.device("cpu"), work=tmp_path, workers=(0, 1), batch=8, steps=2,
-                              image_size=32, arch="small_cnn", precision="fp32", epochs=2, log_every_steps=1)
-    assert list(row.figures) == ["warm-up stage", "0 workers", "1 workers"] and row.status == "ok"
-    for name in ("0 workers", "1 workers"):
+                              image_size=32, arch="small_cnn", precision="fp32", epochs=2, log_every_steps=1,
+                              resample_workers=(1,))
+    assert list(row.figures) == ["warm-up stage", "0 workers", "1 workers", "1 workers, GPU resample",
+                                 "GPU resample pixels"] and row.status == "ok"
+    assert sum(resampled) == 2 * 12 + 8  # 2 epochs of the 12 training images of 16, then the pixel check's batch
+    largest = int(row.figures["GPU resample pixels"].split()[1])
+    assert largest <= 2, row.figures["GPU resample pixels"]
+    for name in ("0 workers", "1 workers", "1 workers, GPU resample"):
         assert _steady(row.figures[name])[0] > 0
         rest = row.figures[name].partition(" steady (inside epochs); epochs' first windows waited ")[2]
         starts, _, stage = rest.partition("; ")
@@ -244,7 +256,8 @@ def test_the_input_rows_wait_share_is_the_time_the_step_waited_for_its_batch(tmp
         monkeypatch.setattr(ImageContrastiveTask, "inputs",
                             lambda self, batch, **kwargs: time.sleep(0.4) or real_inputs(self, batch, **kwargs))
     row = gpu_check.input_row(device=torch.device("cpu"), work=tmp_path, workers=(0,), batch=8, steps=3,
-                              image_size=32, arch="small_cnn", precision="fp32", epochs=1, log_every_steps=1)
+                              image_size=32, arch="small_cnn", precision="fp32", epochs=1, log_every_steps=1,
+                              resample_workers=())
     waited = _steady(row.figures["0 workers"])[1]
     assert waited >= 60 if slow == "feed" else waited <= 15, row.figures["0 workers"]
 
@@ -252,14 +265,20 @@ def test_the_input_rows_wait_share_is_the_time_the_step_waited_for_its_batch(tmp
 def test_the_input_row_names_its_cuda_device_as_the_config_does(tmp_path, monkeypatch):
     """On a GPU the row runs on torch.device("cuda", 0); its stages get the config's device name ("cuda"), which
     device_for accepts ("cuda:0" is a ConfigError)."""
+    from contrastive.data import loading
     from contrastive.engine.distributed import DEVICES
     from contrastive.modalities.image import steps as stages
     specs = []
-    monkeypatch.setattr(stages, "train_stage", lambda spec, callbacks=(): specs.append(spec) or
-                        {"views_per_second": 1.0, "data_wait_share": 0.0})
+    unpatched = []  # whether the stage reads the real resample_device (nothing patched on a GPU)
+    monkeypatch.setattr(stages, "train_stage", lambda spec, callbacks=(): specs.append(spec) or unpatched.append(
+        stages.resample_device is loading.resample_device) or {"views_per_second": 1.0, "data_wait_share": 0.0})
+    monkeypatch.setattr(gpu_check, "resampled_pixel_difference", lambda **_: (0, 0.0))  # reads on the GPU
     gpu_check.input_row(device=torch.device("cuda", 0), work=tmp_path, workers=(4,), batch=2, steps=2,
-                        image_size=16, arch="small_cnn", precision="fp32", log_every_steps=1)
-    assert [spec.device for spec in specs] == ["cuda", "cuda"] and "cuda" in DEVICES  # the warm-up, the timed
+                        image_size=16, arch="small_cnn", precision="fp32", log_every_steps=1, resample_workers=(4,))
+    # the warm-up, the timed, the timed with train.resample_on_gpu (resample_device not patched on CUDA)
+    assert [spec.device for spec in specs] == ["cuda", "cuda", "cuda"] and "cuda" in DEVICES
+    assert [spec.resample_on_gpu for spec in specs] == [False, False, True]
+    assert unpatched == [True, True, True]
 
 
 def test_the_report_is_rewritten_after_every_row(tmp_path):
@@ -318,6 +337,7 @@ def test_the_dry_run_runs_every_row_on_the_cpu_into_its_own_report(tmp_path, mon
     assert list(table) == FAST_ROWS
     assert all(cells[1].endswith("CPU (dry run, toy sizes)") and cells[3] == "ok" for cells in table.values()), table
     assert "2 decoders" in table["clip"][4] and "AMI" in table["kmeans"][4]
+    assert "1 workers, GPU resample" in table["input"][4] and "GPU resample pixels" in table["input"][4]
     assert capsys.readouterr().out.rstrip().endswith(f"{len(FAST_ROWS)} rows ran on the CPU and the GPU sizes check out")
     assert gpu_check.main(["--dry-run", "--rows", "host_syncs"]) == 0 and not (tmp_path / "BENCHMARKS.md").exists()
 
