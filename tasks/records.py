@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
+from prefect.serializers import Serializer
 from pydantic import BaseModel, ConfigDict
 
 from contrastive.embeddings import MANIFEST as EMBEDDINGS_MANIFEST
@@ -72,7 +73,7 @@ class StepRecord(BaseModel):
 
 
 class TrainRecord(StepRecord):
-    PATHS = ("dir", "model_path", "summary.model_path")
+    PATHS = ("dir", "model_path", "summary.model_path", "summary.isotropy_path")  # tasks.steps.SUMMARY_PATHS
     stage: int
     model_path: str
     summary: dict
@@ -137,6 +138,42 @@ class FeaturesRecord(StepRecord):
 
 
 R = TypeVar("R", bound=StepRecord)
+
+
+class RecordSerializer(Serializer):
+    """How Prefect keeps a step's returned record in its result store (``<output_dir>/prefect-results/``): as
+    ``record.json`` holds it (JSON, every path relative to the run root), so the result store of a moved or copied
+    run names no path of the machine that wrote it, and nothing there is unpickled. Read back, the record's paths are
+    relative: the flow takes only its type from it and reads the step directory's ``record.json`` where it is now
+    (``flows.runner``). Results kept by earlier versions name Prefect's pickle serializer and are read by it.
+
+    A failed step's exception (Prefect keeps one too) is kept as its type and message and read back as a
+    ``RuntimeError`` saying them: the error's history, like the log."""
+
+    type: typing.Literal["mclpipe-step-record"] = "mclpipe-step-record"
+
+    def dumps(self, obj: StepRecord | BaseException) -> bytes:
+        if isinstance(obj, BaseException):
+            return json.dumps({"error": f"{type(obj).__name__}: {obj}"}).encode()
+        if not isinstance(obj, StepRecord):
+            raise TypeError(f"a pipeline step returns a StepRecord, not {type(obj).__name__}")
+        return json.dumps({"kind": type(obj).__name__, "record": obj.stored()}).encode()
+
+    def loads(self, blob: bytes) -> StepRecord | RuntimeError:
+        value = json.loads(blob)
+        if "error" in value:
+            return RuntimeError(value["error"])
+        return _record_kinds()[value["kind"]].model_validate(value["record"])
+
+
+def _record_kinds() -> dict[str, type[StepRecord]]:
+    """Every record class by name (subclasses of subclasses included)."""
+    kinds, todo = {}, [StepRecord]
+    while todo:
+        kind = todo.pop()
+        kinds[kind.__name__] = kind
+        todo += kind.__subclasses__()
+    return kinds
 
 
 def finished_record(out_dir: Path | str, kind: type[R]) -> R | None:

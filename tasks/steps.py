@@ -31,7 +31,8 @@ from pipeline_config.loader import dump_config
 from pipeline_config.run_root import record_started_in
 from pipeline_config.schema import _PipelineBase
 from tasks.records import (ClusterRecord, DiagnosisRecord, EvalRecord, ExportRecord, FeaturesRecord, ModelRecord,
-                           PseudoLabelRecord, RegroupRecord, StepRecord, TrainRecord, finished_record, in_step_dir)
+                           PseudoLabelRecord, RecordSerializer, RegroupRecord, StepRecord, TrainRecord, finished_record,
+                           in_step_dir)
 from tasks.launching import gpu_slot, run_stage_processes, uses_processes
 from tasks.tracking import PENDING_FILE, MetricBuffer, Tracker, log_encoder, rank_metric_points
 
@@ -77,7 +78,8 @@ def cached_task(name: str, **kwargs):
                 if not is_disk_full(exc) or "out_dir" not in params:
                     raise
                 raise step_disk_full_error(exc, out_dir=Path(params["out_dir"])) from exc
-        return task(name=name, cache_key_fn=cache_key_from_parameters, persist_result=True, **kwargs)(step)
+        return task(name=name, cache_key_fn=cache_key_from_parameters, persist_result=True,
+                    result_serializer=RecordSerializer(), **kwargs)(step)
     return decorate
 
 
@@ -246,9 +248,19 @@ def trained_summary(out_dir: str) -> dict | None:
     path = Path(out_dir) / SUMMARY
     if not path.exists():
         return None
-    summary = json.loads(path.read_text())
-    summary["model_path"] = in_step_dir(summary["model_path"], out_dir)  # written where the run was then
+    summary = in_step_summary(json.loads(path.read_text()), out_dir)  # written where the run was then
     return summary if Path(summary["model_path"]).exists() else None
+
+
+#: The files a training's summary names (text: its isotropy record): relative to the step directory in
+#: ``train_summary.json``, absolute in memory, relative to the run root in the stage's record (``TrainRecord``).
+SUMMARY_PATHS = ("model_path", "isotropy_path")
+
+
+def in_step_summary(summary: dict, out_dir: str) -> dict:
+    """A training's summary as read from its step directory ``out_dir``, its files there (``in_step_dir``)."""
+    return {**summary, **{key: in_step_dir(summary[key], out_dir) for key in SUMMARY_PATHS
+                          if isinstance(summary.get(key), str)}}
 
 
 def _train(*, config, buffer: MetricBuffer, out_dir: str, spec, entry: str, train_here, total_steps: int,
@@ -258,7 +270,7 @@ def _train(*, config, buffer: MetricBuffer, out_dir: str, spec, entry: str, trai
     if uses_processes(config):
         summary = run_stage_processes(config=config, what="train", entry=entry, kwargs={"spec": spec.to_json()},
                                       stage_dir=out_dir)
-        summary["model_path"] = in_step_dir(summary["model_path"], out_dir)  # the file names it relative
+        summary = in_step_summary(summary, out_dir)  # the file names its files relative
         buffer.add_trained(rank_metric_points(Path(out_dir) / "train_metrics.jsonl"))
         buffer.flush(final=True)
     else:

@@ -177,3 +177,16 @@ def test_the_plan_is_where_users_look(finished, tmp_path):
         flow_run_id = summary["prefect_flow_run_url"].rsplit("/", 1)[-1]
         (plan_progress,) = [(data, d) for data, d in asyncio.run(progress_of(flow_run_id)) if "by the plan" in d]
         assert plan_progress[0] == 100.0 and plan_progress[1].endswith("about 0.0 s left by the plan"), key
+
+
+def test_no_file_of_a_finished_run_names_the_run_directory(finished):
+    """A run directory moves (issue 47): what a finished run of each modality keeps under output_dir names its own
+    files relative to it, step records, step summaries, Prefect's results and logged models alike. Allowed: the
+    logs (history), Prefect's own note of where it wrote a result (``storage_key``), and the config as it was given
+    (absolute here: the test names output_dir so)."""
+    from pathlib import Path
+
+    from tests.flows.run_paths import files_naming
+    found = {key: files_naming(Path(config.output_dir), Path(config.output_dir), output_dir_given_absolute=True)
+             for key, (config, _) in finished.items()}
+    assert found == dict.fromkeys(finished, {}), found

@@ -93,3 +93,19 @@ def test_an_export_whose_manifest_is_gone_is_not_finished(tmp_path):
     assert gone_files(record.dir, ExportRecord) == []
     (step / "embeddings" / "manifest.json").unlink()
     assert gone_files(record.dir, ExportRecord) == [str(step / "embeddings" / "manifest.json")]
+
+
+def test_prefect_keeps_a_step_result_as_its_record_json_with_no_path_of_the_run(tmp_path):
+    """Prefect's result store (``<output_dir>/prefect-results``) moves with the run: a step's cached result is the
+    record as ``record.json`` holds it (relative paths, JSON, no pickle), read back as the same kind of record; a
+    failed step's exception as its type and message."""
+    from prefect.serializers import Serializer
+
+    from tasks.records import RecordSerializer
+    record = trained(tmp_path / "runs")
+    blob = RecordSerializer().dumps(record)
+    assert str(tmp_path).encode() not in blob and b"pickle" not in blob
+    again = Serializer(type=RecordSerializer().type).loads(blob)  # as Prefect finds it by the type it recorded
+    assert type(again) is TrainRecord and again.model_dump() == record.stored()
+    error = Serializer(type=RecordSerializer().type).loads(RecordSerializer().dumps(OSError("disk full")))
+    assert isinstance(error, RuntimeError) and str(error) == "OSError: disk full"
