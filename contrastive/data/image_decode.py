@@ -158,7 +158,7 @@ def resample_squares(flat: "torch.Tensor", sides: Sequence[int], *, size: int) -
     The pixels are the workers' (:func:`_jpeg_square`'s uint8 kernel) to rounding: that kernel resamples the width
     first, rounds and clamps to uint8, then the height; the same two passes in float32 here, each rounded and
     clamped, differ from it only by its fixed-point weights: at most 1 level down-sampling, 2 up-sampling, about
-    0.005 levels on average on noise (``tests/unit/data/test_image_files.py``). One float pass without the middle
+    0.005 levels on average on noise (``tests/unit/data/test_gpu_resample.py``). One float pass without the middle
     rounding would differ by up to 25 levels where a pass overshoots (noise, sharp edges).
     """
     import torch

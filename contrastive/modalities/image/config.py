@@ -357,7 +357,7 @@ class TrainConfig(LoopSettings):
     # Not in the key: the pixels are the workers' to rounding (at most 1-2 levels of 255 a pixel, ~0.005 on
     # average: contrastive.data.image_decode.resample_squares), as train.tf32 changes results by float noise only.
     resample_on_gpu: bool = Field(
-        False, description="CUDA, images stored as files or shards with decode_scale auto: the DataLoader workers "
+        False, description="CUDA, an image folder stored as files (decode_scale auto): the DataLoader workers "
                            "ship each JPEG's decoded centre square and the GPU resamples the batch to image_size "
                            "(the same pixels to rounding); on a CPU run the workers resample, as without it",
         **NOT_IN_KEY)
