@@ -65,6 +65,9 @@ def test_the_device_resamples_a_batch_to_the_workers_pixels_to_rounding(device):
     # A batch of one side (the usual case: photos of one camera): the same pixels through the one-group path.
     one_side = resample_squares(_pack(squares[:3])[0].to(device), sides[:3], size=SIZE).cpu()
     assert torch.equal(one_side, ours[:3])
+    # A batch whose every image was unreadable: nothing shipped, an empty batch of the right shape.
+    assert resample_squares(torch.empty(0, dtype=torch.uint8, device=device), [], size=SIZE).shape == (0, 3, SIZE,
+                                                                                                        SIZE)
 
 
 def _folder(tmp_path, *, decode_scale: str = "auto"):
