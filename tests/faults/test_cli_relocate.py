@@ -48,6 +48,18 @@ def finished(tmp_path_factory):
 
 
 @pytest.mark.timeout(1200)
+def test_no_file_of_the_finished_run_names_the_directory_it_ran_in(finished):
+    """What the run keeps under runs/ (step records and summaries, Prefect's results, logged models, the saved config)
+    names its files relative to the run root: only the logs (history) and Prefect's own storage_key name the
+    directory (tests.flows.run_paths; docs/running.md)."""
+    from tests.flows.run_paths import files_naming
+    project, _ = finished
+    assert files_naming(project / "runs", project) == {}
+    # not a vacuous search: the log (history) names the directory the way a path of it would be written
+    assert any(str(project) in log.read_text() for log in (project / "runs" / "logs").glob("*.log"))
+
+
+@pytest.mark.timeout(1200)
 def test_resume_from_another_directory_reuses_every_step_and_writes_nothing_there(finished, tmp_path):
     original, pipeline = finished
     shutil.copytree(original, tmp_path / "project")
