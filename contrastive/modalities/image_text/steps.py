@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -316,12 +317,14 @@ def reshard_stage(*, pseudo_labels_path: str, urls: list[str], out_dir: str, slo
 
 # ---------------------------------------------------------------------------------------------------- evaluation
 def make_soup(*, model_paths: list[str], out_path: str) -> str:
-    """Average the stage models' trained weights (they share the frozen rest and the init) into one model file."""
+    """Average the stage models' trained weights (they share the frozen rest and the init) into one model file. It
+    notes the models it was made of (``soup_of``) relative to its own directory: a run directory moves."""
     spec, states = load_stage_states([Path(p) for p in model_paths])
     soup = average_state_dicts(states)
     out = Path(out_path)
     save_torch({"spec": spec, "trainable_state": soup, "weights_fingerprint": None,
-                "soup_of": [str(p) for p in model_paths]}, out, what="the model soup")
+                "soup_of": [os.path.relpath(Path(p).resolve(), out.parent.resolve()) for p in model_paths]}, out,
+               what="the model soup")
     return str(out)
 
 

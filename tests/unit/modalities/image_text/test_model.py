@@ -1,5 +1,6 @@
 """open_clip model creation, block-count freezing, CLIP loss, precision, stage-model files, the training loop."""
 import math
+from pathlib import Path
 
 import open_clip
 import pytest
@@ -150,6 +151,19 @@ def test_stage_model_file_stores_only_trained_parameters(tmp_path, tiny):
     assert all(torch.equal(state[k], original[k]) for k in original)
     with pytest.raises(DataError, match="missing"):
         load_stage_model(path=tmp_path / "nope.pt")
+
+
+def test_a_model_soup_names_its_stage_models_relative_to_itself(tmp_path, tiny):
+    """The soup is kept in the run directory, which moves (issue 47): the stage models it averages are noted
+    relative to its own directory, never as paths of the machine that made it."""
+    from contrastive.modalities.image_text.steps import make_soup
+    steps = tmp_path / "runs" / "steps"
+    stages = [save_stage_model(model=tiny.model, spec=TINY, path=steps / f"clip-train{i}-k" / "model" / "model.pt",
+                               weights_file=None) for i in range(2)]
+    soup = Path(make_soup(model_paths=[str(p) for p in stages], out_path=str(steps / "clip-soup-k" / "model.pt")))
+    assert str(tmp_path).encode() not in soup.read_bytes()
+    assert torch.load(soup, weights_only=True)["soup_of"] == ["../clip-train0-k/model/model.pt",
+                                                              "../clip-train1-k/model/model.pt"]
 
 
 class ListSource:
