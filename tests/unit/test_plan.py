@@ -167,3 +167,12 @@ def test_the_total_projects_the_run_with_its_task_runs_start_and_end(tmp_path):
     assert "the run's start, bookkeeping and end (20.5 s)" in P.summary_lines(plan)[0]
     # progress is the steps' share: the last step done is 100 %, the first (prepare, not projected) 0 %
     assert P.progress_percent(plan, len(plan.rows)) == 100.0 and P.progress_percent(plan, 1) == 0.0
+
+
+def test_the_step_rate_is_the_second_half_after_the_prefetched_batches():
+    """pipeline_config.calibrate.steady_step_seconds: a loader with 4 batches prefetched makes steps 2-5 take 0.1 s
+    while the model alone runs, then every step waits for its batch (1 s): the rate is 1 s, not a median of both."""
+    from pipeline_config.calibrate import steady_step_seconds
+    stamps = [0.0, 5.0, 5.1, 5.2, 5.3, 5.4, 6.4, 7.4, 8.4, 9.4]
+    assert steady_step_seconds(stamps, total=10.0) == pytest.approx(1.0)
+    assert steady_step_seconds([3.0], total=6.0) == 6.0 and steady_step_seconds([], total=6.0) == 6.0
