@@ -290,7 +290,8 @@ class Tracker:
                 left = self.outage_grace_seconds - away if outage else 0.0
                 if once and left > 0:
                     raise TrackingAway(f"MLflow tracking at {self.uri} is away ({_short(exc)})") from exc
-                if left <= 0 and attempt >= self.retries:
+                # Past the grace a mid-stage send (``once``) stops the stage at once: the user's grace is the wait.
+                if left <= 0 and (attempt >= self.retries or (once and outage)):
                     raise TrackingError(self._failure(what, exc, away=away if outage else None)) from exc
                 if not outage:
                     log.warning("MLflow call to %s failed (%s); retrying in %.1fs", what, _short(exc), delay)

@@ -124,14 +124,16 @@ class MetricBuffer:
     logs them then, so the steps after the checkpoint are dropped with the crash or the rollback; what the journal
     holds is sent when the server answers again, or by the stage's next run (this class reads the journal when it
     starts). While the server is away, training goes on: a send is one try, repeated at the next checkpoint at most
-    every ``retry_seconds``; only the end of the stage waits for the server, up to the tracker's grace."""
+    every ``retry_seconds`` (half the grace when that is shorter); only the end of the stage waits for the server,
+    up to the tracker's grace, and a send mid-stage once the grace has run out stops the stage at its first failure."""
 
     def __init__(self, *, tracker: Tracker, run_id: str, journal: Path | None = None, flush_every: int = 50,
                  retry_seconds: float = 10.0):
         self.tracker = tracker
         self.run_id = run_id
         self.flush_every = flush_every
-        self.retry_seconds = retry_seconds
+        # At least two tries within the grace, so a stage stops close to the grace a user set, not 10 s after it.
+        self.retry_seconds = min(retry_seconds, tracker.outage_grace_seconds / 2)
         self.unsaved: list[tuple[int, dict[str, float], int]] = []  # (step, metrics, timestamp ms) after the checkpoint
         self.journal = PendingJournal(journal)
         self._next_try = 0.0  # while the server is away: no send before this time.monotonic()

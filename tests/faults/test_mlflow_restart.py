@@ -24,7 +24,12 @@ from tests.e2e.stack import BIN, PG_PORT, REPO, psql, wait_for
 from tests.faults.cli_process import MCLPIPE, checkpoint_of, cli_env, one_line, start
 
 pytestmark = pytest.mark.slow
-EPOCHS = 16  # 8 steps an epoch: a stage of about a minute here, long enough to train on through the outage
+# 8 steps an epoch, about 60 steps a second here with the preset's checkpoint every 4 steps (2 cores, 2026-11-27):
+# the restart test's stage trains for about 10 s, longer than the 3 s its server stays away. The outage test's
+# checkpoints only at epoch ends (about twice as fast) for 1,600 steps, longer than a stop past its grace takes (the
+# 5 s grace, tries every 2.5 s). Each test checks that its stage was still training when it needed to be, so a
+# faster machine fails with that line rather than passing without an outage.
+EPOCHS, OUTAGE_EPOCHS = 80, 200
 LOG_EVERY = 2  # the preset's train.log_every_steps
 
 
@@ -71,9 +76,10 @@ def mlflow_on_postgres(root: Path):
         psql(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
 
 
-def run_args(workdir: Path, mlflow_url: str) -> list[str]:
+def run_args(workdir: Path, mlflow_url: str, *, epochs: int = EPOCHS, stages: int = 2) -> list[str]:
     sets = [f"output_dir={workdir / 'runs'}", f"data.cache_dir={workdir / 'data'}", f"tracking.uri={mlflow_url}",
-            "mcl.num_stages=2", "mcl.control=false", f"train.epochs={EPOCHS}", "tracking.system_metrics_seconds=2"]
+            f"mcl.num_stages={stages}", "mcl.control=false", f"train.epochs={epochs}",
+            "tracking.system_metrics_seconds=2"]
     return ["run", "trifeature_tiny", *[arg for value in sets for arg in ("--set", value)]]
 
 
@@ -89,6 +95,7 @@ def test_mlflow_server_killed_and_restarted_mid_stage_loses_and_repeats_no_metri
         # the stage goes on training: its next checkpoints' metrics wait on disk
         cli.wait_for(journal.exists, timeout=300, what=f"metrics kept in {journal} while the server is away")
         time.sleep(3)
+        assert not (journal.parent / "train_summary.json").exists(), "stage 0 ended before the server came back"
         server.start()
         code, _ = cli.wait(timeout=1200)
         output = cli.output
@@ -123,7 +130,9 @@ def test_an_outage_past_its_grace_ends_in_one_line_and_the_printed_command_sends
     stage's runs (the stopped one and the resumed one) hold every expected step exactly once."""
     workdir = tmp_path / "run"
     with mlflow_on_postgres(tmp_path) as server:
-        cli = start(workdir, [*run_args(workdir, server.url), "--set", "tracking.outage_grace_seconds=5"])
+        # stage 0 alone: the outage is in it, and a long stage 1 would only add minutes
+        cli = start(workdir, [*run_args(workdir, server.url, epochs=OUTAGE_EPOCHS, stages=1), "--set",
+                              "tracking.outage_grace_seconds=5", "--set", "train.checkpoint_every_steps=1000"])
         cli.wait_for(lambda: checkpoint_of(workdir, "train0") is not None, timeout=900,
                      what="the first checkpoint of stage 0")
         server.kill()
@@ -135,6 +144,7 @@ def test_an_outage_past_its_grace_ends_in_one_line_and_the_printed_command_sends
         assert "Continue with: mclpipe resume" in line and line in (workdir / "runs" / "last-stop.txt").read_text()
         journal = checkpoint_of(workdir, "train0").parent.parent / PENDING_FILE
         assert journal.exists()  # what the checkpoint holds, not yet in MLflow
+        assert not (journal.parent / "train_summary.json").exists(), "stage 0 ended before the grace ran out"
 
         server.start()
         resume = shlex.split(line.split("Continue with: ", 1)[1])

@@ -310,6 +310,29 @@ def test_an_outage_past_its_grace_stops_the_stage_in_one_line_and_keeps_the_jour
     assert [r["metrics"][0][3] for r in journal_records(journal)] == [1]  # kept for the stage's next run
 
 
+def test_a_send_mid_stage_past_the_grace_stops_at_its_first_failure(switchable, tmp_path, monkeypatch):
+    """The stage stops close to the grace a user set: the journal tries again within half the grace, and once the
+    grace has run out a mid-stage send stops the stage without the retries (and their sleeps) of a final one."""
+    tracker, client, run = switchable
+    tracker.outage_grace_seconds = 6.0
+    buffer = MetricBuffer(tracker=tracker, run_id=run, journal=tmp_path / PENDING_FILE, flush_every=1)
+    assert buffer.retry_seconds == 3.0  # half the grace: shorter than the default 10 s
+    clock = {"now": 1000.0}
+    monkeypatch.setattr("tasks.tracking.client.time.monotonic", lambda: clock["now"])
+    monkeypatch.setattr("tasks.tracking.journal.time.monotonic", lambda: clock["now"])
+    sleeps = []
+    monkeypatch.setattr("tasks.tracking.client.time.sleep", sleeps.append)
+    client.down = True
+    train(buffer, range(1, 3))  # the outage starts: one try, kept for later
+    clock["now"] += 3.0
+    train(buffer, range(3, 5))  # 3 s away, within the grace: one more try
+    assert sleeps == []
+    clock["now"] += 3.0
+    with pytest.raises(TrackingError, match="has not answered for 6 s"):
+        train(buffer, range(5, 7))  # 6 s away: past the grace, the first failure stops the stage
+    assert sleeps == []
+
+
 def test_the_end_of_a_stage_waits_for_the_server_within_the_grace(switchable, tmp_path, monkeypatch):
     """The stage's last metrics are sent before it is recorded as finished: the final flush waits (retries) while
     the server is away and goes on when it answers."""
