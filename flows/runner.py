@@ -42,7 +42,7 @@ from pipeline_config.schema import digest_of
 from tasks import steps as t
 from contrastive.modalities.base import Member
 from tasks.records import (RECORD, ClusterRecord, ExportRecord, ModelRecord, PseudoLabelRecord, RegroupRecord,
-                           StepRecord, TrainRecord, finished_record, gone_files, record_kind)
+                           StepRecord, TrainRecord, drop_foreign_result, finished_record, gone_files, record_kind)
 
 RESULT_STORE = "prefect-results"
 
@@ -76,6 +76,7 @@ def _run_locked_step(step, *, storage: Path, force: bool, title: str | None = No
         if (out_dir / RECORD).exists():
             set_aside(out_dir)
         return bound.with_options(refresh_cache=True)(**kwargs)
+    drop_foreign_result(storage / f"{step.name}-{kwargs['key']}")  # the cache key: tasks.steps.cached_task
     record = bound(**kwargs)
     # Prefect's cached record was written where the run was then (moved or copied since, or its step recomputed):
     # the step directory of this run root is what counts.

@@ -166,6 +166,22 @@ class RecordSerializer(Serializer):
         return _record_kinds()[value["kind"]].model_validate(value["record"])
 
 
+def drop_foreign_result(path: Path) -> None:
+    """Remove the cached result ``path`` of Prefect's result store unless :class:`RecordSerializer` wrote it.
+
+    Prefect reads a cached result with the serializer its file names, so a pickle there (an earlier version's, naming
+    the old paths, or a file planted in the run directory) would be unpickled before any step runs. Nothing is lost:
+    the step's body returns its finished ``record.json`` and Prefect keeps the result anew, as JSON."""
+    try:
+        serializer = json.loads(Path(path).read_bytes())["metadata"]["serializer"]["type"]
+    except FileNotFoundError:
+        return
+    except (ValueError, KeyError, TypeError):  # not a result Prefect could read either
+        serializer = None
+    if serializer != RecordSerializer.model_fields["type"].default:
+        Path(path).unlink(missing_ok=True)
+
+
 def _record_kinds() -> dict[str, type[StepRecord]]:
     """Every record class by name (subclasses of subclasses included)."""
     kinds, todo = {}, [StepRecord]

@@ -95,3 +95,49 @@ def test_a_stage_killed_between_its_summary_and_its_record_is_recorded_once_with
     assert [m.value for m in history] == [2.5]
     assert len(tracker.client.get_metric_history(run_id, "train/views_per_second")) == 1
     assert tracker.client.get_run(run_id).data.tags["train_key"] == "abc"
+
+
+def test_a_pickle_in_prefects_result_store_is_never_unpickled_and_the_step_is_reused(tmp_path):
+    """Prefect reads a cached result with the serializer its file names: a pickle in ``runs/prefect-results`` (an
+    earlier version's, naming the old paths, or planted there) would run on the next cache hit. run_step removes it
+    first; the step's body returns its finished record.json (nothing computed again) and the result is kept anew as
+    JSON naming no path of the run (issue 47)."""
+    import base64
+    import json
+    import pickle
+    from pathlib import Path
+
+    from prefect import flow
+
+    from flows.runner import RESULT_STORE, run_step
+    from tasks.records import EvalRecord, finished_record
+    from tasks.steps import cached_task
+    from tests.unit.test_safe_loading import Planted
+
+    computed = []
+
+    @cached_task("tiny-eval")
+    def tiny_eval(*, key: str, out_dir: str) -> EvalRecord:
+        if (done := finished_record(out_dir, EvalRecord)) is not None:
+            return done
+        computed.append(key)
+        Path(out_dir).mkdir(parents=True)
+        return EvalRecord(key=key, dir=out_dir, mlflow_run_id="r", name="probe", metrics={"acc": 0.5}).save()
+
+    storage, out_dir = tmp_path / "runs" / RESULT_STORE, tmp_path / "runs" / "steps" / "eval-k1"
+
+    @flow
+    def steps():
+        return run_step(tiny_eval, storage=storage, key="k1", out_dir=str(out_dir))
+
+    first = steps()
+    result = storage / "tiny-eval-k1"
+    written = json.loads(result.read_text())
+    sentinel = tmp_path / "SENTINEL"
+    result.write_text(json.dumps({"metadata": {**written["metadata"], "serializer": {"type": "pickle"}},
+                                  "result": base64.b64encode(pickle.dumps(Planted(sentinel))).decode()}))
+    again = steps()
+    assert not sentinel.exists(), "Prefect unpickled the planted result"
+    assert computed == ["k1"] and again == first
+    assert json.loads(result.read_text())["metadata"]["serializer"]["type"] == "mclpipe-step-record"
+    assert str(tmp_path) not in json.loads(result.read_text())["result"]
