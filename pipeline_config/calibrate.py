@@ -7,12 +7,11 @@ MLflow, in a temporary directory:
 
 - prepare: the real preparation, then again: a run after the plan finds the data prepared, and that second call's
   time is the row's (the first one's is in its note);
-- train: stage 0 for ``TRAIN_STEPS`` optimizer steps (``train.max_steps_per_epoch``), each step timed by a training
-  callback: the mean step of the second half is the per-step rate (:func:`steady_step_seconds`: the first steps
-  take batches the loader's workers prefetched while the model started, so they time the model alone; on
-  trifeature_quick 8 steps' median said 0.12 s a step and the run took 0.75 s), the rest of the call the fixed
-  cost; twice,
-  as a run's first training (cold: imports, kernels, workers) and as its later ones;
+- train: ``TRAIN_STEPS`` optimizer steps (``train.max_steps_per_epoch``), each step timed by a training callback:
+  the mean step of the second half is the per-step rate (:func:`steady_step_seconds`: the first steps take batches
+  the loader's workers prefetched while the model started, so they time the model alone; on trifeature_quick 8
+  steps' median said 0.12 s a step and the run took 0.75 s), the rest of the call the fixed cost; twice: stage 0
+  as a run's first training (cold: imports, kernels, workers), the last stage's config as its later ones;
 - export: the real export of that model, stopped after ``EXPORT_ROWS`` rows (its progress callback), or whole on
   data smaller than that; seconds a row after the first batch, the rest fixed;
 - k-means and pseudo-labels: the real steps on the calibration's export when it is whole, else k-means on
@@ -132,9 +131,9 @@ class _StepTimes:
         pass
 
 
-def _short_training(config):
-    """Stage 0's config for ``TRAIN_STEPS`` steps, every step logged, no checkpoint in between."""
-    stage = config.for_stage(0)
+def _short_training(config, stage_index: int = 0):
+    """A stage's config for ``TRAIN_STEPS`` steps, every step logged, no checkpoint in between."""
+    stage = config.for_stage(stage_index)
     train = stage.train.model_copy(update={"epochs": 1, "max_steps_per_epoch": TRAIN_STEPS, "log_every_steps": 1,
                                            "checkpoint_every_steps": 10 ** 9})
     return stage.model_copy(update={"train": train})
@@ -238,24 +237,28 @@ def _data_bytes(data: dict) -> int | None:
 
 
 def _train(config, modality, *, data: dict, work: Path, rates: dict, device: str) -> str:
-    """Stage 0 trained twice for TRAIN_STEPS steps: the first call pays what a process pays once (imports,
-    kernels, worker start-up: ``train_cold``, the first training of a run), the second what every later stage
-    pays (``train``)."""
-    stage = _short_training(config)
-    summary = None
-    for name in ("train_cold", "train"):
+    """Two trainings of TRAIN_STEPS steps: stage 0 first, which pays what a process pays once (imports, kernels,
+    worker start-up: ``train_cold``, the first training of a run), then the last stage's config (on random
+    batches) for what every later stage pays (``train``). The later stages' own config, not stage 0's again: a
+    stage override of the batch size changes a step's cost by less than the batch ratio (trifeature_quick's stage 1
+    at batch 32: 0.2 s a step against stage 0's 0.18 s at 64, 2026-11-28), so the ratio is applied only to a
+    config the calibration did not train. Returns stage 0's model (what the export and evaluations use)."""
+    model_path = None
+    for name, index in (("train_cold", 0), ("train", config.mcl.num_stages - 1)):
+        stage = _short_training(config, index)
         out_dir = work / name
-        spec = modality.train_spec(stage, stage=0, seed=config.seed, out_dir=str(out_dir), data=data,
+        spec = modality.train_spec(stage, stage=index, seed=config.seed, out_dir=str(out_dir), data=data,
                                    batches_path=None, init_model_path=None)
         timer = _StepTimes()
         with measured(device) as m:
             summary = modality.train(spec, callbacks=[timer])
+        model_path = model_path or summary["model_path"]
         per_step = steady_step_seconds(timer.stamps, total=m.seconds)
         steps = max(len(timer.stamps), 1)
         rates[name] = Rate(fixed_s=max(0.0, m.seconds - steps * per_step), per_unit_s=per_step, units=steps,
                            peak_rss=m.peak_rss, disk=dir_bytes(out_dir), gpu_mem=m.gpu_mem,
-                           batch=stage.global_batch_size(0))
-    return summary["model_path"]
+                           batch=stage.global_batch_size(index))
+    return model_path
 
 
 def steady_step_seconds(stamps: list[float], *, total: float) -> float:

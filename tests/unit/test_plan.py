@@ -176,3 +176,28 @@ def test_the_step_rate_is_the_second_half_after_the_prefetched_batches():
     stamps = [0.0, 5.0, 5.1, 5.2, 5.3, 5.4, 6.4, 7.4, 8.4, 9.4]
     assert steady_step_seconds(stamps, total=10.0) == pytest.approx(1.0)
     assert steady_step_seconds([3.0], total=6.0) == 6.0 and steady_step_seconds([], total=6.0) == 6.0
+
+
+def test_the_later_stages_rate_is_measured_on_their_own_config(tmp_path):
+    """pipeline_config.calibrate._train: the cold training is stage 0's, the warm one the last stage's config
+    (trifeature_quick's stage 1 trains on batches of 32), so the plan does not scale stage 0's step by a batch ratio
+    the step does not follow; the export gets stage 0's model."""
+    from pipeline_config import calibrate as C
+    config = load_config("trifeature_quick", [f"output_dir={tmp_path}", f"data.cache_dir={tmp_path}"])
+    trained = []
+
+    class Fake:
+        def train_spec(self, stage_config, *, stage, out_dir, **_):
+            return {"stage": stage, "batch": stage_config.global_batch_size(stage), "out_dir": out_dir}
+
+        def train(self, spec, *, callbacks):
+            trained.append((spec["stage"], spec["batch"]))
+            for step in range(C.TRAIN_STEPS):
+                callbacks[0].on_step(step=step, epoch=0, metrics={})
+            return {"model_path": spec["out_dir"] + "/model.pt"}
+
+    rates = {}
+    model = C._train(config, Fake(), data={}, work=tmp_path, rates=rates, device="cpu")
+    assert trained == [(0, 64), (1, 32)]
+    assert (rates["train_cold"].batch, rates["train"].batch) == (64, 32)
+    assert model == str(tmp_path / "train_cold") + "/model.pt"
