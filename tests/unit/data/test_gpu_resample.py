@@ -11,7 +11,6 @@ pass first, one pass without the rounding between) or swapped channels differs b
 from __future__ import annotations
 
 import io
-import logging
 
 import numpy as np
 import pytest
@@ -115,15 +114,18 @@ def test_a_folder_decoded_by_pil_reads_as_without_the_setting(tmp_path):
     assert np.array_equal(kept, kept_on) and torch.equal(images, images_on)
 
 
-def test_the_setting_resamples_on_cuda_only_and_falls_back_elsewhere(caplog):
+def test_the_setting_resamples_on_cuda_only_and_falls_back_elsewhere(monkeypatch):
     """On a CUDA stage the reader resamples there; on a CPU stage the workers do (logged), so one config serves a
     GPU host and a laptop; off: the workers."""
+    from contrastive.data import loading
+    said = []  # the module's own logger, heard directly: whatever an earlier test did to logging's configuration
+    monkeypatch.setattr(loading.log, "info", lambda message, *args: said.append(message % args))
     cuda = torch.device("cuda", 0)  # a device object: nothing runs on it
     assert resample_device(on_gpu=True, device=cuda) == cuda
     assert resample_device(on_gpu=False, device=cuda) is None
-    with caplog.at_level(logging.INFO, logger="contrastive.data.loading"):
-        assert resample_device(on_gpu=True, device=torch.device("cpu")) is None
-    assert "train.resample_on_gpu is set but the stage runs on cpu" in caplog.text
+    assert said == []
+    assert resample_device(on_gpu=True, device=torch.device("cpu")) is None
+    assert len(said) == 1 and "train.resample_on_gpu is set but the stage runs on cpu" in said[0]
 
 
 def test_the_setting_reaches_the_stage_and_its_export_and_stays_out_of_the_key():
