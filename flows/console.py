@@ -32,6 +32,10 @@ LOG_LEVEL_ENV = "MCLPIPE_LOG_LEVEL"
 #: loggers whose console handlers are filtered and that the log file receives (the ones that do not propagate to
 #: the root logger carry handlers of their own)
 NAMESPACES = ("prefect", "mlflow")
+#: mclpipe's own loggers: at INFO (or the console's level when lower), so that their INFO lines (where a stage
+#: trained, a fallback taken, the tracking server back) reach the log file; Prefect's logging configuration leaves
+#: the root logger at WARNING, which they would inherit and drop them at.
+OWN_NAMESPACES = ("contrastive", "tasks", "flows", "pipeline_config")
 WIDTH = 80
 
 
@@ -120,6 +124,10 @@ def quiet_console(log_file: Path | None) -> Path | None:
         # the root logger, and the loggers that keep their records to themselves, each write to the file once
         if file_handler is not None and (logger is logging.getLogger() or not logger.propagate):
             logger.addHandler(file_handler)
+    for name in OWN_NAMESPACES:
+        own = logging.getLogger(name)
+        if own.getEffectiveLevel() > min(logging.INFO, level):
+            own.setLevel(min(logging.INFO, level))
     global _LOG_FILE
     _LOG_FILE = log_file
     return log_file

@@ -80,7 +80,10 @@ def chatty_loggers():
     mlflow_handler = logging.StreamHandler(stream)
     mlflow_logger.handlers, mlflow_logger.propagate, mlflow_logger.level = [mlflow_handler], False, logging.INFO
     logging.getLogger("prefect.task_runs").setLevel(logging.INFO)
+    own_levels = {name: logging.getLogger(name).level for name in run_console.OWN_NAMESPACES}
     yield stream, console_handler, mlflow_handler
+    for name, level in own_levels.items():
+        logging.getLogger(name).setLevel(level)
     for handler in root.handlers + mlflow_logger.handlers:
         if handler not in (console_handler, mlflow_handler):
             handler.close()
@@ -98,6 +101,7 @@ def test_info_chatter_goes_to_the_log_file_not_the_console(chatty_loggers, tmp_p
     logging.getLogger("prefect.task_runs").info("Finished in state Completed()")
     logging.getLogger("mlflow").info("Started monitoring system metrics.")
     logging.getLogger("prefect.task_runs").warning("a stage had to wait")
+    logging.getLogger("contrastive.engine.loop").info("training on cpu")  # mclpipe's own INFO: the file only
     from contrastive.engine.callbacks import StageProgress
     progress = StageProgress(total_steps=4, description="stage 0", say=logging.getLogger("prefect.task_runs").info,
                              stream=io.StringIO(), every_seconds=0.0)
@@ -111,6 +115,7 @@ def test_info_chatter_goes_to_the_log_file_not_the_console(chatty_loggers, tmp_p
     assert "a stage had to wait" in console_text and "stage 0: trained 4 steps" in console_text
     assert file_text.count("Completed()") == 1 and file_text.count("monitoring") == 1
     assert "a stage had to wait" in file_text and run_console.current_log_file() == log_file
+    assert "training on cpu" in file_text and "training on cpu" not in console_text
 
 
 def test_verbose_brings_the_info_lines_back(chatty_loggers, tmp_path, monkeypatch):
