@@ -24,12 +24,12 @@ from tests.e2e.stack import BIN, PG_PORT, REPO, psql, wait_for
 from tests.faults.cli_process import MCLPIPE, checkpoint_of, cli_env, one_line, start
 
 pytestmark = pytest.mark.slow
-# 8 steps an epoch, about 60 steps a second here with the preset's checkpoint every 4 steps (2 cores, 2026-11-27):
-# the restart test's stage trains for about 10 s, longer than the 3 s its server stays away. The outage test's
-# checkpoints only at epoch ends (about twice as fast) for 1,600 steps, longer than a stop past its grace takes (the
-# 5 s grace, tries every 2.5 s). Each test checks that its stage was still training when it needed to be, so a
-# faster machine fails with that line rather than passing without an outage.
-EPOCHS, OUTAGE_EPOCHS = 80, 200
+# 8 steps an epoch, checkpoints at epoch ends only (the preset's every 4 steps cost half the time): the restart
+# test's stages train 1,280 steps, longer than the 3 s its server stays away; the outage test's stage 0 1,600 steps,
+# longer than a stop past its grace takes (the 5 s grace, tries every 2.5 s). Each test checks that its stage was
+# still training when it needed to be, so a faster machine fails with that line rather than passing without an
+# outage.
+EPOCHS, OUTAGE_EPOCHS = 160, 200
 LOG_EVERY = 2  # the preset's train.log_every_steps
 
 
@@ -79,7 +79,7 @@ def mlflow_on_postgres(root: Path):
 def run_args(workdir: Path, mlflow_url: str, *, epochs: int = EPOCHS, stages: int = 2) -> list[str]:
     sets = [f"output_dir={workdir / 'runs'}", f"data.cache_dir={workdir / 'data'}", f"tracking.uri={mlflow_url}",
             f"mcl.num_stages={stages}", "mcl.control=false", f"train.epochs={epochs}",
-            "tracking.system_metrics_seconds=2"]
+            "train.checkpoint_every_steps=1000", "tracking.system_metrics_seconds=2"]
     return ["run", "trifeature_tiny", *[arg for value in sets for arg in ("--set", value)]]
 
 
@@ -132,7 +132,7 @@ def test_an_outage_past_its_grace_ends_in_one_line_and_the_printed_command_sends
     with mlflow_on_postgres(tmp_path) as server:
         # stage 0 alone: the outage is in it, and a long stage 1 would only add minutes
         cli = start(workdir, [*run_args(workdir, server.url, epochs=OUTAGE_EPOCHS, stages=1), "--set",
-                              "tracking.outage_grace_seconds=5", "--set", "train.checkpoint_every_steps=1000"])
+                              "tracking.outage_grace_seconds=5"])
         cli.wait_for(lambda: checkpoint_of(workdir, "train0") is not None, timeout=900,
                      what="the first checkpoint of stage 0")
         server.kill()
