@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -88,8 +89,10 @@ class _LogFileHandler(logging.FileHandler):
             super().emit(record)
 
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
-        import sys
         error = sys.exc_info()[1]
+        if not isinstance(error, OSError):  # a record that cannot be formatted: logging's own report, the file goes on
+            super().handleError(record)
+            return
         if self.failed:
             return
         self.failed = True
