@@ -145,7 +145,8 @@ class RecordSerializer(Serializer):
     ``record.json`` holds it (JSON, every path relative to the run root), so the result store of a moved or copied
     run names no path of the machine that wrote it, and nothing there is unpickled. Read back, the record's paths are
     relative: the flow takes only its type from it and reads the step directory's ``record.json`` where it is now
-    (``flows.runner``). Results kept by earlier versions name Prefect's pickle serializer and are read by it.
+    (``flows.runner``). Results kept by earlier versions name Prefect's pickle serializer: they are removed unread
+    before their step runs (:func:`drop_foreign_result`).
 
     A failed step's exception (Prefect keeps one too) is kept as its type and message and read back as a
     ``RuntimeError`` saying them: the error's history, like the log."""
