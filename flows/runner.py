@@ -485,6 +485,15 @@ class StepRunner:
             run_id in self.inherited_runs or self.flow_run_id is not None
             and run.tags.get("prefect.flow_run_id") == str(self.flow_run_id))
 
+    def still_running(self, run_id: str) -> bool:
+        """Whether a run is still RUNNING: a killed attempt's stage run that another pipeline sharing the stage carried
+        on (a step of its own logged into it) and closed FINISHED is that pipeline's to end, not KILLED here."""
+        try:
+            return self.tracker.run_state(run_id).status == "RUNNING"
+        except Exception as exc:  # noqa: BLE001 - a tracking outage here must not hide the flow's outcome
+            get_run_logger().warning("could not read the state of MLflow run %s: %s", run_id, exc)
+            return False
+
     def orphaned_runs(self, *, exclude: set[str]) -> list[str]:
         """Stage runs a killed attempt of this flow run opened and this attempt never used: e.g. a pipeline killed
         while it waited for a step another pipeline was computing, whose retry then found that step finished and
@@ -508,7 +517,7 @@ class StepRunner:
             runs += [run_id for run_id in set(self.linked_runs.values()) - set(runs) if self.left_open(run_id)]
         runs += self.orphaned_runs(exclude=set(runs))
         # The killed attempt's runs this one did not carry on (a stage it never reached): they end as it did.
-        dead = sorted(self.inherited_runs - set(runs))
+        dead = [run_id for run_id in sorted(self.inherited_runs - set(runs)) if self.still_running(run_id)]
         for run_id, end in [*((run_id, status) for run_id in runs), *((run_id, "KILLED") for run_id in dead)]:
             try:
                 t.close_run(config=self.config, mlflow_run_id=run_id, status=end)

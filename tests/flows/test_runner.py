@@ -37,6 +37,34 @@ def test_close_finishes_reused_runs_a_killed_attempt_of_this_flow_run_left_runni
                       "orphan": "FINISHED"}
 
 
+
+def test_close_leaves_a_killed_attempts_run_that_another_pipeline_carried_on_and_finished(tmp_path):
+    """Two pipelines share stage 0; the one that trained it (run ``shared``) and the one that reused it are both killed
+    and retried. The reuser's retry logs a step of its own into ``shared`` (reopened) and finishes first, closing it
+    FINISHED; the trainer's retry links ``shared`` (its training is reused), finds it finished, and must not end it
+    KILLED (CI of 2026-11-28: the stage's training then had no finished run). A killed-attempt run nobody carried on
+    still ends KILLED."""
+    config = ImagePipelineConfig(output_dir=str(tmp_path / "runs"),
+                                 tracking={"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "close"})
+    tracker = tracker_for(config)
+
+    @flow
+    def retried_trainer() -> dict:
+        killed = {"prefect.flow_run_id": "the killed attempt's"}  # a CLI rerun carries on under a new flow run
+        parent = tracker.start_run(name="p", tags={"kind": "pipeline", **killed})
+        shared = tracker.start_run(name="s0", tags=killed, parent_run_id=parent)
+        unreached = tracker.start_run(name="s1", tags=killed, parent_run_id=parent)
+        tracker.end_run(shared, status="FINISHED")  # the reuser's retry closed it
+        runner = StepRunner(config=config, data={}, parent_run_id=parent, pipeline_id=config.config_hash())
+        runner.inherited_runs = {shared, unreached}
+        runner.linked_runs = {StageRun("mcl", 0): shared}
+        runner.close(status="FINISHED")
+        return {"parent": parent, "shared": shared, "unreached": unreached}
+
+    runs = retried_trainer()
+    status = {name: tracker.client.get_run(run_id).info.status for name, run_id in runs.items()}
+    assert status == {"parent": "FINISHED", "shared": "FINISHED", "unreached": "KILLED"}
+
 def test_step_titles_read_like_the_pipeline():
     from flows.runner import step_title
     assert step_title(what="train", run=StageRun("mcl", 0), stage=0) == "train stage 0"
