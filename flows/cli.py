@@ -60,11 +60,14 @@ def console_options(
         os.environ[LOG_LEVEL_ENV] = (log_level or "INFO").upper()
 
 
-def fail(message: str, config=None) -> None:
+def fail(message: str, config=None, *, at_once: bool = False) -> None:
     """A mistake the user can fix: one line (also in ``<output_dir>/last-stop.txt`` once the config is known),
-    exit 2."""
+    exit 2. ``at_once``: exit without waiting for Prefect's queued events and logs (a server that is gone: each
+    event waits seconds for a connection that never comes, minutes in all after the line was printed)."""
     shutdown.record_stop(config.output_dir if config is not None else None, f"error: {message}")
     shutdown.say(err_console, f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    if at_once:
+        shutdown.exit_now(2)
     raise typer.Exit(code=2)
 
 
@@ -172,7 +175,7 @@ def run_and_report(make_config, *, rerun_from: int | None, force: bool = False) 
         line = explain_failure(exc, cfg)
         if line is None:
             raise
-        fail(line, cfg)
+        fail(line, cfg, at_once=shutdown.prefect_unreachable(exc))
         return
     report(cfg, summary, time.perf_counter() - started)
     shutdown.record_stop(cfg.output_dir, f"finished: pipeline {summary.get('pipeline_id', '')} in "

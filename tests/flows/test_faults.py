@@ -62,3 +62,32 @@ def test_a_tracking_failure_names_the_command_that_continues(config):
     line = faults.with_continue_command(TrackingError("MLflow tracking at http://x has not answered"), config)
     assert line.startswith("MLflow tracking at http://x") and "Continue with: " in line and "\n" not in line
     assert faults.with_continue_command(ConfigError("bad key"), config) == "bad key"
+
+
+def test_a_run_whose_prefect_server_went_away_exits_after_its_line_without_waiting_for_prefects_queue(
+        config, monkeypatch):
+    """Prefect's queued events wait seconds each for a server that is gone (minutes in all, after the line was
+    printed): the CLI exits through shutdown.exit_now (a bounded drain), not by returning to the interpreter's exit.
+    Any other failure with a line returns through typer.Exit as before."""
+    from flows import cli, shutdown
+
+    exits = []
+
+    def exit_now(code):
+        exits.append(code)
+        raise SystemExit(code)
+
+    monkeypatch.setattr(shutdown, "exit_now", exit_now)
+    monkeypatch.setattr(shutdown, "record_stop", lambda *args: None)
+    gone = _raised_from(RuntimeError("flow run failed"), httpx.ConnectError("All connection attempts failed"))
+    monkeypatch.setattr(cli, "run_pipeline", lambda *args, **kwargs: (_ for _ in ()).throw(gone))
+    with pytest.raises(SystemExit):
+        cli.run_and_report(lambda: config, rerun_from=None)
+    assert exits == [2]
+
+    full = _raised_from(RuntimeError("(sqlalchemy) commit failed"),
+                        sqlite3.OperationalError("database or disk is full"))
+    monkeypatch.setattr(cli, "run_pipeline", lambda *args, **kwargs: (_ for _ in ()).throw(full))
+    with pytest.raises(cli.typer.Exit):
+        cli.run_and_report(lambda: config, rerun_from=None)
+    assert exits == [2]
