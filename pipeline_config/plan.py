@@ -702,6 +702,19 @@ def remaining_seconds(plan: Plan, done: int) -> float:
     return sum(r.seconds or 0.0 for r in plan.rows[done:])
 
 
+def time_left(plan: Plan, done: int) -> str:
+    """What the plan says is left after the first ``done`` steps, in words: a projection only where the steps left
+    have one (a run on a machine with no calibration cached projects no time: it says so, not "0 s")."""
+    rest = plan.rows[done:]
+    if not rest:
+        return "no step left by the plan"
+    projected = [r.seconds for r in rest if r.seconds is not None]
+    if not projected:
+        return "time left not projected (no calibration of this config on this machine: `mclpipe plan` measures one)"
+    some = "at least" if len(projected) < len(rest) else "about"
+    return f"{some} {fmt_seconds(sum(projected))} left by the plan"
+
+
 def progress_percent(plan: Plan, done: int) -> float:
     """Share of the steps' projected time the first ``done`` steps make up (by count when nothing is projected)."""
     total = sum(r.seconds or 0.0 for r in plan.rows)

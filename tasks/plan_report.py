@@ -8,8 +8,7 @@ from pathlib import Path
 from prefect import get_run_logger
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 
-from pipeline_config.plan import Plan, fmt_seconds, markdown, progress_percent, remaining_seconds, summary_lines, \
-    table_rows
+from pipeline_config.plan import Plan, markdown, progress_percent, summary_lines, table_rows, time_left
 from tasks.links import artifact_key
 
 
@@ -36,8 +35,7 @@ class PlanProgress:
         rows = self.plan.rows
         where = f"stage {stage + 1} of {self.stages}, " if stage is not None else ""
         title = rows[self.done - 1].title if 0 < self.done <= len(rows) else "done"
-        return (f"{where}step {self.done} of {len(rows)} ({title}) done; about "
-                f"{fmt_seconds(remaining_seconds(self.plan, self.done))} left by the plan")
+        return f"{where}step {self.done} of {len(rows)} ({title}) done; {time_left(self.plan, self.done)}"
 
     def step_done(self, *, stage: int | None) -> None:
         self.done = min(self.done + 1, len(self.plan.rows))

@@ -176,7 +176,7 @@ def test_the_plan_is_where_users_look(finished, tmp_path):
         assert ("table", "plan") in prefect_artifacts(summary), key
         flow_run_id = summary["prefect_flow_run_url"].rsplit("/", 1)[-1]
         (plan_progress,) = [(data, d) for data, d in asyncio.run(progress_of(flow_run_id)) if "by the plan" in d]
-        assert plan_progress[0] == 100.0 and plan_progress[1].endswith("about 0.0 s left by the plan"), key
+        assert plan_progress[0] == 100.0 and plan_progress[1].endswith("no step left by the plan"), key
 
 
 def test_no_file_of_a_finished_run_names_the_run_directory(finished):

@@ -201,3 +201,15 @@ def test_the_later_stages_rate_is_measured_on_their_own_config(tmp_path):
     assert trained == [(0, 64), (1, 32)]
     assert (rates["train_cold"].batch, rates["train"].batch) == (64, 32)
     assert model == str(tmp_path / "train_cold") + "/model.pt"
+
+
+def test_the_time_left_says_what_the_plan_projects_and_never_a_made_up_zero():
+    def plan_of(*seconds):
+        rows = [P.PlanRow(title=f"step {i}", what="train", kind="mcl", stage=0, seconds=s, peak_ram=None, disk=None,
+                          gpu_mem=None, basis="") for i, s in enumerate(seconds)]
+        return P.Plan(rows=rows, size=None, calibration=None, assumptions=[])
+
+    assert P.time_left(plan_of(1.0, 2.0, 3.0), 1) == "about 5.0 s left by the plan"
+    assert P.time_left(plan_of(1.0, None, 300.0), 1) == "at least 5.0 min left by the plan"
+    assert P.time_left(plan_of(1.0, None, None), 1).startswith("time left not projected (no calibration")
+    assert P.time_left(plan_of(None, None), 2) == "no step left by the plan"
