@@ -283,11 +283,11 @@ def cached_run_costs(config) -> RunCosts | None:
 
 
 def bookkeeping_tasks(steps: list[PlannedStep]) -> int:
-    """Task runs of a run that are not steps: opening the pipeline's MLflow run, one stage run opened and closed a
-    training (each training is a stage run of its own), the summary, the pipeline's model, the links between
-    Prefect and MLflow, and closing the pipeline's run."""
-    trainings = sum(1 for step in steps if step.category == "train")
-    return 2 * trainings + 5
+    """Task runs of a run that are not steps: opening the pipeline's MLflow run, opening and closing each stage run
+    the steps log into (one per (kind, stage) of the planned steps, as ``flows.runner.StepRunner`` opens them), the
+    summary, the pipeline's model, the links between Prefect and MLflow, and closing the pipeline's run."""
+    stage_runs = {(step.kind, step.stage) for step in steps if step.kind in ("mcl", "control")}
+    return 2 * len(stage_runs) + 5
 
 
 def overhead_seconds(costs: RunCosts, steps: list[PlannedStep]) -> dict[str, float]:

@@ -132,11 +132,13 @@ def test_the_run_probe_marks_give_start_task_run_and_end():
     assert (start, task, end) == pytest.approx((10.0, 2.5 / 3, 2.5))
 
 
-def test_a_run_has_two_bookkeeping_task_runs_a_training_and_five_more():
-    """Measured on embeddings_tiny (2026-11-27 23:39): 3 trainings, 11 task runs that are not steps (open-pipeline-
-    run, 3 open-stage-run, summarize, log pipeline model, link prefect and mlflow, 4 close-run)."""
-    steps = [P.PlannedStep(what=w, title=w) for w in ("prepare", "train", "export", "eval.probe", "cluster",
-                                                      "pseudo_labels", "train", "export", "train", "export")]
+def test_a_run_has_two_bookkeeping_task_runs_a_stage_run_and_five_more():
+    """Measured on embeddings_tiny (2026-11-27 23:39): 3 stage runs, 11 task runs that are not steps (open-pipeline-
+    run, 3 open-stage-run, summarize, log pipeline model, link prefect and mlflow, 4 close-run). The stage runs are
+    those the runner's steps log into: the planned steps of embeddings_tiny name them."""
+    steps = planned_steps(load_config("embeddings_tiny"))
+    assert {(s.kind, s.stage) for s in steps if s.kind != "pipeline"} - {(None, None)} == {
+        ("mcl", 0), ("mcl", 1), ("control", 1)}
     assert P.bookkeeping_tasks(steps) == 11
 
 
