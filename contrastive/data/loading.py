@@ -83,7 +83,7 @@ def resample_device(*, on_gpu: bool, device: torch.device) -> torch.device | Non
     A run on the CPU falls back rather than refusing: the setting moves work, not results (the pixels are the
     workers' to rounding, so it is not in the content key), and on a CPU the "device" is the training process
     itself, which would take the resampling from the workers for nothing. So one config serves a GPU host and a
-    laptop; the fallback is logged once a reader.
+    laptop; each call on a CPU logs the fallback in one INFO line (a stage calls it once, when it builds its reader).
     """
     if not on_gpu:
         return None

@@ -1,0 +1,118 @@
+"""How close `mclpipe plan`'s per-step projections at 1M come to `make bench-scale`'s measured rows at 1M, from a
+calibration at the small end (``python -m bench.plan_scale [--size 100000] [--pipelines clip,image]``; issue 46).
+
+For each pipeline, in a fresh work directory: bench-scale's own data at ``--size`` samples (``bench.scale``'s
+shards or image folder, its configs), the plan's calibration on it (``pipeline_config.calibrate.calibrate``: a few
+batches of each kind of step, what `mclpipe plan` measures on a machine it has not seen), then the plan of the same
+config with the data's size scaled to 1,000,000 samples (training samples, exported rows and data bytes times
+1M / size; the width as calibrated). Each step row that bench-scale measures at 1M is compared with its row in
+BENCHMARKS.md ("`make bench-scale`: data path at M = ..."): export, k-means, pseudo-labels and (CLIP) the re-shard
+of stage 0 / for stage 1. The steps alone are compared (no task-run or start costs: bench-scale times the step's
+call inside its own Prefect flow). The preparation is left out: the plan projects a run that finds the data
+prepared (its calibration times the second call), bench-scale the first preparation. Not part of `make bench`:
+minutes of CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "BENCHMARKS.md"
+TARGET = 1_000_000
+#: bench-scale's step names -> (the plan's category, the title of its first row)
+STEPS = {"export": ("export", "export stage 0"), "kmeans": ("cluster", "k-means stage 0"),
+         "pseudo_labels": ("pseudo_labels", "pseudo-labels for stage 1"),
+         "reshard": ("regroup", "regroup batches for stage 1 (MCL)")}
+
+
+def seconds_of(text: str) -> float:
+    """'8.9 min' / '276.4 s' / '1.2 h' -> seconds."""
+    value, unit = text.strip().split()
+    return float(value.replace(",", "")) * {"s": 1, "min": 60, "h": 3600}[unit]
+
+
+def measured_at_target(markdown: str) -> dict[tuple[str, str], float]:
+    """{(pipeline, step): seconds} of the bench-scale rows at 1,000,000 in BENCHMARKS.md (the table's rows read
+    ``| clip | export | 1,000,000 | 8.9 min | ...``)."""
+    rows = {}
+    for line in markdown.splitlines():
+        match = re.match(r"\|\s*(clip|image)\s*\|\s*(\w+)\s*\|\s*1,000,000\s*\|\s*([\d.,]+ (?:s|min|h))\s*\|", line)
+        if match:
+            rows[(match[1], match[2])] = seconds_of(match[3])
+    return rows
+
+
+def write_data(pipeline: str, work: Path, size: int) -> None:
+    from bench import scale
+    (work / "size.json").write_text(json.dumps({"size": size}))
+    if pipeline == "clip":
+        scale.write_shards(work / "shards", num_samples=size)
+    else:
+        scale.write_image_folder(work / "images", num_samples=size)
+
+
+def projected_at_target(pipeline: str, work: Path) -> tuple[dict[str, float], dict]:
+    """{bench-scale step: projected seconds at 1M} from a calibration on the data in ``work``, and the
+    calibration's facts (its size, seconds, each rate's basis)."""
+    from bench import scale
+    from flows.planning import planned_steps
+    from pipeline_config import plan as P
+    from pipeline_config.calibrate import calibrate
+
+    config = scale.config_for(pipeline, work)
+    calibration = calibrate(config, log=lambda line: print(f"  {line}", flush=True))
+    ratio = TARGET / calibration.num_train
+    size = P.DataSize(num_train=TARGET, num_exported=round(calibration.num_exported * ratio),
+                      dim=calibration.dim, data_bytes=round((calibration.data_bytes or 0) * ratio) or None)
+    plan = P.estimate(config, planned_steps(config), calibration=calibration, size=size)
+    rows = {row.title: row for row in plan.rows}
+    projected = {step: rows[title].seconds for step, (_, title) in STEPS.items() if title in rows}
+    facts = {"num_train": calibration.num_train, "calibration_s": round(calibration.seconds, 1),
+             "basis": {step: rows[title].basis for step, (_, title) in STEPS.items() if title in rows}}
+    return projected, facts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", type=int, default=100_000, help="samples of the calibration's data (the small end)")
+    parser.add_argument("--pipelines", default="clip,image")
+    parser.add_argument("--json", type=Path, help="write every figure here")
+    args = parser.parse_args(argv)
+    measured = measured_at_target(BENCHMARKS.read_text())
+    report = {"size": args.size, "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": []}
+    for pipeline in args.pipelines.split(","):
+        with tempfile.TemporaryDirectory(prefix=f"plan-scale-{pipeline}-") as tmp:
+            work = Path(tmp)
+            began = time.perf_counter()
+            write_data(pipeline, work, args.size)
+            print(f"{pipeline}: {args.size:,} samples written in {time.perf_counter() - began:.0f} s", flush=True)
+            projected, facts = projected_at_target(pipeline, work)
+        for step, seconds in projected.items():
+            actual = measured.get((pipeline, step))
+            error = None if actual is None or seconds is None else (seconds - actual) / actual
+            report["rows"].append({"pipeline": pipeline, "step": step, "projected_s": seconds, "measured_s": actual,
+                                   "error": error, "calibrated_on": facts["num_train"],
+                                   "basis": facts["basis"].get(step, "")})
+        report.setdefault("calibration_s", {})[pipeline] = facts["calibration_s"]
+    report["load_average"] = os.getloadavg()
+    print("\n| pipeline | step | calibrated on | projected at 1M | measured at 1M (BENCHMARKS.md) | error |")
+    print("|---|---|---:|---:|---:|---:|")
+    for row in report["rows"]:
+        error = "-" if row["error"] is None else f"{row['error']:+.0%}"
+        fmt = (lambda s: "-" if s is None else f"{s:,.1f} s")
+        print(f"| {row['pipeline']} | {row['step']} | {row['calibrated_on']:,} | {fmt(row['projected_s'])} | "
+              f"{fmt(row['measured_s'])} | {error} |")
+    print(f"\nload average after: {', '.join(f'{v:.1f}' for v in report['load_average'])}")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
