@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import torch.distributed as dist
 
@@ -100,10 +102,28 @@ def main(argv: list[str] | None = None) -> None:
     init_process_group(info=info, backend=payload.get("backend", "auto"), device=device)
     try:
         resolve_entry(payload["entry"])(**kwargs, info=info)
+        if dist.is_initialized():
+            dist.barrier()  # no rank tears its connections down while another still talks to it
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
+def exit_after_success() -> NoReturn:
+    """End a rank whose share finished (its files are written, its process group destroyed) without the
+    interpreter's finalization: a process group object still referenced then (the DDP module's reducer holds one)
+    is destroyed while the interpreter is torn down, and gloo's worker threads can abort the process there
+    ("terminate called without an active exception", SIGABRT: CI, 2026-11-28, one two-process stage in about 60),
+    failing a torchrun launch whose stage had finished. The streams are flushed first; DataLoader workers end on
+    their own when their parent goes."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more to say
+            pass
+    os._exit(0)
+
+
 if __name__ == "__main__":
     main()
+    exit_after_success()
