@@ -14,10 +14,10 @@ MLflow, in a temporary directory:
   as a run's first training (cold: imports, kernels, workers), the last stage's config as its later ones;
 - export: the real export of that model, stopped after ``EXPORT_ROWS`` rows (its progress callback), or whole on
   data smaller than that; seconds a row after the first batch, the rest fixed;
-- k-means and pseudo-labels: the real steps on the calibration's export when it is whole, else k-means on
-  ``KMEANS_ROWS`` random rows of the export's width and the pseudo-label combination of its assignments;
-- re-shard (CLIP): the copy rate of the first training shard, written twice (the spool's staging file, then
-  the group file);
+- k-means and pseudo-labels: the real steps on the calibration's export when it is whole, else the real steps on
+  synthetic exports of ``KMEANS_ROWS`` random rows of the export's width, two sizes, so the per-row cost is the
+  slope between them and the files each step opens and writes are its fixed cost;
+- re-shard (CLIP): the real re-shard of the first training shard (its samples dealt over K groups), per byte;
 - evaluations, encodings, diagnostics, the soup and the final step: once each, on one member.
 
 The result is cached per machine and config hash (``plan.calibration_path``); ``--recalibrate`` measures again.
@@ -54,7 +54,8 @@ from pipeline_config.plan import Calibration, Rate, RunCosts, calibration_path, 
 
 TRAIN_STEPS = 16
 EXPORT_ROWS = 16_384
-KMEANS_ROWS = 20_000
+#: Rows of the synthetic exports k-means and pseudo-labels are timed on when the calibration's export is partial.
+KMEANS_ROWS = (10_000, 40_000)
 
 
 class _Enough(Exception):
@@ -176,7 +177,7 @@ def calibrate(config, *, log: Callable[[str], None] = print) -> Calibration:
             log("calibrating: k-means and pseudo-labels")
             _clusters(config, export=export, work=work, rates=rates, device=device)
             if modality.regroups:
-                _copy_rate(data, work=work, rates=rates)
+                _regroup_rate(config, data, work=work, rates=rates)
         log("calibrating: evaluation")
         _evaluations(config, modality, model_path=model_path, export=export, data=data, work=work, rates=rates,
                      device=device)
@@ -356,34 +357,68 @@ def _clusters(config, *, export: dict, work: Path, rates: dict, device: str) -> 
         return
     if not export["dim"]:
         return
-    from contrastive.mcl.clustering import kmeans
-    from contrastive.mcl.pseudo_labels import combine_pseudo_labels
-    x = np.random.default_rng(0).standard_normal((KMEANS_ROWS, export["dim"]), dtype=np.float32)
-    with measured(device) as m:
-        result = kmeans(features=x, k=spec.k, seed=spec.seed, niter=spec.niter, spherical=spec.spherical,
-                        max_train_points=spec.max_train_points, init=spec.init)
-    rates["cluster"] = Rate(fixed_s=0.0, per_unit_s=m.seconds / KMEANS_ROWS, units=KMEANS_ROWS, peak_rss=m.peak_rss,
-                            note=f"k-means on {KMEANS_ROWS:,} random rows of width {export['dim']}")
-    with measured(device) as m:
-        combine_pseudo_labels(stage_assignments=[result.assignments])
-    rates["pseudo_labels"] = Rate(fixed_s=0.0, per_unit_s=m.seconds / KMEANS_ROWS, units=KMEANS_ROWS,
-                                  peak_rss=m.peak_rss, note="the combination only")
+    # A partial export: the real steps on synthetic exports of two sizes, so a per-row cost is told apart from the
+    # step's fixed one (opening and writing its files, the cluster-size plot's data, the AMI).
+    from contrastive.embeddings import save_embeddings
+    times: dict[str, list[tuple[int, float, int | None]]] = {"cluster": [], "pseudo_labels": []}
+    for rows in KMEANS_ROWS:
+        embeddings_dir = work / f"synthetic-export-{rows}"
+        x = np.random.default_rng(rows).standard_normal((rows, export["dim"]), dtype=np.float32)
+        save_embeddings(embeddings=x, ids=np.array([f"s{i:09d}" for i in range(rows)]), directory=embeddings_dir)
+        clusters = work / f"synthetic-clusters-{rows}"
+        with measured(device) as m:
+            steps.cluster_stage(embeddings_dir=embeddings_dir, out_dir=clusters, kmeans_spec=spec,
+                                earlier_cluster_dirs=[])
+        times["cluster"].append((rows, m.seconds, m.peak_rss))
+        with measured(device) as m:
+            steps.build_pseudo_labels(cluster_dirs=[clusters], embeddings_dirs=[embeddings_dir],
+                                      out_path=work / f"synthetic-pseudo-{rows}" / "pseudo_labels.npz",
+                                      min_group_size=config.global_batch_size(1),
+                                      small_group_policy=config.mcl.small_group_policy)
+        times["pseudo_labels"].append((rows, m.seconds, m.peak_rss))
+    for kind, points in times.items():
+        rates[kind] = two_point_rate(points, note=f"the real step on {points[0][0]:,} and {points[-1][0]:,} "
+                                                  f"random rows of width {export['dim']}")
 
 
-def _copy_rate(data: dict, *, work: Path, rates: dict) -> None:
-    """Seconds a byte of the re-shard: the first training shard read and written twice (staging, then its group
-    file), as the re-shard does with every member."""
-    import shutil
+def two_point_rate(points: list[tuple[int, float, int | None]], *, note: str) -> Rate:
+    """fixed + per-unit from a step timed at two sizes ((units, seconds, peak RSS) each): the per-unit cost is the
+    slope between them (never below 0: timing noise on a step of milliseconds), the rest of the larger one fixed."""
+    (n1, t1, _), (n2, t2, peak) = points[0], points[-1]
+    per_unit = max(0.0, (t2 - t1) / (n2 - n1))
+    return Rate(fixed_s=max(0.0, t2 - per_unit * n2), per_unit_s=per_unit, units=n2, peak_rss=peak, note=note)
+
+
+def _regroup_rate(config, data: dict, *, work: Path, rates: dict) -> None:
+    """Seconds a byte of the re-shard: the real step (``reshard_by_group``: tar members read, spooled to a staging
+    file, shuffled and appended to their group files) over the first training shard, its samples dealt over the
+    config's K groups."""
+    from contrastive.modalities.image_text.grouped import reshard_by_group
     urls = data.get("train_urls") or []
     source = Path(urls[0].removeprefix("file:")) if urls else None
     if source is None or not source.is_file():
         return
+    keys = shard_keys(source)
+    groups = np.arange(len(keys)) % max(config.mcl.clusters, 1)
     with measured("cpu") as m:
-        shutil.copyfile(source, work / "staging.tar")
-        shutil.copyfile(work / "staging.tar", work / "group.tar")
+        reshard_by_group(urls=[str(source)], keys=keys, groups=groups, out_dir=work / "regroup",
+                         slots=config.distributed.slots(), seed=config.seed, spool_bytes=config.mcl.spool_mb << 20)
     size = source.stat().st_size
     rates["regroup"] = Rate(fixed_s=0.0, per_unit_s=m.seconds / max(size, 1), units=size, peak_rss=m.peak_rss,
-                            note="copy rate of the first shard, twice")
+                            note=f"the real re-shard of the first shard ({len(keys):,} samples)")
+
+
+def shard_keys(path: Path) -> np.ndarray:
+    """The ``__key__`` of every sample of a webdataset tar, in order: a member's name up to its first dot."""
+    import tarfile
+    keys: list[str] = []
+    with tarfile.open(path) as tar:
+        for member in tar:
+            if member.isfile():
+                key = member.name.split(".", 1)[0]
+                if not keys or keys[-1] != key:
+                    keys.append(key)
+    return np.array(keys)
 
 
 def _evaluations(config, modality, *, model_path: str, export: dict, data: dict, work: Path, rates: dict,

@@ -1,5 +1,7 @@
 """pipeline_config.plan: the closed forms, the feasibility check (disk, memory, capacity, shards) and the
 projection from a calibration, against hand-computed figures."""
+from pathlib import Path
+
 import pytest
 
 from flows.planning import planned_steps
@@ -215,3 +217,24 @@ def test_the_time_left_says_what_the_plan_projects_and_never_a_made_up_zero():
     assert P.time_left(plan_of(1.0, None, 300.0), 1) == "at least 5.0 min left by the plan"
     assert P.time_left(plan_of(1.0, None, None), 1).startswith("time left not projected (no calibration")
     assert P.time_left(plan_of(None, None), 2) == "no step left by the plan"
+
+
+def test_a_step_timed_at_two_sizes_splits_its_fixed_and_per_row_cost():
+    """The k-means and pseudo-labels of a partial export are timed at two sizes: 1 s + 0.1 ms a row measured at
+    10k and 40k rows is 2 s and 5 s; noise that makes the larger faster gives no negative cost."""
+    from pipeline_config.calibrate import two_point_rate
+    rate = two_point_rate([(10_000, 2.0, 5), (40_000, 5.0, 7)], note="n")
+    assert (rate.fixed_s, rate.per_unit_s, rate.units, rate.peak_rss) == pytest.approx((1.0, 1e-4, 40_000, 7))
+    noisy = two_point_rate([(10_000, 0.3, None), (40_000, 0.2, None)], note="n")
+    assert noisy.per_unit_s == 0.0 and noisy.fixed_s == pytest.approx(0.2)
+
+
+def test_the_keys_of_a_shard_are_its_samples_in_order(tmp_path):
+    """A webdataset tar's samples are the runs of members sharing a name up to the first dot (what the re-shard
+    reads as ``__key__``)."""
+    from contrastive.modalities.image_text.data import write_tiny_shards
+    from pipeline_config.calibrate import shard_keys
+    urls = write_tiny_shards(directory=tmp_path, num_samples=12, samples_per_shard=12, image_size=8,
+                             corrupt=False)["urls"]
+    keys = shard_keys(Path(urls[0].removeprefix("file:")))
+    assert len(keys) == 12 and len(set(keys.tolist())) == 12 and list(keys) == sorted(keys)
