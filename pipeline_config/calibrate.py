@@ -409,16 +409,9 @@ def _regroup_rate(config, data: dict, *, work: Path, rates: dict) -> None:
 
 
 def shard_keys(path: Path) -> np.ndarray:
-    """The ``__key__`` of every sample of a webdataset tar, in order: a member's name up to its first dot."""
-    import tarfile
-    keys: list[str] = []
-    with tarfile.open(path) as tar:
-        for member in tar:
-            if member.isfile():
-                key = member.name.split(".", 1)[0]
-                if not keys or keys[-1] != key:
-                    keys.append(key)
-    return np.array(keys)
+    """The ``__key__`` of every sample of a webdataset tar, in order, as the re-shard reads them."""
+    from contrastive.modalities.image_text.data import iter_raw_samples
+    return np.array([sample["__key__"] for sample in iter_raw_samples([str(path)])])
 
 
 def _evaluations(config, modality, *, model_path: str, export: dict, data: dict, work: Path, rates: dict,
