@@ -343,8 +343,7 @@ def _clusters(config, *, export: dict, work: Path, rates: dict, device: str) -> 
     spec = config.mcl.kmeans_spec(0, seed=config.seed)
     if export["dir"] is not None:  # the real steps on the calibration's whole export
         with measured(device) as m:
-            steps.cluster_stage(embeddings_dir=Path(export["dir"]), out_dir=work / "clusters", kmeans_spec=spec,
-                                earlier_cluster_dirs=[])
+            _cluster_and_plot(steps, embeddings_dir=Path(export["dir"]), out_dir=work / "clusters", spec=spec)
         rates["cluster"] = Rate(fixed_s=0.0, per_unit_s=m.seconds / export["rows_total"], units=export["rows_total"],
                                 peak_rss=m.peak_rss, note="the real step on the whole export")
         with measured(device) as m:
@@ -367,8 +366,7 @@ def _clusters(config, *, export: dict, work: Path, rates: dict, device: str) -> 
         save_embeddings(embeddings=x, ids=np.array([f"s{i:09d}" for i in range(rows)]), directory=embeddings_dir)
         clusters = work / f"synthetic-clusters-{rows}"
         with measured(device) as m:
-            steps.cluster_stage(embeddings_dir=embeddings_dir, out_dir=clusters, kmeans_spec=spec,
-                                earlier_cluster_dirs=[])
+            _cluster_and_plot(steps, embeddings_dir=embeddings_dir, out_dir=clusters, spec=spec)
         times["cluster"].append((rows, m.seconds, m.peak_rss))
         with measured(device) as m:
             steps.build_pseudo_labels(cluster_dirs=[clusters], embeddings_dirs=[embeddings_dir],
@@ -379,6 +377,15 @@ def _clusters(config, *, export: dict, work: Path, rates: dict, device: str) -> 
     for kind, points in times.items():
         rates[kind] = two_point_rate(points, note=f"the real step on {points[0][0]:,} and {points[-1][0]:,} "
                                                   f"random rows of width {export['dim']}")
+
+
+def _cluster_and_plot(steps, *, embeddings_dir: Path, out_dir: Path, spec) -> None:
+    """The clustering step as a run makes it: k-means and its records, and the cluster-size plot the task draws
+    (``tasks.steps.finish_cluster_record``; a second or so of matplotlib that k-means of a tiny model does not)."""
+    from contrastive.evaluate import plot_cluster_sizes
+    summary = steps.cluster_stage(embeddings_dir=embeddings_dir, out_dir=out_dir, kmeans_spec=spec,
+                                  earlier_cluster_dirs=[])
+    plot_cluster_sizes(sizes_by_stage={"stage 0": summary["sizes"]}, path=out_dir / "cluster_sizes.png")
 
 
 def two_point_rate(points: list[tuple[int, float, int | None]], *, note: str) -> Rate:
