@@ -473,7 +473,7 @@ def _row(config, step: PlannedStep, *, size: DataSize, cal: Calibration | None, 
         if rate is not None and size.data_bytes:
             seconds = rate.fixed_s + rate.per_unit_s * size.data_bytes
             peak = rate.peak_rss
-            basis.append(f"{1 / rate.per_unit_s / 1e6:.0f} MB/s copy rate measured on the shards (x2: staging)")
+            basis.append(f"{1 / rate.per_unit_s / 1e6:.0f} MB/s of shards, the re-shard measured on the first shard")
     elif c == "prepare":
         if rate is not None:
             seconds, peak, disk = rate.fixed_s, rate.peak_rss, rate.disk
