@@ -57,15 +57,6 @@ def measured_at_target(markdown: str) -> dict[tuple[str, str], float]:
     return rows
 
 
-def write_data(pipeline: str, work: Path, size: int) -> None:
-    from bench import scale
-    (work / "size.json").write_text(json.dumps({"size": size}))
-    if pipeline == "clip":
-        scale.write_shards(work / "shards", num_samples=size)
-    else:
-        scale.write_image_folder(work / "images", num_samples=size)
-
-
 def projected_at_target(pipeline: str, work: Path, *, target: int, run_costs) -> tuple[dict[str, float], dict]:
     """{bench-scale step: projected seconds at 1M} from a calibration on the data in ``work``, and the
     calibration's facts (its size, seconds, each rate's basis)."""
@@ -111,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix=f"plan-scale-{pipeline}-") as tmp:
             work = Path(tmp)
             began = time.perf_counter()
-            write_data(pipeline, work, args.size)
+            scale.write_data(pipeline, work, size=args.size)
             print(f"{pipeline}: {args.size:,} samples written in {time.perf_counter() - began:.0f} s", flush=True)
             if "run_costs" not in report:  # once: a task run's cost does not depend on the pipeline
                 costs = measure_run_costs(scale.config_for(pipeline, work),

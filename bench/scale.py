@@ -143,6 +143,16 @@ def write_image_folder(directory: Path, *, num_samples: int) -> None:
         (folder / f"{i:08d}.jpg").write_bytes(pool[i % POOL])
 
 
+def write_data(pipeline: str, work: Path, *, size: int) -> None:
+    """The pipeline's synthetic data of ``size`` samples in ``work`` (shards or an image folder) and ``size.json``,
+    which :func:`config_for` reads."""
+    (work / "size.json").write_text(json.dumps({"size": size}))
+    if pipeline == "clip":
+        write_shards(work / "shards", num_samples=size)
+    else:
+        write_image_folder(work / "images", num_samples=size)
+
+
 # ---------------------------------------------------------------------------------------------------- one step
 @dataclass
 class StepResult:
@@ -422,11 +432,7 @@ def child_main(pipeline: str, step: str, work: Path, out: Path) -> int:
     try:
         if step == "data":
             started = time.perf_counter()
-            size = int(json.loads((work / "size.json").read_text())["size"])
-            if pipeline == "clip":
-                write_shards(work / "shards", num_samples=size)
-            else:
-                write_image_folder(work / "images", num_samples=size)
+            write_data(pipeline, work, size=int(json.loads((work / "size.json").read_text())["size"]))
             result = {"seconds": time.perf_counter() - started}
         else:
             result = run_step(pipeline, step, work)
