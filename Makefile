@@ -10,7 +10,7 @@ export MLFLOW_TRACKING_URI ?= sqlite:///$(CURDIR)/mlflow.db
 CONFIG ?= pipeline_config/presets/trifeature_quick.yaml
 SEEDS ?= 0,1,2
 
-.PHONY: install run test test-slow test-all reproduce bench bench-scale gpu-check ui-mlflow ui-prefect clean stack stack-stop ui-check
+.PHONY: install run test test-slow test-all reproduce bench bench-scale gpu-check gpu-bundle ui-mlflow ui-prefect clean stack stack-stop ui-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -66,6 +66,12 @@ bench-scale: $(STAMP)
 # toy sizes into a temporary report (docs/gpu.md; tests/bench/test_gpu_check.py runs it in make test).
 gpu-check: $(STAMP)
 	$(BIN)/python -m bench.gpu_check $(if $(ROWS),--rows $(ROWS)) $(if $(DRY),--dry-run)
+
+# For a GPU machine without network (a lent one, an air-gapped node) that has its own Python 3.12 and CUDA torch:
+# mclpipe's other dependencies as one archive, .whl/site-py312.tar.xz, verified by starting a Prefect server from it
+# under a local python3.12; there, `bash bench/on_device.sh ROWS` runs make gpu-check's rows (docs/gpu.md).
+gpu-bundle: $(STAMP)
+	$(BIN)/python -m bench.gpu_bundle $(ARGS)
 
 ui-mlflow: $(STAMP)
 	$(BIN)/mlflow ui --backend-store-uri $(MLFLOW_TRACKING_URI) --port 5000
