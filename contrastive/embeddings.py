@@ -8,15 +8,19 @@ processes export exactly what one process does. The image, CLIP and text exports
 from __future__ import annotations
 
 import json
+import os
+import queue
+import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import BinaryIO, Callable, Iterable
 
 import numpy as np
 import torch
 
 from contrastive.data.dataset import as_string_array, write_npy
-from contrastive.engine.files import atomic_write_bytes, write_json, write_stage_summary
+from contrastive.engine.files import atomic_write_bytes, disk_full_error, is_disk_full, write_json, write_stage_summary
 from contrastive.engine.distributed import DistInfo
 from contrastive.errors import DataError
 
@@ -33,47 +37,164 @@ def held_ids(ids) -> np.ndarray:
     return as_string_array(ids) if ids.dtype.kind in ("U", "S", "T", "O") else ids
 
 
+#: The header every shard is written with: numpy's format 1.0, padded to 128 bytes (a multiple of numpy's 64-byte
+#: alignment), so a shard's row count is written into it again, the same length, when the shard ends short.
+NPY_HEADER_BYTES = 128
+#: Bytes of a shard the writing thread lets the kernel hold dirty before it syncs them (fdatasync): the sync at a
+#: shard's end then waits for at most this much.
+SYNC_EVERY_BYTES = 8 << 20
+#: Blocks waiting for the writing thread before ``add`` waits for it (a disk slower than the export holds it back).
+QUEUED_BLOCKS = 8
+
+
+def npy_header(*, rows: int, dim: int) -> bytes:
+    """The .npy header (format 1.0, little-endian float16, C order) of a (rows, dim) array, NPY_HEADER_BYTES long."""
+    text = repr({"descr": "<f2", "fortran_order": False, "shape": (rows, dim)}).encode("latin1")
+    pad = NPY_HEADER_BYTES - 10 - len(text) - 1
+    if pad < 0:
+        raise ValueError(f"a ({rows}, {dim}) shard's header does not fit {NPY_HEADER_BYTES} bytes")
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", NPY_HEADER_BYTES - 10) + text + b" " * pad + b"\n"
+
+
+class _ShardFiles(threading.Thread):
+    """The thread that writes an export's shards while the export computes the next batches: each shard streamed
+    into a temporary file beside it as its rows arrive (header for the full shard first, rewritten when it ends
+    short), synced every SYNC_EVERY_BYTES, fsynced and renamed when it ends. Before it, a shard's rows were held and
+    written, then fsynced, in one go when it filled or the export finished, with the GPU idle: ~0.2-0.3 s of every
+    16,384-image export and ~0.5-1 s a 65,536-row shard of D = 2048.
+
+    Messages (``put``): ("open", path, rows, dim), ("rows", float16 array), ("close", rows), None to stop. The
+    first error (a full disk: the DiskFullError its write would raise) is kept for :meth:`raise_error`; the
+    temporary file is removed and later messages are dropped, so the export never waits on a dead writer."""
+
+    def __init__(self):
+        super().__init__(name="embedding-shards", daemon=True)
+        self.queue: queue.Queue = queue.Queue(maxsize=QUEUED_BLOCKS)
+        self.error: BaseException | None = None
+        self.handle: BinaryIO | None = None
+        self.path: Path | None = None
+        self.tmp: Path | None = None
+        self.reserved = self.dim = self.unsynced = 0
+
+    def run(self) -> None:
+        while (message := self.queue.get()) is not None:
+            if self.error is not None:
+                continue
+            try:
+                getattr(self, f"_{message[0]}")(*message[1:])
+            except BaseException as exc:  # noqa: BLE001 - handed to the exporting thread at its next call
+                self.error = self._as_step_error(exc)
+                self._discard()
+
+    def _open(self, path: Path, rows: int, dim: int) -> None:
+        self.path, self.tmp = path, path.with_name(path.name + f".tmp{os.getpid()}")
+        self.reserved, self.dim, self.unsynced = rows, dim, 0
+        self.handle = open(self.tmp, "wb", buffering=0)  # each block straight to the kernel: ~1 MB a batch
+        self.handle.write(npy_header(rows=rows, dim=dim))
+
+    def _rows(self, block: np.ndarray) -> None:
+        view = memoryview(block).cast("B")
+        while view:  # an unbuffered write may take part of it
+            view = view[self.handle.write(view):]
+        self.unsynced += block.nbytes
+        if self.unsynced >= SYNC_EVERY_BYTES:
+            os.fdatasync(self.handle.fileno())
+            self.unsynced = 0
+
+    def _close(self, rows: int) -> None:
+        if rows != self.reserved:
+            self.handle.seek(0)
+            self.handle.write(npy_header(rows=rows, dim=self.dim))
+        os.fsync(self.handle.fileno())
+        self.handle.close()
+        self.handle = None
+        os.replace(self.tmp, self.path)
+
+    def _as_step_error(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, OSError) and is_disk_full(exc) and self.path is not None:
+            return disk_full_error(directory=self.path.parent, what=f"an embedding export ({self.path.name})")
+        return exc
+
+    def _discard(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
+        if self.tmp is not None:
+            self.tmp.unlink(missing_ok=True)  # a partial shard would only hold on to the space
+
+    def put(self, message) -> None:
+        self.raise_error()
+        self.queue.put(message)
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def stop(self) -> None:
+        self.queue.put(None)
+        self.join()
+
+
 class EmbeddingWriter:
-    """Streams (B, D) embeddings into float16 shards ``<prefix>-XXXXX.npy`` of ``shard_size`` rows, so an export
-    holds one shard in memory, not (N, D) float32 (10 GB for ImageNet at D = 2048)."""
+    """Streams (B, D) embeddings into float16 shards ``<prefix>-XXXXX.npy`` of ``shard_size`` rows, written by a
+    thread of their own (:class:`_ShardFiles`) while the export goes on, so an export holds a few batches in memory,
+    not a shard or (N, D) float32 (10 GB for ImageNet at D = 2048), and the GPU does not wait for the disk. A shard
+    appears under its name once complete (written, fsynced, renamed); :meth:`finish` returns once every shard has.
+    On an error, :meth:`abort` stops the thread and removes the shard in progress."""
 
     def __init__(self, directory: Path, *, prefix: str = "part", shard_size: int | None = None):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.prefix, self.shard_size = prefix, shard_size or SHARD_ROWS
-        self.pending: list[np.ndarray] = []
-        self.pending_rows = 0
         self.shards: list[str] = []
         self.ids: list[np.ndarray] = []
         self.dim = 0
+        self.filled = 0  # rows in the shard in progress (the last of self.shards), 0 when none is open
+        self.files = _ShardFiles()
+        self.files.start()
 
     def add(self, embeddings: np.ndarray, ids: np.ndarray) -> None:
         if len(embeddings) != len(ids):
             raise ValueError(f"{len(embeddings)} embeddings but {len(ids)} ids")
-        if len(embeddings):
-            self.dim = int(embeddings.shape[1])
-        self.pending.append(np.asarray(embeddings, dtype=np.float16))
+        if not len(embeddings):
+            return
+        self.dim = int(embeddings.shape[1])
+        block = np.array(embeddings, dtype=np.float16, order="C")  # a copy: the caller's buffer is reused
         self.ids.append(held_ids(ids))
-        self.pending_rows += len(embeddings)
-        while self.pending_rows >= self.shard_size:
-            self._flush(self.shard_size)
+        while len(block):
+            if not self.filled:
+                self._open()
+            take = min(len(block), self.shard_size - self.filled)
+            self.files.put(("rows", block[:take]))
+            self.filled += take
+            block = block[take:]
+            if self.filled == self.shard_size:
+                self.files.put(("close", self.filled))
+                self.filled = 0
 
-    def _flush(self, rows: int) -> None:
-        block = np.concatenate(self.pending) if len(self.pending) > 1 else self.pending[0]
+    def _open(self) -> None:
         name = f"{self.prefix}-{len(self.shards):05d}.npy"
-        _save_npy(self.directory / name, block[:rows])
+        self.files.put(("open", self.directory / name, self.shard_size, self.dim))
         self.shards.append(name)
-        rest = block[rows:]
-        self.pending, self.pending_rows = ([rest] if len(rest) else []), len(rest)
 
     def finish(self) -> dict:
-        """Write the last partial shard; returns {"shards", "ids", "dim"} (a part of a manifest)."""
-        if self.pending_rows or not self.shards:
-            if not self.pending:
-                self.pending = [np.zeros((0, self.dim), np.float16)]
-            self._flush(self.pending_rows)
+        """End the last partial shard (an export of no rows writes one (0, D) shard) and wait for the writing
+        thread; returns {"shards", "ids", "dim"} (a part of a manifest)."""
+        if self.filled or not self.shards:
+            if not self.shards:
+                self._open()
+            self.files.put(("close", self.filled))
+            self.filled = 0
+        self.files.stop()
+        self.files.raise_error()
         ids = np.concatenate(self.ids) if self.ids else np.zeros(0, dtype=np.int64)
         return {"shards": self.shards, "ids": ids, "dim": self.dim}
+
+    def abort(self) -> None:
+        """Stop the writing thread and remove the shard in progress (an export that failed part way)."""
+        self.files.error = self.files.error or RuntimeError("export aborted")
+        self.files.stop()
+        self.files._discard()
 
 
 def write_manifest(*, directory: Path, parts: list[dict]) -> dict:
@@ -255,7 +376,11 @@ def export_ranked(*, out_dir: Path, info: DistInfo, embed: Callable[[EmbeddingWr
     out_dir = Path(out_dir)
     prefix = f"rank{info.rank:03d}-part" if info.is_distributed else "part"
     writer = EmbeddingWriter(out_dir, prefix=prefix, shard_size=shard_size)
-    counts = dict(embed(writer))
+    try:
+        counts = dict(embed(writer))
+    except BaseException:
+        writer.abort()
+        raise
     part = writer.finish()
     if info.is_distributed:
         _save_npy(out_dir / f"rank{info.rank:03d}-ids.npy", part["ids"])

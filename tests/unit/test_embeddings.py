@@ -233,3 +233,91 @@ def test_string_ids_are_held_compact_and_written_as_u_of_the_longest(tmp_path):
     numbered.add(np.ones((3, 2), np.float32), np.arange(3))
     embeddings.write_manifest(directory=tmp_path / "numbers", parts=[numbered.finish()])
     assert np.load(tmp_path / "numbers" / "ids.npy").dtype == np.int64
+
+
+# ---------------------------------------------------------------------------------------------------- the writer
+def shard_files(directory):
+    return sorted(p.name for p in directory.iterdir())
+
+
+def test_shards_stream_to_disk_across_shard_boundaries_and_the_short_last_one_says_its_rows(tmp_path):
+    rows = np.random.default_rng(0).standard_normal((13, 6)).astype(np.float32)
+    writer = EmbeddingWriter(tmp_path, shard_size=5)
+    for start in range(0, 13, 3):  # blocks of 3 cross the shard ends at 5 and 10
+        writer.add(rows[start:start + 3], np.arange(start, min(start + 3, 13)))
+    part = writer.finish()
+    assert part["shards"] == ["part-00000.npy", "part-00001.npy", "part-00002.npy"] and part["dim"] == 6
+    assert shard_files(tmp_path) == part["shards"]  # no temporary file left
+    loaded = [np.load(tmp_path / name, allow_pickle=False) for name in part["shards"]]
+    assert [s.shape for s in loaded] == [(5, 6), (5, 6), (3, 6)] and all(s.dtype == np.float16 for s in loaded)
+    np.testing.assert_array_equal(np.concatenate(loaded), rows.astype(np.float16))
+    mapped = np.load(tmp_path / "part-00002.npy", mmap_mode="r")  # the rewritten header of the short shard
+    np.testing.assert_array_equal(mapped, rows[10:].astype(np.float16))
+    np.testing.assert_array_equal(part["ids"], np.arange(13))
+
+
+def test_an_export_of_no_rows_writes_one_empty_shard(tmp_path):
+    part = EmbeddingWriter(tmp_path).finish()
+    assert part["shards"] == ["part-00000.npy"] and part["dim"] == 0
+    assert np.load(tmp_path / "part-00000.npy", allow_pickle=False).shape == (0, 0)
+
+
+def test_the_callers_buffer_may_be_reused_as_soon_as_add_returns(tmp_path):
+    buffer = np.ones((4, 3), np.float32)  # compute_embeddings' pinned output buffers are reused batch after batch
+    writer = EmbeddingWriter(tmp_path, shard_size=100)
+    writer.add(buffer, np.arange(4))
+    buffer[:] = 7
+    writer.add(buffer, np.arange(4, 8))
+    writer.finish()
+    np.testing.assert_array_equal(np.load(tmp_path / "part-00000.npy"), np.repeat([1.0, 7.0], 4)[:, None] * np.ones(3))
+
+
+def test_a_full_disk_while_a_shard_streams_is_the_steps_disk_full_error_and_leaves_no_partial_file(tmp_path,
+                                                                                                   monkeypatch):
+    import errno
+
+    from contrastive.errors import DiskFullError
+    written = []
+
+    def fill_up(self, block):
+        written.append(len(block))
+        if len(written) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.tmp))
+        self.handle.write(memoryview(block).cast("B"))
+    monkeypatch.setattr(embeddings._ShardFiles, "_rows", fill_up)
+    writer = EmbeddingWriter(tmp_path, shard_size=100)
+    with pytest.raises(DiskFullError, match=r"part-00000\.npy"):
+        for start in range(0, 40, 4):
+            writer.add(np.ones((4, 3), np.float32), np.arange(start, start + 4))
+        writer.finish()
+    writer.abort()
+    assert shard_files(tmp_path) == []
+
+
+def test_an_export_that_fails_part_way_stops_its_writer_and_removes_the_shard_in_progress(tmp_path):
+    def embed(writer):
+        writer.add(np.ones((4, 3), np.float32), np.arange(4))
+        raise RuntimeError("the encoder broke")
+    with pytest.raises(RuntimeError, match="the encoder broke"):
+        export_ranked(out_dir=tmp_path, info=DistInfo(rank=0, world_size=1, local_rank=0), embed=embed)
+    assert shard_files(tmp_path) == []
+
+
+def test_rows_reach_the_disk_while_the_export_goes_on_not_when_it_finishes(tmp_path):
+    """The shard in progress streams into its temporary file as rows arrive (the export's GPU work overlaps the
+    disk's), so finish only ends the file: before, its rows were written and fsynced in one go at the end."""
+    import time
+    writer = EmbeddingWriter(tmp_path, shard_size=1000)
+    writer.add(np.ones((3, 8), np.float32), np.arange(3))
+    temporary = tmp_path / "part-00000.npy.tmp"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        streamed = [p for p in tmp_path.iterdir() if p.name.startswith(temporary.name)]
+        if streamed and streamed[0].stat().st_size == embeddings.NPY_HEADER_BYTES + 3 * 8 * 2:
+            break
+        time.sleep(0.01)
+    else:
+        pytest.fail(f"the 3 rows were not streamed to disk before finish: {shard_files(tmp_path)}")
+    assert not (tmp_path / "part-00000.npy").exists()  # not under its name until it is complete
+    writer.finish()
+    assert np.load(tmp_path / "part-00000.npy").shape == (3, 8)
