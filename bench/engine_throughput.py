@@ -108,6 +108,10 @@ class _Arrivals:
 
     def __init__(self):
         self.times: list[float] = []
+        self.loop_started: float | None = None
+
+    def on_train_start(self, *, total_steps: int, step: int) -> None:
+        self.loop_started = time.perf_counter()  # the loop's clock starts here: its stage is built, its model made
 
     def on_batch(self, *, step: int, batch) -> None:
         self.times.append(time.perf_counter())
@@ -473,6 +477,14 @@ class _CountingLoader:
             yield images, texts
 
 
+def steady_rate(arrivals: list[float], *, batch: int) -> float | None:
+    """Samples/s from the first batch's arrival in the loop to the last's: the rate once running, without the
+    start (workers, first decode, first step); None with fewer than 2 batches."""
+    if len(arrivals) < 2 or arrivals[-1] <= arrivals[0]:
+        return None
+    return (len(arrivals) - 1) * batch / (arrivals[-1] - arrivals[0])
+
+
 #: open_clip_train's --precision for ours: the same autocast on both sides.
 OPEN_CLIP_PRECISION = {"fp32": "fp32", "bf16": "amp_bf16"}
 
@@ -525,10 +537,13 @@ def clip_runs(*, work: Path, clip_spec, urls: list[str], device: str, precision:
         # comparison (2026-11-26, checkpoint included) trailed: a cost of checkpointing, not of training.
         seconds = summary["seconds"] - summary["checkpoint_seconds"]
         samples = summary["samples_per_second"] * summary["seconds"]
-        # From the call (model created from the shared init: tens of ms) to the first batch in the loop.
+        # From the loop's start (the model made, as open_clip's side makes its own before its clock) to the first
+        # batch in the loop: the decode pool's start and first chunks.
+        loop_started = arrivals.loop_started if arrivals.loop_started is not None else started
         return {**summary, "seconds": seconds, "samples_per_second": samples / seconds,
                 "samples_per_second_with_checkpoint": summary["samples_per_second"],
-                "first_batch_s": arrivals.times[0] - started if arrivals.times else None}
+                "first_batch_s": arrivals.times[0] - loop_started if arrivals.times else None,
+                "steady_samples_per_second": steady_rate(arrivals.times, batch=batch)}
 
     def open_clip_epoch(limit: int) -> dict:
         bundle = create_clip(spec=clip_spec, device=device)
@@ -557,7 +572,8 @@ def clip_runs(*, work: Path, clip_spec, urls: list[str], device: str, precision:
         seconds = time.perf_counter() - started
         return {"seconds": seconds, "samples": loader.samples, "batches": len(loader.arrivals),
                 "samples_per_second": loader.samples / seconds,
-                "first_batch_s": loader.arrivals[0] - started if loader.arrivals else None}
+                "first_batch_s": loader.arrivals[0] - started if loader.arrivals else None,
+                "steady_samples_per_second": steady_rate(loader.arrivals, batch=batch)}
 
     train_stage(ours_spec("ours-warmup", warmup_steps))
     open_clip_epoch(warmup_steps)

@@ -773,7 +773,21 @@ def clip_row(*, work: Path, model: str = "ViT-B-32", trainable_blocks: int = 6, 
             f"end-of-epoch checkpoint, which train_one_epoch does not write: "
             f"{median(runs['ours'], 'samples_per_second_with_checkpoint'):,.0f} samples/s, "
             f"{median(runs['ours'], 'checkpoint_seconds'):.1f} s saving)")
+        row.figures[f"{count} decoders, where the time goes"] = clip_time_split(runs)
     return row
+
+
+def clip_time_split(runs: dict[str, list[dict]]) -> str:
+    """What separates the two sides of a clip comparison: the rate once running (first batch to last in the
+    loop), the start (call to first batch: workers, first decode, first step) and the share of our stage spent
+    waiting for input. Medians over the rounds."""
+    def median(side: str, key: str) -> float:
+        values = sorted(r[key] for r in runs[side] if r.get(key) is not None)
+        return values[len(values) // 2] if values else float("nan")
+    ours, theirs = median("ours", "steady_samples_per_second"), median("open_clip", "steady_samples_per_second")
+    return (f"steady {ours:,.0f} vs {theirs:,.0f} samples/s = {ours / theirs:.2f}x; first batch after "
+            f"{median('ours', 'first_batch_s'):.2f} vs {median('open_clip', 'first_batch_s'):.2f} s; ours waited for "
+            f"input {median('ours', 'data_wait_share'):.0%} of its stage")
 
 
 # ---------------------------------------------------------------------------------------------------- export

@@ -195,6 +195,17 @@ def test_clip_runs_ours_and_open_clip_train_on_the_same_shards_on_cpu(tmp_path):
     assert [r["steps"] for r in runs["ours"]] == [2] and [r["batches"] for r in runs["open_clip"]] == [2]
     ours = runs["ours"][0]  # timed without its end-of-epoch checkpoint, as train_one_epoch writes none
     assert ours["checkpoint_seconds"] > 0 and ours["samples_per_second"] > ours["samples_per_second_with_checkpoint"]
+    for side in ("ours", "open_clip"):  # the rate once running, apart from the start: what the row splits
+        run = runs[side][0]
+        assert run["steady_samples_per_second"] > 0 and 0 < run["first_batch_s"] < run["seconds"]
+    split = gpu_check.clip_time_split(runs)
+    assert split.startswith("steady ") and "first batch after" in split and "ours waited for input" in split
+
+
+def test_the_steady_rate_counts_the_batches_after_the_first_over_the_time_between_first_and_last():
+    from bench.engine_throughput import steady_rate
+    assert steady_rate([10.0, 10.5, 11.0, 12.0], batch=128) == 3 * 128 / 2.0
+    assert steady_rate([10.0], batch=128) is None and steady_rate([], batch=128) is None
 
 
 def _steady(figure: str) -> tuple[float, int]:
