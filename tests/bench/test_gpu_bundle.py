@@ -68,7 +68,8 @@ def test_this_projects_bundle_carries_the_prefect_servers_own_dependencies_and_n
     """The real closure of this environment: what the 2026-11-28 GPU run lacked (burner-redis, imported by the
     temporary Prefect server's process alone) is in it; torch, its CUDA libraries and sympy (torch's) are not."""
     pins = gpu_bundle.carried(python_version="3.12")
-    assert {"prefect", "mlflow", "open-clip-torch", "webdataset", "faiss-cpu", "simplejpeg", "burner-redis"} <= set(pins)
+    assert {"prefect", "mlflow", "open-clip-torch", "webdataset", "faiss-cpu", "simplejpeg",
+            "burner-redis"} <= set(pins)
     assert not {"torch", "torchvision", "triton", "numpy", "sympy", "mclpipe"} & set(pins)
     assert not [name for name in pins if name.startswith("nvidia-")]
     assert pins["prefect"] == "3.8.8"

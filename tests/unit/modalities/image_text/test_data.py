@@ -105,8 +105,10 @@ def test_the_decode_pool_keeps_order_counts_skips_here_and_keeps_its_workers(sha
     with SampleDecodePool(SampleDecoder(transform, seed=5), workers=0) as inline:
         expected = list(inline.samples(raw, epoch=1, counter=inline_counter, batch_size=8))
     pool = SampleDecodePool(SampleDecoder(transform, seed=5), workers=2)
-    assert pool.chunk_size(8) == 4
+    tasks = []
+    pool.chunks = lambda chunks, **kw: SampleDecodePool.chunks(pool, (tasks.append(len(c)) or c for c in chunks), **kw)
     got = list(pool.samples(raw, epoch=1, counter=pooled_counter, batch_size=8))
+    assert tasks == [8] * (len(raw) // 8) + ([len(raw) % 8] if len(raw) % 8 else [])  # a batch a task, any workers
     workers = pool.pool.worker_processes()
     assert len(workers) == 2 and all(w.is_alive() for w in workers)
     assert [d.key for d in got] == [d.key for d in expected] and len(got) == 38
