@@ -7,6 +7,8 @@ results table -> the plots -> the registered model and its alias.
 The deployment and the `prefect worker` that runs it are tests/e2e/worker.py's (shared with test_worker_retry.py);
 screenshots go to $MCLPIPE_UI_SCREENSHOTS (`make ui-check`) or the test's tmp dir; docs/ui.md shows a curated set.
 """
+import time
+
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -126,9 +128,15 @@ def test_the_retry_button_of_a_crashed_flow_run(worker_deployment, browser, shot
     page.get_by_text("This will retry flow run").first.wait_for(timeout=WAIT_MS)
     page.wait_for_timeout(500)
     page.screenshot(path=str(shots / "17-prefect-retry.png"))
+    crashed_now = flow_run(stack, crash.flow_run_id)  # the Crashed state the button leaves
     page.get_by_role("button", name="Retry", exact=True).last.click()  # the dialog's
 
-    done = worker_deployment.wait(crash.flow_run_id, {"COMPLETED"}, seconds=RUN_MS / 1000)
+    # the page sends the new state a moment after the click: until it lands, the run still reads Crashed
+    deadline = time.time() + 60
+    while flow_run(stack, crash.flow_run_id)["state"]["id"] == crashed_now["state"]["id"]:
+        assert time.time() < deadline, "the dialog's Retry left the flow run Crashed for 60 s"
+        time.sleep(0.5)
+    done = worker_deployment.wait(crash.flow_run_id, {"COMPLETED"}, seconds=RUN_MS / 1000, leaving=crashed_now)
     assert done["run_count"] == 2
     states = api(stack, f"/flow_run_states/?flow_run_id={crash.flow_run_id}", method="GET")
     history = [(s["type"], s["name"], s["message"]) for s in states]

@@ -40,15 +40,19 @@ def flow_run(stack: Stack, flow_run_id: str) -> dict:
     return api(stack, f"/flow_runs/{flow_run_id}", method="GET")
 
 
-def wait_for_state(stack: Stack, flow_run_id: str, states: set[str], *, seconds: float, log: Path) -> dict:
-    """Poll the flow run until its state type is one of ``states``; fail with the worker's log otherwise."""
+def wait_for_state(stack: Stack, flow_run_id: str, states: set[str], *, seconds: float, log: Path,
+                   leaving: dict | None = None) -> dict:
+    """Poll the flow run until its state type is one of ``states``; fail with the worker's log otherwise.
+    ``leaving``: the run as it was before an action that changes its state (a Retry pressed in the browser, whose
+    request reaches the server a moment after the click): its state counts neither as reached nor as final."""
     deadline = time.time() + seconds
     run = flow_run(stack, flow_run_id)
     while time.time() < deadline:
         run = flow_run(stack, flow_run_id)
-        if run["state_type"] in states:
+        unchanged = leaving is not None and run["state"]["id"] == leaving["state"]["id"]
+        if run["state_type"] in states and not unchanged:
             return run
-        if run["state_type"] in TERMINAL:
+        if run["state_type"] in TERMINAL and not unchanged:
             break
         time.sleep(1)
     raise AssertionError(f"flow run {flow_run_id} is {run['state_type']} ({run['state']['message']}), expected "
@@ -75,8 +79,8 @@ class WorkerDeployment:
         body = {"parameters": parameters} if parameters else {}
         return api(self.stack, f"/deployments/{self.deployment_id}/create_flow_run", body)["id"]
 
-    def wait(self, flow_run_id: str, states: set[str], *, seconds: float = 900) -> dict:
-        return wait_for_state(self.stack, flow_run_id, states, seconds=seconds, log=self.log)
+    def wait(self, flow_run_id: str, states: set[str], *, seconds: float = 900, leaving: dict | None = None) -> dict:
+        return wait_for_state(self.stack, flow_run_id, states, seconds=seconds, log=self.log, leaving=leaving)
 
 
 def prefect_cli(stack: Stack, *args: str) -> subprocess.CompletedProcess:
