@@ -756,9 +756,6 @@ def clip_row(*, work: Path, model: str = "ViT-B-32", trainable_blocks: int = 6, 
     urls = write_tiny_shards(directory=work / "clip-shards", num_samples=steps * batch,
                              samples_per_shard=samples_per_shard, image_size=image_size, corrupt=False)["urls"]
 
-    def median(runs: list[dict], key: str) -> float:
-        return sorted(r[key] for r in runs)[len(runs) // 2]
-
     for count in decoders:
         runs = clip_runs(work=work / f"clip-{count}",
                          clip_spec=ClipSpec(model_name=model, trainable_image_blocks=trainable_blocks), urls=urls,
@@ -767,12 +764,13 @@ def clip_row(*, work: Path, model: str = "ViT-B-32", trainable_blocks: int = 6, 
         trained = {*(r["steps"] for r in runs["ours"]), *(r["batches"] for r in runs["open_clip"])}
         if trained != {steps}:
             raise RuntimeError(f"clip: the sides trained {sorted(trained)} batches with {count} decoders, not {steps}")
-        ours, theirs = median(runs["ours"], "samples_per_second"), median(runs["open_clip"], "samples_per_second")
+        ours = run_median(runs["ours"], "samples_per_second")
+        theirs = run_median(runs["open_clip"], "samples_per_second")
         row.figures[f"{model}, batch {batch}, {steps} steps, {precision}, {count} decoders"] = (
             f"{ours:,.0f} vs {theirs:,.0f} samples/s = {ours / theirs:.2f}x (median of {rounds}; ours with its "
             f"end-of-epoch checkpoint, which train_one_epoch does not write: "
-            f"{median(runs['ours'], 'samples_per_second_with_checkpoint'):,.0f} samples/s, "
-            f"{median(runs['ours'], 'checkpoint_seconds'):.1f} s saving)")
+            f"{run_median(runs['ours'], 'samples_per_second_with_checkpoint'):,.0f} samples/s, "
+            f"{run_median(runs['ours'], 'checkpoint_seconds'):.1f} s saving)")
         row.figures[f"{count} decoders, where the time goes"] = clip_time_split(runs)
     return row
 
@@ -780,14 +778,19 @@ def clip_row(*, work: Path, model: str = "ViT-B-32", trainable_blocks: int = 6, 
 def clip_time_split(runs: dict[str, list[dict]]) -> str:
     """What separates the two sides of a clip comparison: the rate once running (first batch to last in the
     loop), the start (call to first batch: workers, first decode, first step) and the share of our stage spent
-    waiting for input. Medians over the rounds."""
-    def median(side: str, key: str) -> float:
-        values = sorted(r[key] for r in runs[side] if r.get(key) is not None)
-        return values[len(values) // 2] if values else float("nan")
-    ours, theirs = median("ours", "steady_samples_per_second"), median("open_clip", "steady_samples_per_second")
+    waiting for input. Medians over the rounds (:func:`run_median`)."""
+    ours, theirs = (run_median(runs["ours"], "steady_samples_per_second"),
+                    run_median(runs["open_clip"], "steady_samples_per_second"))
     return (f"steady {ours:,.0f} vs {theirs:,.0f} samples/s = {ours / theirs:.2f}x; first batch after "
-            f"{median('ours', 'first_batch_s'):.2f} vs {median('open_clip', 'first_batch_s'):.2f} s; ours waited for "
-            f"input {median('ours', 'data_wait_share'):.0%} of its stage")
+            f"{run_median(runs['ours'], 'first_batch_s'):.2f} vs {run_median(runs['open_clip'], 'first_batch_s'):.2f}"
+            f" s; ours waited for input {run_median(runs['ours'], 'data_wait_share'):.0%} of its stage")
+
+
+def run_median(runs: list[dict], key: str) -> float:
+    """The median of ``key`` over the runs that report it (the upper one of an even count: with 2 rounds, the
+    larger value); nan when none does."""
+    values = sorted(r[key] for r in runs if r.get(key) is not None)
+    return values[len(values) // 2] if values else float("nan")
 
 
 # ---------------------------------------------------------------------------------------------------- export
