@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from contrastive.data.dataset import RowsOf, npz_column_for_ids, save_index
-from contrastive.embeddings import load_embedding_ids, load_embeddings
+from contrastive.embeddings import load_embedding_ids, load_embedding_rows, load_embeddings
 from contrastive.engine.distributed import DistInfo, per_rank_batch
 from contrastive.engine.files import write_stage_summary
 from contrastive.engine.rng import seed_everything
@@ -41,11 +41,11 @@ class KMeansSpec:
 
 def embeddings_for(*, embeddings_dir: Path, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """(ids, (N, D) embeddings) of one export, restricted to and ordered as ``ids`` when given."""
-    stored_ids, embeddings = load_embeddings(directory=Path(embeddings_dir))
     if ids is None:
-        return stored_ids, embeddings
+        return load_embeddings(directory=Path(embeddings_dir))
+    stored_ids = load_embedding_ids(directory=Path(embeddings_dir))
     rows = align_labels_to_ids(label_ids=stored_ids, labels=np.arange(stored_ids.size), dataset_ids=ids)
-    return ids, embeddings[rows]
+    return ids, load_embedding_rows(directory=Path(embeddings_dir), rows=rows)  # the rows alone: one copy
 
 
 def cluster_stage(*, embeddings_dir: Path, out_dir: Path, kmeans_spec: KMeansSpec, earlier_cluster_dirs: list[Path],

@@ -321,3 +321,41 @@ def test_rows_reach_the_disk_while_the_export_goes_on_not_when_it_finishes(tmp_p
     assert not (tmp_path / "part-00000.npy").exists()  # not under its name until it is complete
     writer.finish()
     assert np.load(tmp_path / "part-00000.npy").shape == (3, 8)
+
+
+def _export_of(directory, *, rows: int, dim: int, shard_size: int):
+    vectors = np.random.default_rng(rows).standard_normal((rows, dim)).astype(np.float16)
+    ids = np.array([f"s{i:06d}" for i in range(rows)])
+    embeddings.save_embeddings(embeddings=vectors, ids=ids, directory=directory, shard_size=shard_size)
+    return ids, vectors.astype(np.float32)
+
+
+def test_chosen_rows_come_back_in_the_order_asked_across_shards(tmp_path):
+    ids, reference = _export_of(tmp_path / "e", rows=23, dim=3, shard_size=5)
+    rows = np.array([22, 0, 7, 7, 5, 4, 19])
+    np.testing.assert_array_equal(embeddings.load_embedding_rows(directory=tmp_path / "e", rows=rows),
+                                  reference[rows])
+    got_ids, got = load_embeddings(directory=tmp_path / "e")
+    assert got_ids.tolist() == ids.tolist() and got.dtype == np.float32
+    np.testing.assert_array_equal(got, reference)
+    assert embeddings.load_embedding_rows(directory=tmp_path / "e", rows=np.array([], np.int64)).shape == (0, 3)
+    with pytest.raises(IndexError, match="outside the 23 samples"):
+        embeddings.load_embedding_rows(directory=tmp_path / "e", rows=np.array([23]))
+
+
+@pytest.mark.parametrize("rows", [None, "half"])
+def test_loading_holds_one_float32_matrix_and_no_float16_copy_beside_it(tmp_path, rows):
+    """k-means' RAM is the (M, D) float32 matrix (the plan's closed form): loading it must not hold the float16
+    shards concatenated beside it (+50 %) or the whole matrix before the rows are picked (+200 % for half)."""
+    import tracemalloc
+    _export_of(tmp_path / "e", rows=8_000, dim=256, shard_size=2_048)
+    picked = None if rows is None else np.arange(0, 8_000, 2)[::-1].copy()
+    matrix = (8_000 if rows is None else 4_000) * 256 * 4
+    tracemalloc.start()
+    try:
+        out = embeddings.load_embedding_rows(directory=tmp_path / "e", rows=picked)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert out.nbytes == matrix
+    assert peak < matrix * 1.25, f"peak {peak:,} B for a {matrix:,} B matrix"
