@@ -14,9 +14,12 @@ MLflow, in a temporary directory:
   as a run's first training (cold: imports, kernels, workers), the last stage's config as its later ones;
 - export: the real export of that model, stopped after ``EXPORT_ROWS`` rows (its progress callback), or whole on
   data smaller than that; seconds a row after the first batch, the rest fixed;
-- k-means and pseudo-labels: the real steps on the calibration's export when it is whole, else the real steps on
-  synthetic exports of ``KMEANS_ROWS`` random rows of the export's width, two sizes, so the per-row cost is the
-  slope between them and the files each step opens and writes are its fixed cost;
+- k-means and pseudo-labels: the real steps as their tasks call them (over the modality's sample scope, aligned by
+  id, with AMI against its attributes and the cluster-size plot) on the calibration's export when it is whole, else
+  on synthetic exports of ``KMEANS_ROWS`` random rows of the export's width, two sizes, so the per-row cost is the
+  slope between them and the files each step opens and writes are its fixed cost; each timed warm, after a first
+  call that pays the imports a run's first clustering pays (``cluster_cold``, ``pseudo_labels_cold``); reading the
+  scope (``scope``, per training sample) is timed apart, as both tasks read it;
 - re-shard (CLIP): the real re-shard of the first training shard (its samples dealt over K groups), per byte;
 - evaluations, encodings, diagnostics, the soup and the final step: once each, on one member.
 
@@ -42,7 +45,7 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -55,7 +58,7 @@ from pipeline_config.plan import Calibration, Rate, RunCosts, calibration_path, 
 TRAIN_STEPS = 16
 EXPORT_ROWS = 16_384
 #: Rows of the synthetic exports k-means and pseudo-labels are timed on when the calibration's export is partial.
-KMEANS_ROWS = (10_000, 40_000)
+KMEANS_ROWS = (20_000, 100_000)
 
 
 class _Enough(Exception):
@@ -175,7 +178,7 @@ def calibrate(config, *, log: Callable[[str], None] = print) -> Calibration:
         export = _export(config, modality, model_path=model_path, data=data, work=work, rates=rates, device=device)
         if config.mcl.num_stages > 1:
             log("calibrating: k-means and pseudo-labels")
-            _clusters(config, export=export, work=work, rates=rates, device=device)
+            _clusters(config, modality, data=data, export=export, work=work, rates=rates, device=device)
             if modality.regroups:
                 _regroup_rate(config, data, work=work, rates=rates)
         log("calibrating: evaluation")
@@ -338,53 +341,98 @@ def _export_summary(out_dir: Path, result: dict) -> dict:
     return json.loads(path.read_text()) if path.is_file() else result
 
 
-def _clusters(config, *, export: dict, work: Path, rates: dict, device: str) -> None:
+def _clusters(config, modality, *, data: dict, export: dict, work: Path, rates: dict, device: str) -> None:
+    """k-means and pseudo-labels as their tasks call them: over the samples the modality clusters (its
+    ``sample_scope``: the training split, aligned by id, and its attributes, each scored by AMI), the cluster-size
+    plot included. The first call of each is a run's first (it imports faiss, scikit-learn and matplotlib:
+    ``cluster_cold`` / ``pseudo_labels_cold``), the rates are warm calls after it."""
     from contrastive.mcl import steps
     spec = config.mcl.kmeans_spec(0, seed=config.seed)
-    if export["dir"] is not None:  # the real steps on the calibration's whole export
-        with measured(device) as m:
-            _cluster_and_plot(steps, embeddings_dir=Path(export["dir"]), out_dir=work / "clusters", spec=spec)
-        rates["cluster"] = Rate(fixed_s=0.0, per_unit_s=m.seconds / export["rows_total"], units=export["rows_total"],
-                                peak_rss=m.peak_rss, note="the real step on the whole export")
-        with measured(device) as m:
-            steps.build_pseudo_labels(cluster_dirs=[work / "clusters"], embeddings_dirs=[Path(export["dir"])],
-                                      out_path=work / "pseudo" / "pseudo_labels.npz",
-                                      min_group_size=config.global_batch_size(1),
-                                      small_group_policy=config.mcl.small_group_policy)
-        rates["pseudo_labels"] = Rate(fixed_s=0.0, per_unit_s=m.seconds / export["rows_total"],
-                                      units=export["rows_total"], peak_rss=m.peak_rss)
+    scope_ids, attributes = _scope(modality, data, rates=rates, device=device)
+    if export["dir"] is not None:  # the real steps on the calibration's whole export, cold then warm
+        rows, embeddings_dir = export["rows_total"], Path(export["dir"])
+        timed = {"cluster": [], "pseudo_labels": []}
+        for call in ("cold", "warm"):
+            for kind, seconds, peak in _cluster_steps(steps, config, spec=spec, embeddings_dir=embeddings_dir,
+                                                      out_dir=work / f"clusters-{call}", ids=scope_ids,
+                                                      attributes=attributes, device=device):
+                timed[kind].append((seconds, peak))
+        for kind, ((cold, _), (warm, peak)) in timed.items():
+            rates[kind] = Rate(fixed_s=0.0, per_unit_s=warm / rows, units=rows, peak_rss=peak,
+                               note="the real step on the whole export")
+            rates[f"{kind}_cold"] = Rate(fixed_s=max(0.0, cold - warm), per_unit_s=warm / rows, units=rows,
+                                         peak_rss=peak, note="the real step on the whole export, a run's first")
         return
     if not export["dim"]:
         return
     # A partial export: the real steps on synthetic exports of two sizes, so a per-row cost is told apart from the
-    # step's fixed one (opening and writing its files, the cluster-size plot's data, the AMI).
-    from contrastive.embeddings import save_embeddings
+    # step's fixed one (opening and writing its files, the cluster-size plot, k-means' training sample); the
+    # smaller one first once more, cold.
     times: dict[str, list[tuple[int, float, int | None]]] = {"cluster": [], "pseudo_labels": []}
-    for rows in KMEANS_ROWS:
-        embeddings_dir = work / f"synthetic-export-{rows}"
-        x = np.random.default_rng(rows).standard_normal((rows, export["dim"]), dtype=np.float32)
-        save_embeddings(embeddings=x, ids=np.array([f"s{i:09d}" for i in range(rows)]), directory=embeddings_dir)
-        clusters = work / f"synthetic-clusters-{rows}"
-        with measured(device) as m:
-            _cluster_and_plot(steps, embeddings_dir=embeddings_dir, out_dir=clusters, spec=spec)
-        times["cluster"].append((rows, m.seconds, m.peak_rss))
-        with measured(device) as m:
-            steps.build_pseudo_labels(cluster_dirs=[clusters], embeddings_dirs=[embeddings_dir],
-                                      out_path=work / f"synthetic-pseudo-{rows}" / "pseudo_labels.npz",
-                                      min_group_size=config.global_batch_size(1),
-                                      small_group_policy=config.mcl.small_group_policy)
-        times["pseudo_labels"].append((rows, m.seconds, m.peak_rss))
-    for kind, points in times.items():
-        rates[kind] = two_point_rate(points, note=f"the real step on {points[0][0]:,} and {points[-1][0]:,} "
-                                                  f"random rows of width {export['dim']}")
+    for call, rows in enumerate((KMEANS_ROWS[0], *KMEANS_ROWS)):
+        embeddings_dir, ids, labels = _synthetic_export(work / f"synthetic-export-{call}", rows=rows,
+                                                        dim=export["dim"], scoped=scope_ids is not None,
+                                                        attributes=attributes)
+        for kind, seconds, peak in _cluster_steps(steps, config, spec=spec, embeddings_dir=embeddings_dir,
+                                                  out_dir=work / f"synthetic-clusters-{call}", ids=ids,
+                                                  attributes=labels, device=device):
+            times[kind].append((rows, seconds, peak))
+    for kind, (cold, *warm) in times.items():
+        note = f"the real step on {warm[0][0]:,} and {warm[-1][0]:,} random rows of width {export['dim']}"
+        rates[kind] = two_point_rate(warm, note=note)
+        first_extra = max(0.0, cold[1] - warm[0][1])  # the same size, cold against warm
+        rates[f"{kind}_cold"] = Rate(**{**asdict(rates[kind]), "fixed_s": rates[kind].fixed_s + first_extra,
+                                        "note": note + ", a run's first"})
 
 
-def _cluster_and_plot(steps, *, embeddings_dir: Path, out_dir: Path, spec) -> None:
+def _scope(modality, data: dict, *, rates: dict, device: str) -> tuple[np.ndarray | None, dict | None]:
+    """The modality's ``sample_scope`` of the calibration's data (what both steps' tasks read first: the training
+    ids and attribute labels of the dataset), timed per training sample (``scope``)."""
+    with measured(device) as m:
+        ids, attributes = modality.sample_scope(data)
+    if ids is not None and len(ids):
+        rates["scope"] = Rate(fixed_s=0.0, per_unit_s=m.seconds / len(ids), units=len(ids), peak_rss=m.peak_rss,
+                              note="the training split's ids and labels read from the prepared data")
+    return ids, attributes
+
+
+def _synthetic_export(directory: Path, *, rows: int, dim: int, scoped: bool,
+                      attributes: dict | None) -> tuple[Path, np.ndarray | None, dict | None]:
+    """An export of ``rows`` random rows; when the modality clusters a scope, its ids in another order than the
+    export's (the tasks align the two by id, as a training split within an export of every split) and random
+    labels of each attribute's own values (AMI costs what the number of values makes it)."""
+    from contrastive.embeddings import save_embeddings
+    rng = np.random.default_rng(rows)
+    ids = np.array([f"s{i:09d}" for i in range(rows)])
+    save_embeddings(embeddings=rng.standard_normal((rows, dim), dtype=np.float32), ids=ids, directory=directory)
+    if not scoped:
+        return directory, None, None
+    labels = {name: rng.choice(np.unique(values), size=rows) for name, values in (attributes or {}).items()
+              if len(values)}
+    return directory, ids[::-1].copy(), labels
+
+
+def _cluster_steps(steps, config, *, spec, embeddings_dir: Path, out_dir: Path, ids, attributes,
+                   device: str) -> list[tuple[str, float, int | None]]:
+    """k-means (with its plot) then the pseudo-labels of its clusters, each timed: [(kind, seconds, peak RSS)]."""
+    clusters = out_dir / "clusters"
+    with measured(device) as k:
+        _cluster_and_plot(steps, embeddings_dir=embeddings_dir, out_dir=clusters, spec=spec, ids=ids,
+                          attributes=attributes)
+    with measured(device) as p:
+        steps.build_pseudo_labels(cluster_dirs=[clusters], embeddings_dirs=[embeddings_dir],
+                                  out_path=out_dir / "pseudo" / "pseudo_labels.npz",
+                                  min_group_size=config.global_batch_size(1),
+                                  small_group_policy=config.mcl.small_group_policy, ids=ids)
+    return [("cluster", k.seconds, k.peak_rss), ("pseudo_labels", p.seconds, p.peak_rss)]
+
+
+def _cluster_and_plot(steps, *, embeddings_dir: Path, out_dir: Path, spec, ids=None, attributes=None) -> None:
     """The clustering step as a run makes it: k-means and its records, and the cluster-size plot the task draws
     (``tasks.steps.finish_cluster_record``; a second or so of matplotlib that k-means of a tiny model does not)."""
     from contrastive.evaluate import plot_cluster_sizes
     summary = steps.cluster_stage(embeddings_dir=embeddings_dir, out_dir=out_dir, kmeans_spec=spec,
-                                  earlier_cluster_dirs=[])
+                                  earlier_cluster_dirs=[], ids=ids, attributes=attributes)
     plot_cluster_sizes(sizes_by_stage={"stage 0": summary["sizes"]}, path=out_dir / "cluster_sizes.png")
 
 

@@ -366,8 +366,10 @@ def estimate(config, steps: list[PlannedStep], *, calibration: Calibration | Non
     (``Plan.total_s``: the projected wall time of ``mclpipe run``)."""
     size = size or data_size(config, calibration=calibration)
     pipeline = config.pipeline
-    first_train = next((i for i, step in enumerate(steps) if step.category == "train"), None)
-    rows = [_row(config, step, size=size, cal=calibration, pipeline=pipeline, cold=i == first_train)
+    firsts = {}  # the run's first step of each category pays the process's one-time start-up (cold)
+    for i, step in enumerate(steps):
+        firsts.setdefault(step.category, i)
+    rows = [_row(config, step, size=size, cal=calibration, pipeline=pipeline, cold=firsts[step.category] == i)
             for i, step in enumerate(steps)]
     for row, step in zip(rows, steps):
         row.critical = on_critical_path(step, steps)
@@ -414,13 +416,14 @@ def _scaled(rate: Rate, units: float, *, pipeline: str, category: str, n: float 
 
 def _row(config, step: PlannedStep, *, size: DataSize, cal: Calibration | None, pipeline: str,
          cold: bool = False) -> PlanRow:
-    """One step's projection; ``cold``: the run's first training, which pays the process's one-time start-up."""
+    """One step's projection; ``cold``: the run's first step of its kind (a training, a k-means, ...), which pays
+    the process's one-time start-up when the calibration measured one (``<category>_cold``)."""
     c = step.category
     m, d = size.num_train, size.dim
     exported = size.num_exported or m
     rate = cal.rates.get(c) if cal is not None else None
-    if cold and cal is not None and "train_cold" in cal.rates:
-        rate = cal.rates["train_cold"]
+    if cold and cal is not None and f"{c}_cold" in cal.rates:
+        rate = cal.rates[f"{c}_cold"]
     if c in ("diagnose", "hyper") and rate is None and cal is not None:
         rate = cal.rates.get("eval")  # assumption stated in the basis
     n_cal = cal.num_train if cal is not None else None
@@ -457,13 +460,16 @@ def _row(config, step: PlannedStep, *, size: DataSize, cal: Calibration | None, 
             disk = int(exported * (8 + id_bytes) + k * d * 4)
             basis.append(f"RAM = {exported:,} x {d} x 4 B (the float32 matrix, closed form) + the process")
         if rate is not None and exported:
-            seconds = _scaled(rate, exported, pipeline=pipeline, category=c, n=rate.units, m=exported)
-            basis.append(f"{rate.per_unit_s * 1e6:.2f} us a row measured on {rate.units:,.0f} rows")
+            seconds = _scaled(rate, exported, pipeline=pipeline, category=c, n=rate.units, m=exported) + \
+                _scope_seconds(cal, m, basis)
+            basis.append(f"{rate.per_unit_s * 1e6:.2f} us a row measured on {rate.units:,.0f} rows"
+                         f"{' (the first k-means: cold)' if cold and 'cluster_cold' in cal.rates else ''}")
     elif c == "pseudo_labels":
         if exported:
             disk = int(exported * (8 + id_bytes))
         if rate is not None and exported:
-            seconds = _scaled(rate, exported, pipeline=pipeline, category=c, n=rate.units, m=exported)
+            seconds = _scaled(rate, exported, pipeline=pipeline, category=c, n=rate.units, m=exported) + \
+                _scope_seconds(cal, m, basis)
             peak = rate.peak_rss
             basis.append(f"measured on {rate.units:,.0f} rows, linear")
     elif c == "regroup":
@@ -489,6 +495,17 @@ def _row(config, step: PlannedStep, *, size: DataSize, cal: Calibration | None, 
             basis.append("not calibrated")
     return PlanRow(title=step.title, what=step.what, kind=step.kind, stage=step.stage, seconds=seconds,
                    peak_ram=peak, disk=disk, gpu_mem=gpu if _is_gpu(device) else None, basis="; ".join(basis))
+
+
+def _scope_seconds(cal: Calibration, m: int | None, basis: list[str]) -> float:
+    """Seconds the clustering steps' tasks spend reading the samples they cluster (the training split's ids and
+    labels: ``Modality.sample_scope``), M x the calibration's rate a training sample; 0 where it has none (CLIP
+    clusters every exported sample as exported)."""
+    scope = cal.rates.get("scope")
+    if scope is None or not m:
+        return 0.0
+    basis.append(f"+ the training split's ids and labels read at {scope.per_unit_s * 1e6:.2f} us a sample")
+    return scope.per_unit_s * m
 
 
 def _is_gpu(device: str) -> bool:

@@ -2,6 +2,7 @@
 projection from a calibration, against hand-computed figures."""
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from flows.planning import planned_steps
@@ -238,3 +239,65 @@ def test_the_keys_of_a_shard_are_its_samples_in_order(tmp_path):
                              corrupt=False)["urls"]
     keys = shard_keys(Path(urls[0].removeprefix("file:")))
     assert len(keys) == 12 and len(set(keys.tolist())) == 12 and list(keys) == sorted(keys)
+
+
+def test_the_clustering_rates_are_warm_and_a_runs_first_pays_its_cold_call(tmp_path, monkeypatch):
+    """pipeline_config.calibrate._clusters on a partial export: the first call (the smaller size, cold: faiss,
+    scikit-learn and matplotlib imported) is kept apart, so the per-row cost is the slope between the two warm
+    sizes; a first call slower than the second size's (what made the slope 0 and the projection at 1M -93 %)
+    lands in ``cluster_cold``'s fixed cost instead."""
+    from pipeline_config import calibrate as C
+    config = load_config("clip_tiny", [f"output_dir={tmp_path}", f"data.cache_dir={tmp_path}"])
+    small, large = C.KMEANS_ROWS
+    # (k-means, pseudo-labels) seconds of each call: cold at the small size, then warm at both sizes
+    script = iter([(3.0, 0.5), (1.0, 0.1), (1.0 + (large - small) * 1e-5, 0.1 + (large - small) * 1e-6)])
+    monkeypatch.setattr(C, "_synthetic_export", lambda directory, **_: (directory, None, None))
+    monkeypatch.setattr(C, "_cluster_steps", lambda *_, **__: (lambda k, p: [("cluster", k, 1), ("pseudo_labels",
+                                                                                                p, 2)])(*next(script)))
+
+    class NoScope:
+        def sample_scope(self, data):
+            return None, None
+
+    rates = {}
+    C._clusters(config, NoScope(), data={}, export={"dir": None, "dim": 8, "rows_total": None}, work=tmp_path,
+                rates=rates, device="cpu")
+    assert rates["cluster"].per_unit_s == pytest.approx(1e-5)
+    assert rates["cluster"].fixed_s == pytest.approx(1.0 - small * 1e-5)
+    assert rates["cluster_cold"].fixed_s == pytest.approx(3.0 - small * 1e-5)
+    assert rates["cluster_cold"].per_unit_s == rates["cluster"].per_unit_s
+    assert rates["pseudo_labels"].per_unit_s == pytest.approx(1e-6)
+    assert rates["pseudo_labels_cold"].fixed_s == pytest.approx(0.5 - small * 1e-6)
+    assert "scope" not in rates  # CLIP clusters every exported sample: nothing to read first
+
+
+def test_a_synthetic_scope_is_aligned_by_id_and_scored_on_the_attributes_values(tmp_path):
+    """The synthetic export of a modality that clusters its training split: the scope's ids are the export's in
+    another order (the task's alignment by id runs, as for a split of an export of every split), and each
+    attribute's labels take that attribute's values."""
+    from contrastive.embeddings import load_embedding_ids
+    from pipeline_config.calibrate import _synthetic_export
+    directory, ids, labels = _synthetic_export(tmp_path / "e", rows=50, dim=4, scoped=True,
+                                               attributes={"shape": np.array([3, 7, 7, -1])})
+    stored = load_embedding_ids(directory=directory)
+    assert sorted(ids.tolist()) == sorted(stored.tolist()) and ids.tolist() != stored.tolist()
+    assert set(labels["shape"].tolist()) <= {3, 7, -1} and labels["shape"].shape == (50,)
+    assert _synthetic_export(tmp_path / "f", rows=5, dim=4, scoped=False, attributes=None)[1:] == (None, None)
+
+
+def test_the_first_k_means_of_a_run_is_cold_and_both_clustering_steps_read_the_scope(tmp_path):
+    config = load_config("trifeature_quick", [f"output_dir={tmp_path}", f"data.cache_dir={tmp_path}",
+                                              "mcl.num_stages=3", "mcl.clusters=4"])
+    rates = {"cluster": P.Rate(fixed_s=0.5, per_unit_s=1e-5, units=100_000),
+             "cluster_cold": P.Rate(fixed_s=2.5, per_unit_s=1e-5, units=100_000),
+             "pseudo_labels": P.Rate(fixed_s=0.1, per_unit_s=1e-6, units=100_000),
+             "scope": P.Rate(fixed_s=0.0, per_unit_s=2e-6, units=8000)}
+    calibration = P.Calibration(machine="m", device="cpu", measured_at="now", config_hash=config.config_hash(),
+                                seconds=1.0, num_train=8000, num_exported=10_000, dim=256, data_bytes=None,
+                                id_bytes=8.0, rates=rates)
+    rows = {r.title: r for r in P.estimate(config, planned_steps(config), calibration=calibration).rows}
+    scope = 8000 * 2e-6
+    assert rows["k-means stage 0"].seconds == pytest.approx(2.5 + 10_000 * 1e-5 + scope)
+    assert "cold" in rows["k-means stage 0"].basis
+    assert rows["k-means stage 1 (MCL)"].seconds == pytest.approx(0.5 + 10_000 * 1e-5 + scope)
+    assert rows["pseudo-labels for stage 1"].seconds == pytest.approx(0.1 + 10_000 * 1e-6 + scope)
