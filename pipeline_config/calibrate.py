@@ -57,8 +57,13 @@ from pipeline_config.plan import Calibration, Rate, RunCosts, calibration_path, 
 
 TRAIN_STEPS = 16
 EXPORT_ROWS = 16_384
-#: Rows of the synthetic exports k-means and pseudo-labels are timed on when the calibration's export is partial.
-KMEANS_ROWS = (20_000, 100_000)
+#: Bounds of the larger synthetic export k-means and pseudo-labels are timed on when the calibration's export is
+#: partial (:func:`kmeans_rows`), the bytes of float32 rows it aims at, and the calls timed at each size: at 32-d,
+#: 20k and 100k rows took the same time within the calls' noise (a per-row cost of 0 and k-means at 1M projected at
+#: half what it took), and single calls of 0.05-0.08 s varied by +-30 ms (2026-11-28).
+KMEANS_ROWS = (100_000, 500_000)
+KMEANS_BYTES = 64 << 20
+KMEANS_REPEATS = 3
 
 
 class _Enough(Exception):
@@ -368,21 +373,39 @@ def _clusters(config, modality, *, data: dict, export: dict, work: Path, rates: 
     # A partial export: the real steps on synthetic exports of two sizes, so a per-row cost is told apart from the
     # step's fixed one (opening and writing its files, the cluster-size plot, k-means' training sample); the
     # smaller one first once more, cold.
-    times: dict[str, list[tuple[int, float, int | None]]] = {"cluster": [], "pseudo_labels": []}
-    for call, rows in enumerate((KMEANS_ROWS[0], *KMEANS_ROWS)):
-        embeddings_dir, ids, labels = _synthetic_export(work / f"synthetic-export-{call}", rows=rows,
-                                                        dim=export["dim"], scoped=scope_ids is not None,
-                                                        attributes=attributes)
+    sizes = kmeans_rows(export["dim"])
+    exports = {rows: _synthetic_export(work / f"synthetic-export-{rows}", rows=rows, dim=export["dim"],
+                                       scoped=scope_ids is not None, attributes=attributes) for rows in sizes}
+    calls = [("cold", sizes[0])] + [("warm", rows) for rows in sizes for _ in range(KMEANS_REPEATS)]
+    times: dict[tuple[str, str, int], list[tuple[float, int | None]]] = {}
+    for number, (call, rows) in enumerate(calls):
+        embeddings_dir, ids, labels = exports[rows]
         for kind, seconds, peak in _cluster_steps(steps, config, spec=spec, embeddings_dir=embeddings_dir,
-                                                  out_dir=work / f"synthetic-clusters-{call}", ids=ids,
+                                                  out_dir=work / f"synthetic-clusters-{number}", ids=ids,
                                                   attributes=labels, device=device):
-            times[kind].append((rows, seconds, peak))
-    for kind, (cold, *warm) in times.items():
-        note = f"the real step on {warm[0][0]:,} and {warm[-1][0]:,} random rows of width {export['dim']}"
+            times.setdefault((kind, call, rows), []).append((seconds, peak))
+    for kind in ("cluster", "pseudo_labels"):
+        warm = [(rows, *_median(times[(kind, "warm", rows)])) for rows in sizes]
+        note = f"the real step on {sizes[0]:,} and {sizes[1]:,} random rows of width {export['dim']}, " \
+               f"the median of {KMEANS_REPEATS} calls each"
         rates[kind] = two_point_rate(warm, note=note)
-        first_extra = max(0.0, cold[1] - warm[0][1])  # the same size, cold against warm
+        first_extra = max(0.0, times[(kind, "cold", sizes[0])][0][0] - warm[0][1])  # cold against warm, same size
         rates[f"{kind}_cold"] = Rate(**{**asdict(rates[kind]), "fixed_s": rates[kind].fixed_s + first_extra,
-                                        "note": note + ", a run's first"})
+                                        "note": note + ", and a run's first call"})
+
+
+def kmeans_rows(dim: int) -> tuple[int, int]:
+    """The two sizes of the synthetic exports: the larger holds about ``KMEANS_BYTES`` of float32 rows (within
+    ``KMEANS_ROWS``), so a narrow export's per-row cost (ids, a few bytes of vectors) still adds up to more than the
+    calls' timing noise between the two; the smaller a fifth of it."""
+    low, high = KMEANS_ROWS
+    large = int(min(max(KMEANS_BYTES // (4 * max(dim, 1)), low), high))
+    return large // 5, large
+
+
+def _median(samples: list[tuple[float, int | None]]) -> tuple[float, int | None]:
+    """(median seconds, largest peak RSS) of repeated calls."""
+    return float(np.median([seconds for seconds, _ in samples])), max((p or 0 for _, p in samples), default=None)
 
 
 def _scope(modality, data: dict, *, rates: dict, device: str) -> tuple[np.ndarray | None, dict | None]:

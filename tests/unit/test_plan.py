@@ -248,9 +248,13 @@ def test_the_clustering_rates_are_warm_and_a_runs_first_pays_its_cold_call(tmp_p
     lands in ``cluster_cold``'s fixed cost instead."""
     from pipeline_config import calibrate as C
     config = load_config("clip_tiny", [f"output_dir={tmp_path}", f"data.cache_dir={tmp_path}"])
-    small, large = C.KMEANS_ROWS
-    # (k-means, pseudo-labels) seconds of each call: cold at the small size, then warm at both sizes
-    script = iter([(3.0, 0.5), (1.0, 0.1), (1.0 + (large - small) * 1e-5, 0.1 + (large - small) * 1e-6)])
+    small, large = C.kmeans_rows(8)
+    assert (small, large) == (C.KMEANS_ROWS[1] // 5, C.KMEANS_ROWS[1])  # 8-d rows: the most rows
+    assert C.kmeans_rows(768) == (C.KMEANS_ROWS[0] // 5, C.KMEANS_ROWS[0])  # 768-d rows: the fewest
+    # (k-means, pseudo-labels) seconds of each call: cold at the small size, then warm at both sizes, a median of
+    # KMEANS_REPEATS each (one outlier a size)
+    late = (1.0 + (large - small) * 1e-5, 0.1 + (large - small) * 1e-6)
+    script = iter([(3.0, 0.5), (1.0, 0.1), (9.0, 9.0), (1.0, 0.1), late, (0.0, 0.0), late])
     monkeypatch.setattr(C, "_synthetic_export", lambda directory, **_: (directory, None, None))
     monkeypatch.setattr(C, "_cluster_steps", lambda *_, **__: (lambda k, p: [("cluster", k, 1), ("pseudo_labels",
                                                                                                 p, 2)])(*next(script)))
