@@ -374,8 +374,9 @@ def _clusters(config, modality, *, data: dict, export: dict, work: Path, rates: 
     # step's fixed one (opening and writing its files, the cluster-size plot, k-means' training sample); the
     # smaller one first once more, cold.
     sizes = kmeans_rows(export["dim"])
+    kept = data["num_train"] / (data["num_train"] + data["num_test"]) if data.get("num_test") else 1.0
     exports = {rows: _synthetic_export(work / f"synthetic-export-{rows}", rows=rows, dim=export["dim"],
-                                       scoped=scope_ids is not None, attributes=attributes) for rows in sizes}
+                                       scope_ids=scope_ids, kept=kept, attributes=attributes) for rows in sizes}
     calls = [("cold", sizes[0])] + [("warm", rows) for rows in sizes for _ in range(KMEANS_REPEATS)]
     times: dict[tuple[str, str, int], list[tuple[float, int | None]]] = {}
     for number, (call, rows) in enumerate(calls):
@@ -419,20 +420,30 @@ def _scope(modality, data: dict, *, rates: dict, device: str) -> tuple[np.ndarra
     return ids, attributes
 
 
-def _synthetic_export(directory: Path, *, rows: int, dim: int, scoped: bool,
-                      attributes: dict | None) -> tuple[Path, np.ndarray | None, dict | None]:
-    """An export of ``rows`` random rows; when the modality clusters a scope, its ids in another order than the
-    export's (the tasks align the two by id, as a training split within an export of every split) and random
-    labels of each attribute's own values (AMI costs what the number of values makes it)."""
+def _synthetic_export(directory: Path, *, rows: int, dim: int, scope_ids: np.ndarray | None, kept: float = 1.0,
+                      attributes: dict | None = None) -> tuple[Path, np.ndarray | None, dict | None]:
+    """An export of ``rows`` random rows: (its directory, the scope's ids, the scope's labels). Without a scope
+    (CLIP clusters every exported sample): short made-up ids and no scope. With one (``scope_ids``, the real
+    training split's ids): ids made from the real ones (``id`` then ``id~1``, ``id~2``, ... once they run out), so
+    the tasks' alignment by id sorts and compares strings of the user's own length and order; the scope the
+    ``kept`` share of them in the export's order (a training split within an export of every split), and labels
+    drawn from each attribute's own values (AMI costs what the number of values makes it)."""
     from contrastive.embeddings import save_embeddings
     rng = np.random.default_rng(rows)
-    ids = np.array([f"s{i:09d}" for i in range(rows)])
+    if scope_ids is None or not len(scope_ids):
+        ids = np.array([f"s{i:09d}" for i in range(rows)])
+    else:
+        base = [str(i) for i in scope_ids]
+        ids = np.array([base[i] if i < len(base) else f"{base[i % len(base)]}~{i // len(base)}"
+                        for i in range(rows)])
     save_embeddings(embeddings=rng.standard_normal((rows, dim), dtype=np.float32), ids=ids, directory=directory)
-    if not scoped:
+    if scope_ids is None or not len(scope_ids):
         return directory, None, None
-    labels = {name: rng.choice(np.unique(values), size=rows) for name, values in (attributes or {}).items()
+    position = np.arange(rows) * kept
+    scope = ids[np.floor(position + kept) > np.floor(position)].astype(scope_ids.dtype)  # spread evenly
+    labels = {name: rng.choice(np.unique(values), size=scope.size) for name, values in (attributes or {}).items()
               if len(values)}
-    return directory, ids[::-1].copy(), labels
+    return directory, scope, labels
 
 
 def _cluster_steps(steps, config, *, spec, embeddings_dir: Path, out_dir: Path, ids, attributes,

@@ -100,9 +100,10 @@ def test_a_calibration_scales_train_by_steps_and_batch_and_export_by_rows(tmp_pa
     assert plan.total_s > plan.critical_s
 
 
-def test_growth_beyond_the_calibration_follows_the_bench_scale_slope():
+def test_growth_beyond_the_calibration_follows_the_bench_scale_slope(monkeypatch):
     rate = P.Rate(fixed_s=0.0, per_unit_s=1.0, units=1)
-    # the image export's measured slope 1.09: 10x the samples costs 10 ** 1.09 times, not 10
+    monkeypatch.setitem(P.BENCH_SCALE_SLOPES, ("image", "export"), 1.09)
+    # a measured slope of 1.09: 10x the samples costs 10 ** 1.09 times, not 10
     assert P._scaled(rate, 10, pipeline="image", category="export", n=1, m=10) == pytest.approx(10 ** 1.09)
     # a slope under 1 (fixed costs at the measured sizes) grows linearly
     assert P._scaled(rate, 10, pipeline="clip", category="export", n=1, m=10) == pytest.approx(10)
@@ -275,18 +276,23 @@ def test_the_clustering_rates_are_warm_and_a_runs_first_pays_its_cold_call(tmp_p
     assert "scope" not in rates  # CLIP clusters every exported sample: nothing to read first
 
 
-def test_a_synthetic_scope_is_aligned_by_id_and_scored_on_the_attributes_values(tmp_path):
-    """The synthetic export of a modality that clusters its training split: the scope's ids are the export's in
-    another order (the task's alignment by id runs, as for a split of an export of every split), and each
-    attribute's labels take that attribute's values."""
+def test_a_synthetic_scope_is_made_of_the_real_ids_and_aligned_by_id(tmp_path):
+    """The synthetic export of a modality that clusters its training split: ids made from the real split's ids
+    (their length and order: what the task's join by id sorts), the scope the training share of them in the export's
+    order (so the join runs, as for a split within an export of every split), each attribute's labels from that
+    attribute's values."""
     from contrastive.embeddings import load_embedding_ids
     from pipeline_config.calibrate import _synthetic_export
-    directory, ids, labels = _synthetic_export(tmp_path / "e", rows=50, dim=4, scoped=True,
-                                               attributes={"shape": np.array([3, 7, 7, -1])})
+    real = np.array(["b/2.jpg", "a/1.jpg", "c/3.jpg"], dtype=np.dtypes.StringDType())
+    directory, scope, labels = _synthetic_export(tmp_path / "e", rows=8, dim=4, scope_ids=real, kept=0.75,
+                                                 attributes={"shape": np.array([3, 7, 7, -1])})
     stored = load_embedding_ids(directory=directory)
-    assert sorted(ids.tolist()) == sorted(stored.tolist()) and ids.tolist() != stored.tolist()
-    assert set(labels["shape"].tolist()) <= {3, 7, -1} and labels["shape"].shape == (50,)
-    assert _synthetic_export(tmp_path / "f", rows=5, dim=4, scoped=False, attributes=None)[1:] == (None, None)
+    assert stored.tolist() == ["b/2.jpg", "a/1.jpg", "c/3.jpg", "b/2.jpg~1", "a/1.jpg~1", "c/3.jpg~1", "b/2.jpg~2",
+                               "a/1.jpg~2"]
+    assert scope.dtype == real.dtype and scope.size == 6 and set(scope.tolist()) < set(stored.tolist())
+    assert scope.tolist() == [i for i in stored.tolist() if i in set(scope.tolist())]  # the export's order
+    assert set(labels["shape"].tolist()) <= {3, 7, -1} and labels["shape"].shape == (6,)
+    assert _synthetic_export(tmp_path / "f", rows=5, dim=4, scope_ids=None)[1:] == (None, None)
 
 
 def test_the_first_k_means_of_a_run_is_cold_and_both_clustering_steps_read_the_scope(tmp_path):
