@@ -243,19 +243,21 @@ def test_the_keys_of_a_shard_are_its_samples_in_order(tmp_path):
 
 
 def test_the_clustering_rates_are_warm_and_a_runs_first_pays_its_cold_call(tmp_path, monkeypatch):
-    """pipeline_config.calibrate._clusters on a partial export: the first call (the smaller size, cold: faiss,
-    scikit-learn and matplotlib imported) is kept apart, so the per-row cost is the slope between the two warm
-    sizes; a first call slower than the second size's (what made the slope 0 and the projection at 1M -93 %)
-    lands in ``cluster_cold``'s fixed cost instead."""
+    """pipeline_config.calibrate._clusters on a partial export: the process's first call (the smaller size, cold:
+    faiss, scikit-learn and matplotlib imported) and the larger size's first (memory never touched before) are kept
+    apart, so the per-row cost is the slope between the two warm sizes' medians; a first call slower than the
+    larger size's (what made the slope 0 and the projection at 1M -93 %) lands in ``cluster_cold``, whose per-row
+    cost adds the first touch of the larger size's memory."""
     from pipeline_config import calibrate as C
     config = load_config("clip_tiny", [f"output_dir={tmp_path}", f"data.cache_dir={tmp_path}"])
     small, large = C.kmeans_rows(8)
     assert (small, large) == (C.KMEANS_ROWS[1] // 5, C.KMEANS_ROWS[1])  # 8-d rows: the most rows
     assert C.kmeans_rows(768) == (C.KMEANS_ROWS[0] // 5, C.KMEANS_ROWS[0])  # 768-d rows: the fewest
-    # (k-means, pseudo-labels) seconds of each call: cold at the small size, then warm at both sizes, a median of
-    # KMEANS_REPEATS each (one outlier a size)
+    # (k-means, pseudo-labels) seconds of each call: cold at the small size, warm there (one outlier), the larger
+    # size's first call (2e-6 s a row more), warm there (one outlier)
     late = (1.0 + (large - small) * 1e-5, 0.1 + (large - small) * 1e-6)
-    script = iter([(3.0, 0.5), (1.0, 0.1), (9.0, 9.0), (1.0, 0.1), late, (0.0, 0.0), late])
+    first = (late[0] + (large - small) * 2e-6, late[1])
+    script = iter([(3.0, 0.5), (1.0, 0.1), (9.0, 9.0), (1.0, 0.1), first, late, (0.0, 0.0), late])
     monkeypatch.setattr(C, "_synthetic_export", lambda directory, **_: (directory, None, None))
     monkeypatch.setattr(C, "_cluster_steps", lambda *_, **__: (lambda k, p: [("cluster", k, 1), ("pseudo_labels",
                                                                                                 p, 2)])(*next(script)))
@@ -267,12 +269,14 @@ def test_the_clustering_rates_are_warm_and_a_runs_first_pays_its_cold_call(tmp_p
     rates = {}
     C._clusters(config, NoScope(), data={}, export={"dir": None, "dim": 8, "rows_total": None}, work=tmp_path,
                 rates=rates, device="cpu")
+    assert next(script, None) is None  # every call made
     assert rates["cluster"].per_unit_s == pytest.approx(1e-5)
     assert rates["cluster"].fixed_s == pytest.approx(1.0 - small * 1e-5)
     assert rates["cluster_cold"].fixed_s == pytest.approx(3.0 - small * 1e-5)
-    assert rates["cluster_cold"].per_unit_s == rates["cluster"].per_unit_s
+    assert rates["cluster_cold"].per_unit_s == pytest.approx(1e-5 + 2e-6)
     assert rates["pseudo_labels"].per_unit_s == pytest.approx(1e-6)
     assert rates["pseudo_labels_cold"].fixed_s == pytest.approx(0.5 - small * 1e-6)
+    assert rates["pseudo_labels_cold"].per_unit_s == pytest.approx(1e-6)
     assert "scope" not in rates  # CLIP clusters every exported sample: nothing to read first
 
 
