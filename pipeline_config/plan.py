@@ -462,18 +462,18 @@ def _row(config, step: PlannedStep, *, size: DataSize, cal: Calibration | None, 
             disk = int(exported * (8 + id_bytes) + k * d * 4)
             basis.append(f"RAM = {exported:,} x {d} x 4 B (the float32 matrix, closed form) + the process")
         if rate is not None and exported:
-            seconds = _scaled(rate, exported, pipeline=pipeline, category=c, n=rate.units, m=exported) + \
-                _scope_seconds(cal, m, basis)
             basis.append(f"{rate.per_unit_s * 1e6:.2f} us a row measured on {rate.units:,.0f} rows"
                          f"{' (the first k-means: cold)' if cold and 'cluster_cold' in cal.rates else ''}")
+            seconds = _scaled(rate, exported, pipeline=pipeline, category=c, n=rate.units, m=exported) + \
+                _scope_seconds(cal, m, basis)
     elif c == "pseudo_labels":
         if exported:
             disk = int(exported * (8 + id_bytes))
         if rate is not None and exported:
+            basis.append(f"measured on {rate.units:,.0f} rows, linear")
             seconds = _scaled(rate, exported, pipeline=pipeline, category=c, n=rate.units, m=exported) + \
                 _scope_seconds(cal, m, basis)
             peak = rate.peak_rss
-            basis.append(f"measured on {rate.units:,.0f} rows, linear")
     elif c == "regroup":
         if size.data_bytes:
             disk = size.data_bytes
@@ -506,7 +506,8 @@ def _scope_seconds(cal: Calibration, m: int | None, basis: list[str]) -> float:
     scope = cal.rates.get("scope")
     if scope is None or not m:
         return 0.0
-    basis.append(f"+ the training split's ids and labels read at {scope.per_unit_s * 1e6:.2f} us a sample")
+    basis.append(f"+ the training split's ids and labels read at {scope.per_unit_s * 1e6:.2f} us a sample "
+                 f"(M = {m:,})")
     return scope.per_unit_s * m
 
 
