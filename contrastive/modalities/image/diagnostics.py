@@ -12,7 +12,7 @@ import torch
 
 from contrastive.data.loading import load_dataset
 from contrastive.diagnostics import diagnose_embeddings, plot_similarity_histograms
-from contrastive.embeddings import load_embeddings
+from contrastive.embeddings import load_embedding_ids, load_embedding_rows
 from contrastive.engine.distributed import device_for
 from contrastive.engine.files import write_json
 from contrastive.engine.precision import autocast_context
@@ -47,9 +47,10 @@ def diagnose_stage(*, dataset_dir: Path, embeddings_dir: Path, out_dir: Path, cl
     from contrastive.modalities.image.steps import load_trained_model
 
     dataset = load_dataset(dataset_dir)
-    ids, embeddings = load_embeddings(directory=embeddings_dir)
+    ids = load_embedding_ids(directory=embeddings_dir)
     dataset.verify_ids(ids)
     train = dataset.indices("train")
+    train_embeddings = load_embedding_rows(directory=embeddings_dir, rows=train)  # the split alone: one copy
     groupings = {name: labels[train] for name, labels in dataset.labels.items() if (labels[train] >= 0).any()}
     if clusters_dir is not None:
         cluster_ids, assignments = load_assignments(directory=clusters_dir)
@@ -67,7 +68,7 @@ def diagnose_stage(*, dataset_dir: Path, embeddings_dir: Path, out_dir: Path, cl
                                     images_uint8=dataset.get_batch(train[chosen]),
                                     augment=TwoViewAugment(**augment_kwargs), seed=seed, batch_size=256,
                                     device=torch_device)
-    diagnosis = diagnose_embeddings(embeddings=embeddings[train], groupings=groupings, views=views,
+    diagnosis = diagnose_embeddings(embeddings=train_embeddings, groupings=groupings, views=views,
                                     num_pairs=num_pairs, seed=seed)
     out_dir = Path(out_dir)
     plot = plot_similarity_histograms(diagnosis=diagnosis, path=out_dir / "similarity.png", title=title)
