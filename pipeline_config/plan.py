@@ -456,11 +456,14 @@ def _row(config, step: PlannedStep, *, size: DataSize, cal: Calibration | None, 
             basis.append(f"disk = {exported:,} x {d} x 2 B + ids (closed form)")
     elif c == "cluster":
         if exported and d:
-            peak = int(exported * d * 4) + (cal.rates["cluster"].peak_rss or 0 if cal and "cluster" in cal.rates
-                                            else 0)
+            copies = kmeans_matrices(config, step.stage or 0)
+            peak = int(copies * exported * d * 4) + (cal.rates["cluster"].peak_rss or 0 if cal and "cluster" in
+                                                     cal.rates else 0)
             k = config.mcl.clusters_after(step.stage or 0)
             disk = int(exported * (8 + id_bytes) + k * d * 4)
-            basis.append(f"RAM = {exported:,} x {d} x 4 B (the float32 matrix, closed form) + the process")
+            basis.append(f"RAM = {exported:,} x {d} x 4 B (the float32 matrix"
+                         f"{', twice: Lloyd on every point normalises a copy' if copies == 2 else ''}, closed form) "
+                         "+ the process")
         if rate is not None and exported:
             basis.append(f"{rate.per_unit_s * 1e6:.2f} us a row measured on {rate.units:,.0f} rows"
                          f"{' (the first k-means: cold)' if cold and 'cluster_cold' in cal.rates else ''}")
@@ -509,6 +512,15 @@ def _scope_seconds(cal: Calibration, m: int | None, basis: list[str]) -> float:
     basis.append(f"+ the training split's ids and labels read at {scope.per_unit_s * 1e6:.2f} us a sample "
                  f"(M = {m:,})")
     return scope.per_unit_s * m
+
+
+def kmeans_matrices(config, stage: int) -> int:
+    """(M, D) float32 matrices k-means holds at once: one (the loaded embeddings; Lloyd trains on a sample and the
+    points are normalised and assigned a chunk at a time), or two when it trains spherical k-means on every point
+    (``mcl.kmeans_train_points_per_cluster: 0``), which normalises a copy of them all
+    (``contrastive.mcl.clustering.kmeans``)."""
+    spec = config.mcl.kmeans_spec(stage, seed=0)
+    return 2 if spec.spherical and spec.max_train_points is None else 1
 
 
 def _is_gpu(device: str) -> bool:
@@ -624,6 +636,8 @@ def _memory_findings(plan: Plan) -> list[Finding]:
             what = f"k-means of {m:,} x {d}"
             fix = ("run it on a machine with more memory, or export fewer or narrower embeddings (a smaller "
                    "data set or model); --force runs anyway")
+            if "twice" in row.basis:
+                fix = f"set mcl.kmeans_train_points_per_cluster (e.g. 1024: one matrix, not two), {fix}"
         else:
             what, fix = row.title, "run it on a machine with more memory; --force runs anyway"
         if row.peak_ram > available:

@@ -47,6 +47,25 @@ def test_a_small_memory_refuses_the_k_means_in_one_line(cc12m, monkeypatch):
     assert [f.level for f in findings] == ["warning"] and "37 GB of RAM of the 40 GB" in findings[0].message
 
 
+def test_spherical_k_means_on_every_point_needs_two_matrices_and_the_refusal_names_the_key(tmp_path, monkeypatch):
+    """contrastive.mcl.clustering.kmeans normalises a copy of all M points when Lloyd trains on every one of them
+    (``mcl.kmeans_train_points_per_cluster: 0``): 74 GB at CC12M, not 37."""
+    monkeypatch.setattr(P, "available_memory", lambda: 60 * 10 ** 9)
+    monkeypatch.setattr(P, "free_bytes", lambda path: (10 ** 15, 1))
+    every = load_config("clip_cc12m_vitl14", [f"output_dir={tmp_path / 'runs'}", f"data.cache_dir={tmp_path}",
+                                              "data.num_samples=12000000", "mcl.kmeans_train_points_per_cluster=0"])
+    rows = [r for r in P.estimate(every, planned_steps(every), calibration=None, size=CC12M).rows
+            if r.what == "cluster"]
+    assert rows and all(r.peak_ram == 2 * 12_000_000 * 768 * 4 for r in rows)
+    [error] = [f.message for f in P.feasibility(every, P.estimate(every, planned_steps(every), calibration=None,
+                                                                  size=CC12M)) if f.level == "error"]
+    assert error.startswith("k-means of 12,000,000 x 768 needs ~74 GB of RAM and this machine has 60 GB available: "
+                            "set mcl.kmeans_train_points_per_cluster")
+    sampled = load_config("clip_cc12m_vitl14", [f"output_dir={tmp_path / 'runs'}", f"data.cache_dir={tmp_path}",
+                                                "data.num_samples=12000000"])
+    assert P.kmeans_matrices(sampled, 0) == 1 and P.kmeans_matrices(every, 0) == 2
+
+
 def test_disk_refusal_names_the_key_and_the_space_needed(cc12m, monkeypatch):
     config, steps = cc12m
     monkeypatch.setattr(P, "available_memory", lambda: 10 ** 15)
