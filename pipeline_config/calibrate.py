@@ -17,9 +17,10 @@ MLflow, in a temporary directory:
 - k-means and pseudo-labels: the real steps as their tasks call them (over the modality's sample scope, aligned by
   id, with AMI against its attributes and the cluster-size plot) on the calibration's export when it is whole, else
   on synthetic exports of ``KMEANS_ROWS`` random rows of the export's width, two sizes, so the per-row cost is the
-  slope between them and the files each step opens and writes are its fixed cost; each timed warm, after a first
-  call that pays the imports a run's first clustering pays (``cluster_cold``, ``pseudo_labels_cold``); reading the
-  scope (``scope``, per training sample) is timed apart, as both tasks read it;
+  slope between them and the files each step opens and writes are its fixed cost; each timed warm, apart from a
+  first call that pays the imports and a first call at the larger size that touches new memory, as a run's first
+  clustering does (``cluster_cold``, ``pseudo_labels_cold``); reading the scope (``scope``, per training sample) is
+  timed apart, as both tasks read it;
 - re-shard (CLIP): the real re-shard of the first training shard (its samples dealt over K groups), per byte;
 - evaluations, encodings, diagnostics, the soup and the final step: once each, on one member.
 
@@ -371,8 +372,7 @@ def _clusters(config, modality, *, data: dict, export: dict, work: Path, rates: 
     if not export["dim"]:
         return
     # A partial export: the real steps on synthetic exports of two sizes, so a per-row cost is told apart from the
-    # step's fixed one (opening and writing its files, the cluster-size plot, k-means' training sample); the
-    # smaller one first once more, cold.
+    # step's fixed one (opening and writing its files, the cluster-size plot, k-means' training sample).
     sizes = kmeans_rows(export["dim"])
     kept = data["num_train"] / (data["num_train"] + data["num_test"]) if data.get("num_test") else 1.0
     exports = {rows: _synthetic_export(work / f"synthetic-export-{rows}", rows=rows, dim=export["dim"],
@@ -438,14 +438,14 @@ def _synthetic_export(directory: Path, *, rows: int, dim: int, scope_ids: np.nda
     drawn from each attribute's own values (AMI costs what the number of values makes it)."""
     from contrastive.embeddings import save_embeddings
     rng = np.random.default_rng(rows)
-    if scope_ids is None or not len(scope_ids):
-        ids = np.array([f"s{i:09d}" for i in range(rows)])
-    else:
-        base = [str(i) for i in scope_ids]
+    base = [str(i) for i in scope_ids] if scope_ids is not None else []
+    if base:
         ids = np.array([base[i] if i < len(base) else f"{base[i % len(base)]}~{i // len(base)}"
                         for i in range(rows)])
+    else:
+        ids = np.array([f"s{i:09d}" for i in range(rows)])
     save_embeddings(embeddings=rng.standard_normal((rows, dim), dtype=np.float32), ids=ids, directory=directory)
-    if scope_ids is None or not len(scope_ids):
+    if not base:
         return directory, None, None
     position = np.arange(rows) * kept
     scope = ids[np.floor(position + kept) > np.floor(position)].astype(scope_ids.dtype)  # spread evenly
