@@ -591,7 +591,7 @@ def feasibility(config, plan: Plan) -> list[Finding]:
     capacity rule, shards against data slots): errors first, each one line naming the fix."""
     findings: list[Finding] = []
     findings += _disk_findings(config, plan)
-    findings += _memory_findings(plan)
+    findings += _memory_findings(config, plan)
     findings += _capacity_findings(config, plan.size)
     findings += _shard_findings(config)
     return sorted(findings, key=lambda f: f.level != "error")
@@ -623,7 +623,7 @@ def _disk_findings(config, plan: Plan) -> list[Finding]:
     return out
 
 
-def _memory_findings(plan: Plan) -> list[Finding]:
+def _memory_findings(config, plan: Plan) -> list[Finding]:
     available = available_memory()
     if available is None:
         return []
@@ -636,7 +636,7 @@ def _memory_findings(plan: Plan) -> list[Finding]:
             what = f"k-means of {m:,} x {d}"
             fix = ("run it on a machine with more memory, or export fewer or narrower embeddings (a smaller "
                    "data set or model); --force runs anyway")
-            if "twice" in row.basis:
+            if kmeans_matrices(config, row.stage or 0) == 2:
                 fix = f"set mcl.kmeans_train_points_per_cluster (e.g. 1024: one matrix, not two), {fix}"
         else:
             what, fix = row.title, "run it on a machine with more memory; --force runs anyway"
