@@ -90,7 +90,8 @@ if [ ! -f "$CONF_DIR/cgroup.conf" ] || [ "$(cat "$CONF_DIR/cgroup.conf")" != "$N
   CHANGED=1
 fi
 
-running() { pgrep -x "$1" >/dev/null; }
+# by pid file, not by name: the two-node cluster's daemons (.ci/setup-slurm-2node.sh) are slurmctld and slurmd too
+running() { local pid; pid=$(cat "/run/$1.pid" 2>/dev/null || true); [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; }
 if [ "$CHANGED" = 1 ]; then
   # a config change needs fresh daemons: stop slurm's own (by the pids in their pid files) and wait until gone
   for pidfile in /run/slurmctld.pid /run/slurmd.pid; do
