@@ -74,6 +74,7 @@ if [ "${1:-up}" = down ]; then
   for node in "${NODES[@]}"; do node_down "$node"; done
   stop_pidfile "$CTL_PID"
   ip link del "$BRIDGE" 2>/dev/null || true
+  while iptables -D FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT 2>/dev/null; do :; done
   write_hosts without
   echo "setup-slurm-2node: the two-node cluster is down"
   exit 0
@@ -91,6 +92,12 @@ if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
 fi
 ip addr replace "$CTL_ADDR/24" dev "$BRIDGE"
 ip link set "$BRIDGE" up
+# node-to-node traffic crosses the bridge; with br_netfilter loaded (Docker) it meets iptables' FORWARD chain,
+# whose policy may be DROP: accept what stays on our bridge (a per-bridge nf_call_iptables 0 cannot override that)
+if command -v iptables >/dev/null && [ "$(cat /proc/sys/net/bridge/bridge-nf-call-iptables 2>/dev/null)" = 1 ]; then
+  iptables -C FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT 2>/dev/null \
+    || iptables -I FORWARD 1 -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT
+fi
 for i in "${!NODES[@]}"; do
   node=${NODES[$i]}
   [ -e "/run/netns/$node" ] || ip netns add "$node"
