@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 import typing
 from importlib import resources
 from pathlib import Path
@@ -14,6 +15,25 @@ from contrastive.errors import ConfigError
 from pipeline_config.schema import _PipelineBase, config_class
 
 PRESETS_PACKAGE = "pipeline_config.presets"
+
+
+class ConfigYamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader without YAML 1.1's base-60 numbers: ``time_limit: 1:00:00`` stays the string Slurm
+    reads as one hour, where ``yaml.safe_load`` made it the int 3600 (3600 minutes to Slurm); ``90:00`` stays a
+    string too. Every other scalar resolves as with ``yaml.safe_load``."""
+
+
+_SEXAGESIMAL = {"tag:yaml.org,2002:int": "|[-+]?[1-9][0-9_]*(?::[0-5]?[0-9])+",
+                "tag:yaml.org,2002:float": "|[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\\.[0-9_]*"}
+ConfigYamlLoader.yaml_implicit_resolvers = {
+    first: [(tag, re.compile(regexp.pattern.replace(_SEXAGESIMAL[tag], ""), regexp.flags) if tag in _SEXAGESIMAL
+             else regexp) for tag, regexp in resolvers]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
+
+def load_yaml(text: str) -> Any:
+    """A config file's or an override's YAML (:class:`ConfigYamlLoader`)."""
+    return yaml.load(text, Loader=ConfigYamlLoader)  # noqa: S506 (a SafeLoader subclass)
 
 
 def preset_names() -> list[str]:
@@ -43,7 +63,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not key.strip():
         raise ConfigError(f"override {text!r} has an empty key (e.g. --set train.epochs=2)")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {text!r}: value is not valid YAML ({exc.problem})") from None
     return key.strip().split("."), value
@@ -122,7 +142,7 @@ def config_from_dict(raw: dict) -> _PipelineBase:
 def load_config(name_or_path: str | Path, overrides: list[str] | None = None) -> _PipelineBase:
     path = resolve_config_path(name_or_path)
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = load_yaml(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
     if not isinstance(raw, dict):

@@ -21,6 +21,17 @@ def test_overrides_are_yaml_typed():
     assert parse_override("a.b=0.5") == (["a", "b"], 0.5)
 
 
+def test_a_slurm_time_in_a_file_or_an_override_stays_as_written(tmp_path):
+    """YAML 1.1 reads ``1:00:00`` as the base-60 int 3600, which Slurm took as 3600 minutes: config files and
+    ``--set`` values keep H:M:S and M:S as strings, and every other scalar typed as before."""
+    path = tmp_path / "slurm.yaml"
+    path.write_text("pipeline: image\nlauncher:\n  kind: slurm\n  slurm: {time_limit: 1:00:00}\n")
+    assert load_config(path).launcher.slurm.time_limit == "1:00:00"
+    assert load_config("trifeature_tiny", ["launcher.slurm.time_limit=90:00"]).launcher.slurm.time_limit == "90:00"
+    assert [parse_override(f"a={v}")[1] for v in ("30", "1.0e-3", "0x10", "[1, 2]", "true")] == [30, 1e-3, 16, [1, 2],
+                                                                                               True]
+
+
 @pytest.mark.parametrize("override, fix", [
     ("train.epoch=3", "unknown key"),
     ("method.temperature=0", "must be > 0"),
