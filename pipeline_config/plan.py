@@ -624,10 +624,12 @@ def _disk_findings(config, plan: Plan) -> list[Finding]:
 
 
 def _memory_findings(config, plan: Plan) -> list[Finding]:
+    """The first step that needs more memory than is available (an error) and the first that needs most of it (a
+    warning), errors first: every row is read, so a tight step early never hides a later one that cannot fit."""
     available = available_memory()
     if available is None:
         return []
-    out = []
+    found: dict[str, Finding] = {}
     for row in plan.rows:
         if not row.peak_ram:
             continue
@@ -641,14 +643,12 @@ def _memory_findings(config, plan: Plan) -> list[Finding]:
         else:
             what, fix = row.title, "run it on a machine with more memory; --force runs anyway"
         if row.peak_ram > available:
-            out.append(Finding("error", f"{what} needs ~{gb(row.peak_ram)} of RAM and this machine has "
-                                        f"{gb(available)} available: {fix}"))
-            break
-        if row.peak_ram > TIGHT * available:
-            out.append(Finding("warning", f"{what} needs ~{gb(row.peak_ram)} of RAM of the {gb(available)} "
-                                          "available: close to the limit"))
-            break
-    return out
+            found.setdefault("error", Finding("error", f"{what} needs ~{gb(row.peak_ram)} of RAM and this machine "
+                                                       f"has {gb(available)} available: {fix}"))
+        elif row.peak_ram > TIGHT * available:
+            found.setdefault("warning", Finding("warning", f"{what} needs ~{gb(row.peak_ram)} of RAM of the "
+                                                           f"{gb(available)} available: close to the limit"))
+    return [found[level] for level in ("error", "warning") if level in found]
 
 
 def _capacity_findings(config, size: DataSize) -> list[Finding]:

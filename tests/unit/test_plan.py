@@ -334,3 +334,17 @@ def test_the_first_k_means_of_a_run_is_cold_and_both_clustering_steps_read_the_s
     assert "cold" in rows["k-means stage 0"].basis
     assert rows["k-means stage 1 (MCL)"].seconds == pytest.approx(0.5 + 10_000 * 1e-5 + scope)
     assert rows["pseudo-labels for stage 1"].seconds == pytest.approx(0.1 + 10_000 * 1e-6 + scope)
+
+
+def test_a_warning_step_before_an_error_step_is_still_refused(tmp_path, monkeypatch):
+    """_memory_findings reads every row: a step at 85 % of the free memory (a warning) must not hide a later step
+    that needs far more than there is (issue 57: the loop stopped at the first warning and the run went ahead)."""
+    config = load_config("trifeature_tiny", [f"output_dir={tmp_path}", f"data.cache_dir={tmp_path}"])
+    monkeypatch.setattr(P, "available_memory", lambda: 100 * 10 ** 9)
+    row = dict(what="train", kind="mcl", stage=0, seconds=None, disk=None, gpu_mem=None, basis="")
+    plan = P.Plan(rows=[P.PlanRow(title="train stage 0", peak_ram=85 * 10 ** 9, **row),
+                        P.PlanRow(title="train stage 1 (MCL)", peak_ram=300 * 10 ** 9, **row)],
+                  size=P.DataSize(), calibration=None, assumptions=[])
+    findings = P._memory_findings(config, plan)
+    assert [(f.level, f.message.split(" needs")[0]) for f in findings] == [
+        ("error", "train stage 1 (MCL)"), ("warning", "train stage 0")]
