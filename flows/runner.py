@@ -288,17 +288,17 @@ class StepRunner:
 
     def log_inputs(self, *, run_id: str, stage: int, inputs: dict[str, Any]) -> None:
         """The datasets a stage trained on, as the run's MLflow inputs: the pipeline's data and, for a cluster-pure
-        stage, the pseudo-labels (or their re-shard) its batches came from."""
+        stage, the pseudo-labels (or their re-shard) its batches came from: its ``batches`` input alone (an
+        inheriting stage also receives the model it starts from, ``init_from``, which is no dataset)."""
         data = self.data
         self.tracker.log_dataset(run_id, name=Path(data["dir"]).name, digest=data["digest"], source=data["dir"],
                                  context="train", profile={"split": "train", "num_samples": data["num_train"]})
-        for value in inputs.values():
-            if isinstance(value, StepRecord):
-                source = getattr(value, "path", None) or getattr(value, "grouped_dir", None) or value.dir
-                profile = {k: v for k, v in getattr(value, "stats", {}).items() if isinstance(v, (int, float))}
-                self.tracker.log_dataset(run_id, name=f"pseudo_labels_stage{stage}", digest=value.key,
-                                         source=str(source), context="pseudo_labels",
-                                         profile={"split": "train", **profile})
+        batches = inputs.get("batches")
+        if isinstance(batches, (PseudoLabelRecord, RegroupRecord)):
+            profile = {k: v for k, v in batches.stats.items() if isinstance(v, (int, float))}
+            self.tracker.log_dataset(run_id, name=f"pseudo_labels_stage{stage}", digest=batches.key,
+                                     source=batches.path, context="pseudo_labels",
+                                     profile={"split": "train", **profile})
 
     # ------------------------------------------------------------------------------------------ one stage
     def train_and_export(self, *, kind: str, stage: int,

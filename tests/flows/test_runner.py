@@ -169,3 +169,33 @@ def test_a_pickle_in_prefects_result_store_is_never_unpickled_and_the_step_is_re
     assert computed == ["k1"] and again == first
     assert json.loads(result.read_text())["metadata"]["serializer"]["type"] == "mclpipe-step-record"
     assert str(tmp_path) not in json.loads(result.read_text())["result"]
+
+
+class _Datasets:
+    """A tracker that keeps what ``log_dataset`` is given."""
+
+    def __init__(self):
+        self.logged: list[dict] = []
+
+    def log_dataset(self, run_id, **dataset):
+        self.logged.append({"run_id": run_id, **dataset})
+
+
+def test_an_inheriting_stage_logs_its_pseudo_labels_and_nothing_else_as_its_pseudo_label_dataset(tmp_path):
+    """Naive inheritance (paper_table5_inheritance): stage 1's training receives the data, its pseudo-labels and
+    stage 0's TrainRecord (``init_from``). Its MLflow inputs are the data and the pseudo-labels; the model it starts
+    from is no pseudo-label dataset (issue 57: every record it received was logged as ``pseudo_labels_stage1``)."""
+    from tasks.records import PseudoLabelRecord, TrainRecord
+    config = ImagePipelineConfig(output_dir=str(tmp_path / "runs"))
+    data = {"dir": str(tmp_path / "data" / "trifeature"), "digest": "d" * 40, "num_train": 100}
+    runner = StepRunner(config=config, data=data, parent_run_id="parent", pipeline_id=config.config_hash())
+    runner._tracker = _Datasets()
+    pseudo = PseudoLabelRecord(key="p" * 40, dir=str(tmp_path / "pseudo1"), mlflow_run_id="r1",
+                               path=str(tmp_path / "pseudo1" / "pseudo_labels.npz"), stats={"groups": 7})
+    init_from = TrainRecord(key="t" * 40, dir=str(tmp_path / "train0"), mlflow_run_id="r0", stage=0,
+                            model_path=str(tmp_path / "train0" / "model.pt"), summary={})
+    runner.log_inputs(run_id="r1", stage=1, inputs={"data": data, "batches": pseudo, "init_from": init_from,
+                                                    "stage": 1})
+    assert [(d["name"], d["context"], d["digest"], d["source"]) for d in runner.tracker.logged] == [
+        ("trifeature", "train", "d" * 40, data["dir"]),
+        ("pseudo_labels_stage1", "pseudo_labels", "p" * 40, pseudo.path)]
