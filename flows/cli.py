@@ -38,33 +38,15 @@ from pipeline_config.plan import InfeasiblePlan  # noqa: E402
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None,
                   help="Multistage contrastive learning (MCL) pipelines on Prefect, tracked in MLflow.")
-# emoji=False: rich would turn ``:name:`` in a value or a description into an emoji (Slurm's "H:M:S" into "HⓂS").
-console = Console(emoji=False)
-err_console = Console(stderr=True, emoji=False)
+console = Console()
+err_console = Console(stderr=True)
 
 ConfigArg = Annotated[str, typer.Argument(help="YAML config path or preset name (mclpipe presets lists them)")]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="override: key.path=value (repeatable)")]
 
 
-def version_of_mclpipe() -> str:
-    """The installed distribution's version (pyproject.toml's, the one source of it)."""
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return version("mclpipe")
-    except PackageNotFoundError:  # the code run from a checkout that was never pip-installed
-        return "unknown (not installed: pip install -e .)"
-
-
-def _print_version(value: bool) -> None:
-    if value:
-        console.print(f"mclpipe {version_of_mclpipe()}", highlight=False, markup=False)
-        raise typer.Exit()
-
-
 @app.callback()
 def console_options(
-        version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
-                                              help="print mclpipe's version and exit")] = False,
         verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show Prefect's and MLflow's INFO lines on the "
                                                                       "console too (they always go to the log file)")]
         = False,
@@ -122,7 +104,10 @@ def rich_table(table) -> Table:
 
 def run_pipeline(config, rerun_from: int | None = None, *, force: bool = False) -> dict:
     """Run the config's pipeline (its ``pipeline:`` key picks the modality); returns the summary record
-    {"results", "dir", "tracking_hint", links...}."""
+    {"results", "dir", "tracking_hint", links...}, its summary.json with the run's wall time, steps computed and
+    reused, and machine (``flows.run_record``)."""
+    from flows.run_record import load_average, record_run
+    started, load_at_start = time.perf_counter(), load_average()
     if rerun_from is not None and not 0 <= rerun_from < config.mcl.num_stages:
         raise MclpipeError(f"--rerun-from {rerun_from} is not a stage of this pipeline (stages are 0.."
                            f"{config.mcl.num_stages - 1})")
@@ -141,7 +126,8 @@ def run_pipeline(config, rerun_from: int | None = None, *, force: bool = False) 
         tracker_for(config)
     shutdown.quiet_user_tracebacks()
     from flows.pipeline import mcl_pipeline
-    return mcl_pipeline(config, rerun_from=rerun_from)
+    summary = mcl_pipeline(config, rerun_from=rerun_from)
+    return record_run(summary, wall_seconds=time.perf_counter() - started, load_at_start=load_at_start)
 
 
 def quiet_console_of(config) -> None:
@@ -338,12 +324,17 @@ def reproduce(config: ConfigArg, seeds: Annotated[str, typer.Option(help="comma-
         fail(f"--seeds must be comma-separated integers, got {seeds!r}")
         return
     per_seed: list[dict[str, dict[str, float]]] = []
-    started = time.perf_counter()
+    seed_runs: list[dict] = []  # each seed's wall time and steps computed / reused
+    from flows.run_record import add_steps, finished_at, load_average, machine
+    started, load_at_start = time.perf_counter(), load_average()
     cfg = None
     try:
         for seed in seed_list:
             cfg = load_config(config, [*(overrides or []), f"seed={seed}"])
-            per_seed.append(run_pipeline(cfg)["results"])
+            summary = run_pipeline(cfg)
+            per_seed.append(summary["results"])
+            seed_runs.append({"seed": seed, "wall_seconds": summary.get("wall_seconds"),
+                              "steps": summary.get("steps", {})})
     except StageInterrupted as exc:  # the seeds that finished are reused when the same command runs again
         interrupted(exc, cfg, command=shutdown.command_line())
         return
@@ -363,8 +354,10 @@ def reproduce(config: ConfigArg, seeds: Annotated[str, typer.Option(help="comma-
     console.print(f"wall time {elapsed / 60:.1f} min for {len(seed_list)} seeds")
     out = Path(cfg.output_dir) / "reproduce" / f"{cfg.name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"seeds": seed_list, "wall_seconds": elapsed, "per_seed": per_seed,
-                               "mean_std": rows}, indent=2))
+    out.write_text(json.dumps({"seeds": seed_list, "wall_seconds": round(elapsed, 1),
+                               "steps": add_steps([r["steps"] for r in seed_runs]), "seed_runs": seed_runs,
+                               "machine": machine(load_at_start=load_at_start), "finished_at": finished_at(),
+                               "per_seed": per_seed, "mean_std": rows}, indent=2))
     console.print(f"written {out}")
 
 
@@ -467,7 +460,7 @@ def plan(config: ConfigArg, overrides: SetOpt = None,
         out.add_column(column, justify="left" if column in ("step", "rests on") else "right")
     for row in rows:
         out.add_row(*row.values())
-    wide = Console(width=max(console.width, 180), emoji=False) if not console.is_terminal else console  # the bases on one line
+    wide = Console(width=max(console.width, 180)) if not console.is_terminal else console  # the bases on one line
     wide.print(out)
     for line in summary_lines(result):
         console.print(line, highlight=False, markup=False, soft_wrap=True)

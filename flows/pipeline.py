@@ -13,6 +13,8 @@ modality's (``contrastive/modalities/<name>/``); the flow, its tasks and what a 
 from __future__ import annotations
 
 import gc
+import time
+from pathlib import Path
 
 from prefect import flow
 
@@ -22,6 +24,7 @@ from flows.planning import ProgressRunner, run_all
 from pipeline_config.schema import config_union
 from tasks import steps as t
 from tasks.links import log_pipeline_model, pipeline_run_name, publish_links
+from tasks.records import RECORD
 
 #: The config of any modality (the ``pipeline:`` key tells them apart).
 PipelineConfigs = config_union()
@@ -38,6 +41,23 @@ def freeze_imported_heap() -> None:
     gc.freeze()
 
 
+class CountingRunner(ProgressRunner):
+    """The flow's runner, counting the steps it computed and those it found finished (reused from an earlier run:
+    a step that finds its record returns it unwritten, so a record older than the step's call is a cache hit).
+    The counts go to summary.json's ``steps`` (``flows.run_record``)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.steps = {"computed": 0, "reused": 0}
+
+    def step(self, task_fn, **kwargs):
+        called = time.time()
+        record = super().step(task_fn, **kwargs)
+        reused = (Path(record.dir) / RECORD).stat().st_mtime < called
+        self.steps["reused" if reused else "computed"] += 1
+        return record
+
+
 @flow(name="mcl-pipeline", flow_run_name=pipeline_run_name, log_prints=True)
 def mcl_pipeline(config: PipelineConfigs, rerun_from: int | None = None) -> dict:
     """Multistage contrastive learning (MCL) end to end; returns the summary record (paths, results, links).
@@ -48,12 +68,13 @@ def mcl_pipeline(config: PipelineConfigs, rerun_from: int | None = None) -> dict
     check_run_parameters(config)  # a deployment's run may change only what its run_policy allows
     freeze_imported_heap()
     data = t.prepare_data(config=config)
-    with opened_pipeline(ProgressRunner, config=config, data=data, rerun_from=rerun_from) as runner:
+    with opened_pipeline(CountingRunner, config=config, data=data, rerun_from=rerun_from) as runner:
         runner.follow()  # the plan (mclpipe plan) as artifacts of the flow run and the MLflow run, then progress
         outputs, results, final = run_all(runner)
         summary = t.summarize(config=config, parent_run_id=runner.parent_run_id, pipeline_id=runner.pipeline_id,
                               results=results, cluster_records=outputs.clusters, out_dir=str(pipeline_dir(config)),
                               final=final)
+        summary = {**summary, "steps": runner.steps}
         model = log_pipeline_model(config=config, parent_run_id=runner.parent_run_id, trained=outputs.trained,
                                    exports=outputs.exports) if runner.modality.serving is not None else None
         return publish_links(config=config, summary=summary, stage_runs=runner.stage_run_ids(),

@@ -78,6 +78,10 @@ def test_run_tree_artifacts_and_cache(tiny_config, count_training):
     again = mcl_pipeline(config)
     assert calls == []
     assert again["results"] == summary["results"]
+    # summary.json counts the steps computed and those found finished (flows.pipeline.CountingRunner)
+    assert summary["steps"]["reused"] == 0 and summary["steps"]["computed"] >= 5
+    assert again["steps"] == {"computed": 0, "reused": summary["steps"]["computed"]}
+    assert json.loads((Path(again["dir"]) / "summary.json").read_text())["steps"] == again["steps"]
     parents, children = run_tree(uri)
     assert len(parents) == 2 and len(children) == 5
     assert {r["run_id"] for r in again["stage_runs"].values()} == {c.info.run_id for c in children}
