@@ -38,15 +38,33 @@ from pipeline_config.plan import InfeasiblePlan  # noqa: E402
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None,
                   help="Multistage contrastive learning (MCL) pipelines on Prefect, tracked in MLflow.")
-console = Console()
-err_console = Console(stderr=True)
+# emoji=False: rich would turn ``:name:`` in a value or a description into an emoji (Slurm's "H:M:S" into "HⓂS").
+console = Console(emoji=False)
+err_console = Console(stderr=True, emoji=False)
 
 ConfigArg = Annotated[str, typer.Argument(help="YAML config path or preset name (mclpipe presets lists them)")]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="override: key.path=value (repeatable)")]
 
 
+def version_of_mclpipe() -> str:
+    """The installed distribution's version (pyproject.toml's, the one source of it)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("mclpipe")
+    except PackageNotFoundError:  # the code run from a checkout that was never pip-installed
+        return "unknown (not installed: pip install -e .)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        console.print(f"mclpipe {version_of_mclpipe()}", highlight=False, markup=False)
+        raise typer.Exit()
+
+
 @app.callback()
 def console_options(
+        version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                              help="print mclpipe's version and exit")] = False,
         verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show Prefect's and MLflow's INFO lines on the "
                                                                       "console too (they always go to the log file)")]
         = False,
@@ -460,7 +478,7 @@ def plan(config: ConfigArg, overrides: SetOpt = None,
         out.add_column(column, justify="left" if column in ("step", "rests on") else "right")
     for row in rows:
         out.add_row(*row.values())
-    wide = Console(width=max(console.width, 180)) if not console.is_terminal else console  # the bases on one line
+    wide = Console(width=max(console.width, 180), emoji=False) if not console.is_terminal else console  # the bases on one line
     wide.print(out)
     for line in summary_lines(result):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
