@@ -72,6 +72,13 @@ def planned_steps(config, *, data: dict | None = None) -> list[PlannedStep]:
     return [PREPARE, *runner.planned]
 
 
+def planned_results(config, *, data: dict | None = None) -> list[str]:
+    """The names of the results a run of ``config`` reports (its tables' rows), in order: stage 0, ..., MCL
+    concat, the control's, the combined model's."""
+    _, results, _ = run_all(PlanningRunner(config, data=data))
+    return list(results)
+
+
 class ProgressRunner(StepRunner):
     """The flow's runner: the plan of the run published where users look (``tasks.plan_report``: a table artifact,
     ``plan/plan.md`` in MLflow) and, after every step, the flow run's progress (stage i of N, time left)."""
