@@ -1,4 +1,4 @@
-"""Render the results tables marked in README.md and docs/*.md from the JSON files the commands wrote.
+"""Render the results tables and figures marked in README.md and docs/*.md from the JSON files the commands wrote.
 
 A rendered table sits between two markers naming its file and what of it to show::
 
@@ -11,7 +11,16 @@ Views: ``probe``, ``knn`` (or any metric prefix) of a pipeline's ``summary.json`
 ``runs/pipelines/<pipeline id>/``; rendered as the pipeline's own results.md renders it), and ``mean_std`` of the
 JSON ``mclpipe reproduce`` writes (``runs/reproduce/<name>.json``). Paths are relative to the repository root.
 
-``python -m scripts.render_tables`` rewrites every marked table; ``--check`` changes nothing and exits 1 naming
+A figure inside a sentence is rendered the same way, between inline marks::
+
+    Over 3 seeds (`make reproduce`<!-- figure: docs/data/trifeature_quick.reproduce.json wall -->...<!-- /figure -->)
+
+Figure views (``FIGURES``): ``wall`` (the wall time, the steps reused when any were, the machine: from the fields
+``flows.run_record`` adds), ``when`` (the day it finished), ``machine``, ``seeds`` and ``per_seed METRIC
+REPRESENTATION`` (one value per seed, rounded as the tables round). A figure whose fields its file does not hold
+(a file written before they existed) renders empty: ``missing_figures`` names it, and the docs test says so.
+
+``python -m scripts.render_tables`` rewrites every marked table and figure; ``--check`` changes nothing and exits 1 naming
 each table that differs from its file (the docs test in ``make test`` does the same).
 """
 from __future__ import annotations
@@ -22,9 +31,11 @@ import re
 import sys
 from pathlib import Path
 
-from contrastive.modalities.base import ResultsTable, tables_markdown
+from contrastive.modalities.base import ResultsTable, format_value, tables_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
+FIGURE = re.compile(r"(?P<open><!-- figure: (?P<path>\S+) (?P<view>[^>\n]+?) -->)(?P<body>[^\n]*?)"
+                    r"(?P<close><!-- /figure -->)")
 MARKED = re.compile(r"(?P<open><!-- table: (?P<path>\S+) (?P<view>\w+) -->\n)(?P<body>.*?)(?P<close><!-- /table -->)",
                     re.S)
 
@@ -56,17 +67,99 @@ def seeds_table(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+class MissingField(KeyError):
+    """A figure's file does not hold the fields it is rendered from (written before they existed)."""
+
+
+def _fields(data: dict, *names: str) -> list:
+    missing = [name for name in names if data.get(name) is None]
+    if missing:
+        raise MissingField(", ".join(missing))
+    return [data[name] for name in names]
+
+
+def machine_text(machine: dict) -> str:
+    """``2-core AMD EPYC 7B13`` (``, NVIDIA H200`` when a GPU ran it; the load average when it was above 1.5 a
+    core at either end: a loaded machine stretches wall times)."""
+    text = f"{machine['cores']}-core {machine['cpu']}" + (f", {machine['gpu']}" if machine.get("gpu") else "")
+    loads = [x for x in machine.get("load_average") or [] if x is not None]
+    if loads and max(loads) > 1.5 * machine["cores"]:
+        text += f", load average {max(loads):.0f}"
+    return text
+
+
+def wall_figure(data: dict) -> str:
+    """``3.1 min on a 2-core AMD EPYC 7B13`` (``, 9 of 27 steps reused`` when the run found some finished)."""
+    seconds, steps, machine = _fields(data, "wall_seconds", "steps", "machine")
+    total = steps.get("computed", 0) + steps.get("reused", 0)
+    reused = f", {steps['reused']} of {total} steps reused from an earlier run" if steps.get("reused") else ""
+    return f"{seconds / 60:.1f} min on a {machine_text(machine)}{reused}"
+
+
+def when_figure(data: dict) -> str:
+    """``2026-11-28 19:40 UTC``: when the command finished."""
+    (when,) = _fields(data, "finished_at")
+    return when.replace("T", " ").replace("Z", " UTC")
+
+
+def per_seed_figure(data: dict, metric: str, *representation: str) -> str:
+    """``0.555, 0.459 and 0.350``: ``metric`` of ``representation`` for each seed, as the tables round it."""
+    (runs,) = _fields(data, "per_seed")
+    name = " ".join(representation)
+    values = [format_value(run[name][metric], percent=False) for run in runs]
+    return values[0] if len(values) == 1 else ", ".join(values[:-1]) + " and " + values[-1]
+
+
+def seeds_figure(data: dict) -> str:
+    """``0, 1 and 2``."""
+    (seeds,) = _fields(data, "seeds")
+    names = [str(s) for s in seeds]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+#: inline figure views: name -> function of (the JSON file's data, *the view's arguments)
+FIGURES = {"wall": wall_figure, "when": when_figure, "machine": lambda data: machine_text(_fields(data, "machine")[0]),
+           "per_seed": per_seed_figure, "seeds": seeds_figure}
+
+
+def render_figure(path: Path, view: str) -> str:
+    """The text of the inline figure ``view`` ("name arg ...") of the JSON file at ``path`` ("" when the file does
+    not hold its fields)."""
+    name, *args = view.split()
+    if name not in FIGURES:
+        raise ValueError(f"{path}: no figure view {name!r} (one of {', '.join(FIGURES)})")
+    try:
+        return FIGURES[name](json.loads(path.read_text()), *args)
+    except MissingField:
+        return ""
+
+
+def missing_figures(text: str, root: Path = ROOT) -> list[str]:
+    """The marked figures of ``text`` that render empty because their file lacks the fields ("path view: fields")."""
+    missing = []
+    for match in FIGURE.finditer(text):
+        name, *args = match["view"].split()
+        try:
+            FIGURES[name](json.loads((root / match["path"]).read_text()), *args)
+        except MissingField as exc:
+            missing.append(f"{match['path']} {match['view']}: no {exc.args[0]}")
+        except (KeyError, OSError, ValueError):
+            pass  # rendered() reports it
+    return missing
+
+
 def rendered(text: str, root: Path = ROOT) -> tuple[str, list[str]]:
-    """``text`` with every marked table rendered again, and the marks whose table changed ("path view")."""
+    """``text`` with every marked table and figure rendered again, and the marks whose text changed ("path view")."""
     stale: list[str] = []
 
-    def replace(match: re.Match) -> str:
-        body = render(root / match["path"], match["view"])
+    def replace(match: re.Match, *, render_view) -> str:
+        body = render_view(root / match["path"], match["view"])
         if body != match["body"]:
             stale.append(f"{match['path']} {match['view']}")
         return match["open"] + body + match["close"]
 
-    return MARKED.sub(replace, text), stale
+    text = MARKED.sub(lambda m: replace(m, render_view=render), text)
+    return FIGURE.sub(lambda m: replace(m, render_view=render_figure), text), stale
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     for doc in args.files or documents():
         new, stale = rendered(doc.read_text())
         for mark in stale:
-            print(f"{doc}: the table of {mark} differs from its file"
+            print(f"{doc}: {mark} differs from its file"
                   + ("; run `python -m scripts.render_tables`" if args.check else ": rendered again"))
         if stale and not args.check:
             doc.write_text(new)
