@@ -135,9 +135,11 @@ class JobFailed(MclpipeError):
 def failure_message(*, job: JobSpec, handle: JobHandle, status: JobStatus, last_lines: list[str]) -> str:
     detail = f" ({status.detail})" if status.detail else ""
     tail = "\n  ".join(last_lines) if last_lines else "(the job wrote no log lines)"
-    return (f"{handle.kind} job {handle.job_id} of {job.name} ended {status.state.value}{detail}; its last lines:\n  "
-            f"{tail}\nFull log: {job.log_path}. Rerunning the flow resumes the stage from "
-            f"{Path(job.stage_dir) / 'checkpoints' / 'last.pt'} (at most one checkpoint interval is lost)")
+    # the first line alone says what happened and what to do: the job, how it ended (a lost node, from the
+    # launcher), and the command that resumes it
+    return (f"{handle.kind} job {handle.job_id} of {job.name} ended {status.state.value}{detail}; to resume the "
+            f"stage from {Path(job.stage_dir) / 'checkpoints' / 'last.pt'}, run the same `mclpipe run` command "
+            f"again (at most one checkpoint interval is lost). Its last lines:\n  {tail}\nFull log: {job.log_path}")
 
 
 def run_job(launcher: Launcher, job: JobSpec, *, on_line: Callable[[str], None], poll_seconds: float,

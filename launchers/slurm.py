@@ -97,6 +97,18 @@ def torchrun_line(*, job: JobSpec, spec: SlurmSpec) -> str:
             f'--rdzv-endpoint="$head:$port" --rdzv-id="$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}" {launch}')
 
 
+def shared_storage_check(*, job: JobSpec, spec: SlurmSpec) -> list[str]:
+    """Before the stage, one task per node checks that its node sees the step directory (written by the flow): a
+    node without the shared file system ends the job with one line naming the node, instead of a rank failing
+    later on a missing args file or a checkpoint only one node has."""
+    stage_dir = shlex.quote(str(job.stage_dir))
+    missing = ('echo "mclpipe: node $(hostname) does not see $0: output_dir must be on storage that every node of '
+               'the job mounts at the same path (see docs/launchers.md)"; exit 3')
+    check = shlex.quote('test -d "$0" || { ' + missing + "; }")
+    return ["# every node sees the step directory (output_dir on shared storage)",
+            f"srun --nodes={spec.nodes} --ntasks-per-node=1 /bin/sh -c {check} {stage_dir} || exit 3"]
+
+
 def build_sbatch_script(*, job: JobSpec, spec: SlurmSpec) -> str:
     """The batch script of one stage. ``srun`` runs in the background and the shell waits for it, so the USR1
     trap (time limit near) runs at once instead of after the stage."""
@@ -119,6 +131,8 @@ def build_sbatch_script(*, job: JobSpec, spec: SlurmSpec) -> str:
                   '  scontrol requeue "$SLURM_JOB_ID"',
                   "}",
                   "trap requeue USR1"]
+    if spec.nodes > 1:
+        lines += shared_storage_check(job=job, spec=spec)
     lines += [torchrun_line(job=job, spec=spec) + " &",
               "stage=$!",
               "# wait returns early when a trapped signal arrives: wait again until srun itself ended",
@@ -183,6 +197,35 @@ class SlurmLauncher:
         return JobHandle(kind=self.kind, job_id=job_id, log=tail, extra={"script": script_path})
 
     def poll(self, handle: JobHandle) -> JobStatus:
+        status = self._state(handle)
+        if status.state is JobState.FAILED:
+            lost = self.lost_nodes(handle.job_id)
+            if lost:
+                status = JobStatus(status.state, f"{status.detail}; lost node {', '.join(lost)}")
+        return status
+
+    def lost_nodes(self, job_id: str) -> list[str]:
+        """The job's nodes that Slurm holds down, failed, drained or not responding (``*``), each as
+        ``name (state: reason)``: where a failed multi-node job lost its node. Empty when Slurm no longer
+        knows the job or all its nodes are well."""
+        shown = self._call(["scontrol", "show", "job", "-o", job_id], check=False)
+        nodelist = parse_scontrol(shown.stdout).get("NodeList", "") if shown.returncode == 0 else ""
+        if not nodelist or nodelist == "(null)":
+            return []
+        nodes = self._call(["sinfo", "-h", "-N", "-n", nodelist, "-o", "%N|%T|%E"], check=False)
+        lost = []
+        for line in nodes.stdout.splitlines() if nodes.returncode == 0 else []:
+            name, _, rest = line.strip().partition("|")
+            state, _, reason = rest.partition("|")
+            if name and (state.endswith("*") or state.rstrip("*~#!%$@^-").split("+")[0]
+                         in ("down", "drained", "draining", "drain", "fail", "failing")):
+                why = f": {reason}" if reason and reason != "none" else ""
+                entry = f"{name} ({state}{why})"
+                if entry not in lost:  # sinfo -N lists a node once per partition
+                    lost.append(entry)
+        return lost
+
+    def _state(self, handle: JobHandle) -> JobStatus:
         queued = self._call(["squeue", "-h", "-t", "all", "-j", handle.job_id, "-o", "%T"], check=False)
         if queued.returncode == 0 and queued.stdout.strip():
             return status_from(queued.stdout.split()[0])

@@ -49,6 +49,15 @@ class SlurmLauncherConfig(_Launcher):
                                                        "job id mod 10000 (jobs sharing a node do not collide)")
     poll_seconds: float = Field(10.0, gt=0, description="how often the flow polls squeue and reads the log")
 
+    @field_validator("rdzv_port")
+    @classmethod
+    def _unprivileged_port(cls, value: int) -> int:
+        # the rendezvous store listens in the user's job on the first node: a port below 1024 needs root there
+        if 0 < value < 1024:
+            raise ValueError(f"launcher.slurm.rdzv_port={value} is a privileged port (below 1024) that a job cannot "
+                             "listen on: set launcher.slurm.rdzv_port=0 (29500 + job id mod 10000) or 1024-65535")
+        return value
+
     @field_validator("time_limit", mode="before")
     @classmethod
     def _time_format(cls, value) -> str:
@@ -211,6 +220,9 @@ def check_launcher(config) -> None:
             names.script_path("output_dir", str(Path(config.output_dir).absolute()))
         except ValueError as exc:
             raise ConfigError(f"{exc} (launcher.kind=slurm writes it into the batch script)") from None
+        check_slurm_devices(config)
+        if nodes > 1:
+            check_shared_storage(config)
     if d.rdzv_endpoint:
         raise ConfigError(f"distributed.rdzv_endpoint={d.rdzv_endpoint!r} with launcher.kind={kind}: the launcher "
                           "puts the rendezvous on the job's first node; set distributed.rdzv_endpoint=null")
@@ -221,6 +233,65 @@ def check_launcher(config) -> None:
             raise ConfigError(f"output_dir {resolved} is not under launcher.kubernetes.mount_path {mount}: the pods "
                               f"write the step directories there; set output_dir={mount}/runs (with the claim "
                               "mounted at the same path where the flow runs)")
+
+
+def check_slurm_devices(config) -> None:
+    """The job's GPUs agree with the stage's device and backend: a CPU job (``gpus_per_node=0``) gets no GPU from
+    Slurm, so ``device: cuda`` or ``backend: nccl`` (GPUs only) would fail on the nodes after the job waited in
+    the queue."""
+    from contrastive.errors import ConfigError
+
+    s, d = config.launcher.slurm, config.distributed
+    if s.gpus_per_node:
+        return
+    if getattr(config, "device", "auto") == "cuda":
+        raise ConfigError("device=cuda but launcher.slurm.gpus_per_node=0 asks Slurm for no GPU: set "
+                          f"launcher.slurm.gpus_per_node (and distributed.nproc_per_node) to the GPUs of a node, or "
+                          "device=cpu")
+    if d.backend == "nccl":
+        raise ConfigError("distributed.backend=nccl but launcher.slurm.gpus_per_node=0 asks Slurm for no GPU (nccl "
+                          "runs on GPUs only): set launcher.slurm.gpus_per_node, or distributed.backend=gloo")
+
+
+# file systems that live on one machine: a job's other nodes see their own (empty) one at the same path
+NODE_LOCAL_FILESYSTEMS = ("tmpfs", "ramfs", "devtmpfs", "zram")
+
+
+def check_shared_storage(config, *, mounts: str = "/proc/mounts") -> None:
+    """A multi-node job's ranks write and read the step directories (checkpoints, the export) and the data under
+    ``output_dir`` / ``data.cache_dir`` on every node: refuse a path on a file system that exists on one machine
+    only (tmpfs, ramfs). Whether a network file system is mounted on every node cannot be seen from here: the
+    batch script checks that on each node before the stage starts (launchers/slurm.py)."""
+    from contrastive.errors import ConfigError
+
+    paths = {"output_dir": config.output_dir}
+    cache_dir = getattr(getattr(config, "data", None), "cache_dir", None)
+    if cache_dir:
+        paths["data.cache_dir"] = cache_dir
+    for key, path in paths.items():
+        kind, mount = filesystem_of(Path(path).absolute(), mounts=mounts)
+        if kind in NODE_LOCAL_FILESYSTEMS:
+            raise ConfigError(f"{key}={Path(path).absolute()} is on {kind} ({mount}), which only this machine sees, "
+                              f"but launcher.slurm.nodes={config.launcher.slurm.nodes}: set {key} to storage every "
+                              "node mounts at the same path (NFS, Lustre, GPFS, ...)")
+
+
+def filesystem_of(path: Path, *, mounts: str = "/proc/mounts") -> tuple[str, str]:
+    """(type, mount point) of the file system holding ``path``: the longest mount point above it (unknown, / where
+    the mount table cannot be read)."""
+    try:
+        lines = Path(mounts).read_text().splitlines()
+    except OSError:
+        return "unknown", "/"
+    best = ("unknown", "/")
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = Path(fields[1].replace("\\040", " "))
+        if (point == path or point in path.parents) and len(str(point)) >= len(best[1]):
+            best = (fields[2], str(point))
+    return best
 
 
 def build_launcher(launcher: LauncherConfig, *, rdzv_endpoint: str | None = None):

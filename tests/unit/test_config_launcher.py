@@ -36,6 +36,13 @@ def test_slurm_options_are_normalised():
     (["launcher.kind=slurm", "launcher.slurm.nodes=2"], "--set distributed.nnodes=2"),
     (["launcher.kind=slurm", "launcher.slurm.gpus_per_node=4"], "distributed.nproc_per_node=4"),
     (["launcher.kind=slurm", "distributed.rdzv_endpoint=h:1"], "distributed.rdzv_endpoint=null"),
+    (["launcher.slurm.rdzv_port=80"], "launcher.slurm.rdzv_port=0 (29500 + job id mod 10000) or 1024-65535"),
+    (["launcher.kind=slurm", "device=cuda"], "set launcher.slurm.gpus_per_node"),
+    (["launcher.kind=slurm", "distributed.backend=nccl"], "or distributed.backend=gloo"),
+    (["launcher.kind=slurm", "launcher.slurm.nodes=2", "distributed.nnodes=2", "launcher.slurm.gpus_per_node=4"],
+     "distributed.nproc_per_node=4"),
+    (["launcher.kind=slurm", "launcher.slurm.nodes=2", "distributed.nnodes=2", "output_dir=/dev/shm/runs"],
+     "is on tmpfs (/dev/shm), which only this machine sees"),
     (["launcher.kind=kubernetes"], "launcher.kubernetes.image"),
     (["launcher.kind=kubernetes", "launcher.kubernetes.image=img:1"], "launcher.kubernetes.volume_claim"),
     (["launcher.kind=kubernetes", "launcher.kubernetes.image=img:1", "launcher.kubernetes.volume_claim=pvc",
@@ -163,3 +170,37 @@ def test_what_each_system_refuses_is_refused(key, value):
     launcher = SLURM if ".slurm." in key else KUBERNETES
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         _launcher_config(launcher, key, value)
+
+
+MOUNTS = """/dev/vda / ext4 rw 0 0
+tmpfs /dev/shm tmpfs rw 0 0
+fileserver:/export /shared nfs4 rw 0 0
+tmpfs /shared/scratch tmpfs rw 0 0
+"""
+
+
+@pytest.mark.parametrize("path, expected", [
+    ("/shared/runs", ("nfs4", "/shared")), ("/shared/scratch/runs", ("tmpfs", "/shared/scratch")),
+    ("/shared/scratchy", ("nfs4", "/shared")), ("/home/me", ("ext4", "/")), ("/dev/shm", ("tmpfs", "/dev/shm")),
+])
+def test_the_file_system_of_a_path_is_its_longest_mount_point(tmp_path, path, expected):
+    from pathlib import Path
+
+    from pipeline_config.launcher import filesystem_of
+    (tmp_path / "mounts").write_text(MOUNTS)
+    assert filesystem_of(Path(path), mounts=str(tmp_path / "mounts")) == expected
+
+
+def test_a_two_node_job_refuses_an_output_dir_only_this_machine_sees(tmp_path):
+    from pipeline_config.launcher import check_shared_storage
+    (tmp_path / "mounts").write_text(MOUNTS)
+    two_nodes = ["launcher.kind=slurm", "launcher.slurm.nodes=2", "distributed.nnodes=2",
+                 "data.cache_dir=/shared/data"]
+    check_shared_storage(load_config("trifeature_tiny", [*two_nodes, "output_dir=/shared/runs"]),
+                         mounts=str(tmp_path / "mounts"))  # on the NFS mount: accepted
+    config = load_config("trifeature_tiny", [*two_nodes, "output_dir=/shared/scratch/runs"])
+    with pytest.raises(ConfigError) as raised:
+        check_shared_storage(config, mounts=str(tmp_path / "mounts"))
+    assert str(raised.value) == ("output_dir=/shared/scratch/runs is on tmpfs (/shared/scratch), which only this "
+                                 "machine sees, but launcher.slurm.nodes=2: set output_dir to storage every node "
+                                 "mounts at the same path (NFS, Lustre, GPFS, ...)")

@@ -44,6 +44,10 @@ requeue() {
   scontrol requeue "$SLURM_JOB_ID"
 }
 trap requeue USR1
+# every node sees the step directory (output_dir on shared storage)
+srun --nodes=2 --ntasks-per-node=1 /bin/sh -c 'test -d "$0" || { echo "mclpipe: node $(hostname) does not see $0: \
+output_dir must be on storage that every node of the job mounts at the same path (see docs/launchers.md)"; exit 3; }' \
+/shared/runs/train/abc || exit 3
 srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=1 /shared/venv/bin/python -m torch.distributed.run \
 --nnodes=2 --nproc-per-node=4 --rdzv-backend=c10d --rdzv-endpoint="$head:$port" \
 --rdzv-id="$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}" -m contrastive.engine.launch \
@@ -72,6 +76,7 @@ def test_sbatch_script_minimal_cpu_job_has_no_signal_and_a_job_derived_port():
                           "#SBATCH --time=04:00:00", "#SBATCH --output=/d/job.log", "#SBATCH --open-mode=append"]
     assert "port=$((29500 + SLURM_JOB_ID % 10000))" in script.splitlines()
     assert "trap requeue USR1" not in script and "--nproc-per-node=2" in script
+    assert "does not see" not in script  # one node: no check that the nodes share the step directory
     assert "python -m torch.distributed.run" in script
 
 
@@ -191,3 +196,55 @@ def test_setup_lines_and_variables_cannot_add_a_script_line():
     job = JobSpec(**{**JOB.__dict__, "env": (("NCCL_DEBUG", "$(id)"),), "python": "/opt/my python"})
     script = build_sbatch_script(job=job, spec=SlurmSpec(nodes=2))
     assert "export NCCL_DEBUG='$(id)'" in script and "'/opt/my python' -m torch.distributed.run" in script
+
+
+def test_the_storage_check_names_the_node_that_does_not_see_the_step_directory(tmp_path):
+    """The two-node script's first step, run here (one "node": this machine) with srun standing for itself."""
+    job = JobSpec(**{**JOB.__dict__, "stage_dir": tmp_path / "absent"})
+    [check] = [line for line in build_sbatch_script(job=job, spec=SlurmSpec(nodes=2)).splitlines()
+               if "does not see" in line]
+    command = check.removeprefix("srun --nodes=2 --ntasks-per-node=1 ")
+    absent = subprocess.run(["bash", "-c", command], capture_output=True, text=True)
+    assert absent.returncode == 3
+    host = subprocess.run(["hostname"], capture_output=True, text=True).stdout.strip()
+    assert absent.stdout.strip() == (f"mclpipe: node {host} does not see {tmp_path / 'absent'}: output_dir must be on "
+                                     "storage that every node of the job mounts at the same path "
+                                     "(see docs/launchers.md)")
+    (tmp_path / "absent").mkdir()
+    assert subprocess.run(["bash", "-c", command], capture_output=True, text=True).returncode == 0
+
+
+LOST = {"squeue": (0, ""), "sacct": (1, ""), "sinfo": (0, "mcl-node1|idle|none\nmcl-node2|down*|Not responding\n"
+                                                          "mcl-node2|down*|Not responding\n"),
+        "scontrol": (0, "JobId=5 JobState=NODE_FAIL Reason=NodeDown NodeList=mcl-node[1-2] ExitCode=0:0\n")}
+
+
+def test_a_failed_job_names_the_node_it_lost(tmp_path):
+    fake = FakeSlurm(LOST)
+    launcher = SlurmLauncher(run=fake)
+    handle = JobHandle(kind="slurm", job_id="5", log=LogTail(tmp_path / "log"))
+    status = launcher.poll(handle)
+    assert (status.state, status.detail) == (JobState.FAILED,
+                                             "NODE_FAIL, exit code 0:0; lost node mcl-node2 (down*: Not responding)")
+    assert ["sinfo", "-h", "-N", "-n", "mcl-node[1-2]", "-o", "%N|%T|%E"] in fake.calls
+
+
+def test_the_failure_names_job_node_and_resume_command_on_its_first_line(tmp_path):
+    from launchers.base import JobFailed, run_job
+
+    job = JobSpec(name="mcl-train0", stage_dir=tmp_path, args_path=tmp_path / "a.json", nproc_per_node=1, nnodes=2)
+    launcher = SlurmLauncher(spec=SlurmSpec(nodes=2), run=FakeSlurm({**LOST, "sbatch": (0, "5\n")}))
+    with pytest.raises(JobFailed) as raised:
+        run_job(launcher, job, on_line=lambda line: None, poll_seconds=0)
+    first = str(raised.value).splitlines()[0]
+    assert first.startswith("slurm job 5 of mcl-train0 ended failed (NODE_FAIL, exit code 0:0; lost node mcl-node2 "
+                            "(down*: Not responding)); to resume the stage from ")
+    assert f"{tmp_path / 'checkpoints' / 'last.pt'}, run the same `mclpipe run` command again" in first
+
+
+def test_a_failed_job_on_well_nodes_names_none(tmp_path):
+    answers = {**LOST, "sinfo": (0, "mcl-node1|idle|none\nmcl-node2|mixed|none\n"),
+               "scontrol": (0, "JobId=5 JobState=FAILED NodeList=mcl-node[1-2] ExitCode=1:0\n")}
+    status = SlurmLauncher(run=FakeSlurm(answers)).poll(JobHandle(kind="slurm", job_id="5",
+                                                                  log=LogTail(tmp_path / "log")))
+    assert status.detail == "FAILED, exit code 1:0"
