@@ -16,7 +16,8 @@ A figure inside a sentence is rendered the same way, between inline marks::
     Over 3 seeds (`make reproduce`<!-- figure: docs/data/trifeature_quick.reproduce.json wall -->...<!-- /figure -->)
 
 Figure views (``FIGURES``): ``wall`` (the wall time, the steps reused when any were, the machine: from the fields
-``flows.run_record`` adds), ``when`` (the day it finished), ``machine``, ``seeds`` and ``per_seed METRIC
+``flows.run_record`` adds), ``took`` (the same as `` (wall)``, for the end of a phrase), ``ran`` (``when, wall``,
+or a sentence saying the file does not record them), ``when`` (the day it finished), ``machine``, ``seeds`` and ``per_seed METRIC
 REPRESENTATION`` (one value per seed, rounded as the tables round). A figure whose fields its file does not hold
 (a file written before they existed) renders empty: ``missing_figures`` names it, and the docs test says so.
 
@@ -117,8 +118,16 @@ def seeds_figure(data: dict) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
+def ran_figure(data: dict) -> str:
+    """``2026-11-28 19:40 UTC, 3.1 min on a 2-core ...``; for a file written before runs recorded these, that."""
+    try:
+        return f"{when_figure(data)}, {wall_figure(data)}"
+    except MissingField:
+        return "not recorded in this file (written before runs recorded their time and machine)"
+
+
 #: inline figure views: name -> function of (the JSON file's data, *the view's arguments)
-FIGURES = {"wall": wall_figure, "when": when_figure, "machine": lambda data: machine_text(_fields(data, "machine")[0]),
+FIGURES = {"wall": wall_figure, "took": lambda data: f" ({wall_figure(data)})", "ran": ran_figure, "when": when_figure, "machine": lambda data: machine_text(_fields(data, "machine")[0]),
            "per_seed": per_seed_figure, "seeds": seeds_figure}
 
 
@@ -140,7 +149,10 @@ def missing_figures(text: str, root: Path = ROOT) -> list[str]:
     for match in FIGURE.finditer(text):
         name, *args = match["view"].split()
         try:
-            FIGURES[name](json.loads((root / match["path"]).read_text()), *args)
+            data = json.loads((root / match["path"]).read_text())
+            if name == "ran":
+                _fields(data, "finished_at", "wall_seconds", "steps", "machine")
+            FIGURES[name](data, *args)
         except MissingField as exc:
             missing.append(f"{match['path']} {match['view']}: no {exc.args[0]}")
         except (KeyError, OSError, ValueError):
