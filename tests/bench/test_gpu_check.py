@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from bench import gpu_check
+from tests.components import OPEN_CLIP, require_modules
 
 
 def test_without_cuda_every_row_is_not_measured_and_it_exits_0(capsys, monkeypatch):
@@ -181,25 +182,39 @@ def test_the_checkpoint_stall_is_measured_on_a_real_save(tmp_path):
     assert stall["seconds"] > 0 and 80 < stall["mb"] < 100
 
 
-def test_clip_runs_ours_and_open_clip_train_on_the_same_shards_on_cpu(tmp_path):
+def test_clip_runs_ours_and_open_clip_train_on_the_same_shards_on_cpu(tmp_path, monkeypatch):
     """The CLIP row's runner (bench/engine_throughput.py clip_runs, the CPU row's too), tiny: the tiny ViT, 2 steps
-    of 8, one round, bf16 autocast on both sides: both sides train the same steps."""
-    pytest.importorskip("open_clip_train")
-    from bench.engine_throughput import clip_runs
+    of 8, one round, bf16 autocast on both sides: both sides train the same steps, and each side's steady rate is
+    its own batches' arrivals in the loop, first to last, which the row's time split then reports."""
+    require_modules("open_clip_train", fix=OPEN_CLIP)
+    import bench.engine_throughput as engine_throughput
     from contrastive.modalities.image_text.data import write_tiny_shards
     from contrastive.modalities.image_text.model import TINY_MODEL, ClipSpec
+    arrivals = []  # (arrival times, batch) of each call, in order: open_clip's warm-up, then ours, then open_clip's
+    real_steady_rate = engine_throughput.steady_rate
+
+    def recorded(times, *, batch):
+        arrivals.append((list(times), batch))
+        return real_steady_rate(times, batch=batch)
+    monkeypatch.setattr(engine_throughput, "steady_rate", recorded)
     urls = write_tiny_shards(directory=tmp_path / "shards", num_samples=16, samples_per_shard=8, image_size=32,
                              corrupt=False)["urls"]
-    runs = clip_runs(work=tmp_path, clip_spec=ClipSpec(model_name=TINY_MODEL, trainable_image_blocks=1), urls=urls,
-                     device="cpu", precision="bf16", batch=8, steps=2, rounds=1, warmup_steps=1, threads=1)
+    runs = engine_throughput.clip_runs(work=tmp_path, clip_spec=ClipSpec(model_name=TINY_MODEL,
+                                                                         trainable_image_blocks=1),
+                                       urls=urls, device="cpu", precision="bf16", batch=8, steps=2, rounds=1,
+                                       warmup_steps=1, threads=1)
     assert [r["steps"] for r in runs["ours"]] == [2] and [r["batches"] for r in runs["open_clip"]] == [2]
     ours = runs["ours"][0]  # timed without its end-of-epoch checkpoint, as train_one_epoch writes none
     assert ours["checkpoint_seconds"] > 0 and ours["samples_per_second"] > ours["samples_per_second_with_checkpoint"]
-    for side in ("ours", "open_clip"):  # the rate once running, apart from the start: what the row splits
+    assert [(len(times), batch) for times, batch in arrivals] == [(1, 8), (2, 8), (2, 8)]
+    for side, (times, _) in zip(("ours", "open_clip"), arrivals[1:]):  # one batch of 8 from the first to the last
         run = runs[side][0]
-        assert run["steady_samples_per_second"] > 0 and 0 < run["first_batch_s"] < run["seconds"]
+        assert run["steady_samples_per_second"] == pytest.approx(8 / (times[1] - times[0]))
+        assert 0 < run["first_batch_s"] < run["seconds"]
     split = gpu_check.clip_time_split(runs)
-    assert split.startswith("steady ") and "first batch after" in split and "ours waited for input" in split
+    steady = [runs[side][0]["steady_samples_per_second"] for side in ("ours", "open_clip")]
+    assert split.startswith(f"steady {steady[0]:,.0f} vs {steady[1]:,.0f} samples/s = {steady[0] / steady[1]:.2f}x;")
+    assert "first batch after" in split and "ours waited for input" in split
 
 
 def test_the_steady_rate_counts_the_batches_after_the_first_over_the_time_between_first_and_last():

@@ -29,15 +29,29 @@ class _Node:
     pass
 
 
-def test_cyclic_garbage_made_after_the_freeze_is_still_collected():
+def _cycle():
+    """An unreachable reference cycle (as a model with hooks or a DDP wrapper leaves) and a weak reference to it."""
+    node = _Node()
+    node.itself = node
+    return weakref.ref(node)
+
+
+def test_the_freeze_collects_todays_garbage_freezes_the_survivors_and_later_cycles_are_still_collected():
+    """Our function, not Python's collector: garbage alive before the call is collected (frozen, it would never
+    be), what survives goes to the permanent generation, and a cycle made afterwards is still collected."""
+    was_enabled = gc.isenabled()
+    gc.disable()  # no automatic collection in between: only freeze_imported_heap's own collect may free `before`
     gc.unfreeze()
     try:
+        before = _cycle()
+        assert before() is not None  # not collected yet
         pipeline.freeze_imported_heap()
-        node = _Node()
-        node.itself = node  # a reference cycle, as a model with hooks or a DDP wrapper holds
-        alive = weakref.ref(node)
-        del node
+        assert before() is None  # the collection before the freeze
+        assert gc.get_freeze_count() > 10_000  # what survives (the imported modules' objects) is frozen
+        after = _cycle()
         gc.collect()
-        assert alive() is None
+        assert after() is None  # garbage made after the freeze is collected as before
     finally:
         gc.unfreeze()
+        if was_enabled:
+            gc.enable()

@@ -294,13 +294,31 @@ def test_a_full_disk_while_a_shard_streams_is_the_steps_disk_full_error_and_leav
     assert shard_files(tmp_path) == []
 
 
+def _wait_for_temporary_shard(directory, *, name="part-00000.npy.tmp", seconds=10.0):
+    """The temporary file of the shard in progress, once the writing thread has opened it (it does so a moment
+    after ``add`` returns: listing the folder at once would find nothing whether or not the export cleans up)."""
+    import time
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = [p.name for p in directory.iterdir() if p.name.startswith(name)]
+        if found:
+            return found
+        time.sleep(0.01)
+    pytest.fail(f"the writing thread never opened {name}: {shard_files(directory)}")
+
+
 def test_an_export_that_fails_part_way_stops_its_writer_and_removes_the_shard_in_progress(tmp_path):
+    writers = []
+
     def embed(writer):
+        writers.append(writer)
         writer.add(np.ones((4, 3), np.float32), np.arange(4))
+        assert len(_wait_for_temporary_shard(tmp_path)) == 1  # the shard in progress is on disk when the encoder fails
         raise RuntimeError("the encoder broke")
     with pytest.raises(RuntimeError, match="the encoder broke"):
         export_ranked(out_dir=tmp_path, info=DistInfo(rank=0, world_size=1, local_rank=0), embed=embed)
-    assert shard_files(tmp_path) == []
+    assert not writers[0].files.is_alive()  # abort stopped the writing thread
+    assert shard_files(tmp_path) == []  # and removed the temporary shard
 
 
 def test_rows_reach_the_disk_while_the_export_goes_on_not_when_it_finishes(tmp_path):
