@@ -1,6 +1,9 @@
-"""README.md and docs/*.md name only what exists: relative links (and their #anchors), presets, `make` targets,
-`mclpipe` commands and config keys; and every table marked ``<!-- table: FILE VIEW -->`` equals what
-``python -m scripts.render_tables`` renders from that JSON file. Fast, no network: the docs are read as text.
+"""README.md and docs/*.md name only what exists: relative links (and their #anchors; BENCHMARKS.md's and
+CHANGELOG.md's links too), sections named in prose, presets, `make` targets, `mclpipe` commands and config keys (in
+`key=value` and alone in a code span); every table marked ``<!-- table: FILE VIEW -->`` and every figure marked
+``<!-- figure: FILE VIEW -->`` equals what ``python -m scripts.render_tables`` renders from that JSON file; and no
+run time is typed by hand (a duration in minutes or hours outside a figure mark). Fast, no network: the docs are
+read as text.
 
 Commands, targets and keys are read from code only (fenced blocks and inline code spans), where a reader copies
 them from; prose may say "make sure" without naming a target. Each checker returns its problems as lines, and the
@@ -17,6 +20,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+#: the records beside them, whose links (into docs/, between each other) are checked too
+RECORDS = [ROOT / "BENCHMARKS.md", ROOT / "CHANGELOG.md"]
 
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
 INLINE = re.compile(r"`([^`\n]+)`")
@@ -32,6 +37,15 @@ PRESET_USES = [re.compile(r"mclpipe[ \t]+(?:run|reproduce|sweep|results|show-con
                re.compile(r"models:/([a-z][a-z0-9_]*)@")]
 #: a dotted config key before "=": `--set train.epochs=2`, `--grid mcl.clusters=...`, `stage_overrides.1.train.lr=`
 KEY = re.compile(r"(?<![\w.:/$-])([a-z_][a-z0-9_]*(?:\.[a-z0-9_]+)+)=(?!=)")
+#: a code span that is a dotted name alone (`model.extra`): a config key when its first part is a config section
+BARE_KEY = re.compile(r"^([a-z_][a-z0-9_]*(?:\.[a-z0-9_]+)+)$")
+FILE_SUFFIX = re.compile(r"\.(?:json|jsonl|yaml|yml|py|npy|npz|md|pt|csv|txt|png|tar|log|whl|sh|cff|toml|safetensors)$")
+#: a run time typed in prose: 3 minutes, 14 min, 1.5-2 min, 2 h (durations in seconds are settings as often)
+TYPED_TIME = re.compile(r"(?<![\w.-])~?\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?\s?(?:min|minutes|h|hours)\b")
+FIGURE_MARK = re.compile(r"<!-- figure: [^>]*-->[^\n]*?<!-- /figure -->")
+#: a section named in prose after its file: [x](file.md) ("Title"), file.md, "Title", file.md's "Title"
+NAMED_SECTION = [re.compile(r"\]\((?P<file>[\w./-]+\.md)\)[ ,]*\(\"(?P<title>[^\"\n]{3,100})\""),
+                 re.compile(r"(?<![\w/.(])(?P<file>[\w./-]+\.md)(?:,|'s|:)? (?:section )?\"(?P<title>[^\"\n]{3,100})\"")]
 
 
 def code_of(text: str) -> str:
@@ -51,6 +65,31 @@ def slug(heading: str) -> str:
 def anchors_of(path: Path) -> set[str]:
     text = FENCE.sub("", path.read_text())
     return {slug(m) for m in re.findall(r"^#{1,6}\s+(.+?)\s*#*$", text, re.M)}
+
+
+def section_problems(doc: Path) -> list[str]:
+    """Sections named in prose by their title after their file (``[results.md](results.md) ("Reading the
+    tables")``, ``BENCHMARKS.md, "Image input per core"``) that the file has no heading for (the title is a
+    heading's start: BENCHMARKS.md's headings go on with their workload)."""
+    problems = []
+    prose = FENCE.sub("", doc.read_text())
+    for pattern in NAMED_SECTION:
+        for match in pattern.finditer(prose):
+            path = (doc.parent / match["file"]).resolve()
+            if not path.exists():
+                path = (ROOT / Path(match["file"]).name).resolve()  # "BENCHMARKS.md" named from docs/
+            if path.exists() and not any(anchor.startswith(slug(match["title"])) for anchor in anchors_of(path)):
+                problems.append(f"{doc.name}: section \"{match['title']}\" of {match['file']}: no such heading")
+    return problems
+
+
+def time_problems(doc: Path) -> list[str]:
+    """Run times typed in prose: a duration in minutes or hours outside code and outside a figure mark (render it
+    from the file its command writes, ``<!-- figure: FILE wall -->``, or leave it to BENCHMARKS.md)."""
+    text = FIGURE_MARK.sub("", FENCE.sub("", doc.read_text()))
+    text = INLINE.sub("", text)
+    return [f"{doc.name}: typed run time {m.group(0).strip()!r}: render it from the file its command writes "
+            f"(<!-- figure: FILE wall -->) or leave it to BENCHMARKS.md" for m in TYPED_TIME.finditer(text)]
 
 
 def link_problems(doc: Path) -> list[str]:
@@ -123,7 +162,13 @@ def config_classes() -> list[type]:
 
 
 def key_problems(doc: Path, classes: list[type]) -> list[str]:
-    named = set(KEY.findall(code_of(doc.read_text())))
+    """Config keys written with ``=`` anywhere in code, or alone in a code span (`mcl.clusters`) when their first
+    part is a section of some pipeline's config (`tasks.steps` or `model.pt` are not keys)."""
+    text = doc.read_text()
+    sections = {name for cls in classes for name in cls.model_fields}
+    named = set(KEY.findall(code_of(text)))
+    named |= {m[1] for span in INLINE.findall(FENCE.sub("", text)) if (m := BARE_KEY.match(span.strip()))
+              and m[1].split(".")[0] in sections and not FILE_SUFFIX.search(m[1])}
     return [f"{doc.name}: config key {key!r} is in no pipeline's schema (`mclpipe show-config` lists them)"
             for key in sorted(named) if not any(_resolves(cls, key.split(".")) for cls in classes)]
 
@@ -147,7 +192,25 @@ def presets() -> set[str]:
 
 
 def test_relative_links_resolve():
-    assert [p for doc in DOCS for p in link_problems(doc)] == []
+    assert [p for doc in [*DOCS, *RECORDS] for p in link_problems(doc)] == []
+
+
+def test_sections_named_in_prose_exist():
+    assert [p for doc in [*DOCS, *RECORDS] for p in section_problems(doc)] == []
+
+
+def test_no_run_time_is_typed_by_hand():
+    assert [p for doc in DOCS for p in time_problems(doc)] == []
+
+
+def test_every_figure_has_its_fields():
+    """A figure whose file was written before its fields existed renders empty; this says which until the command
+    that writes the file runs again (docs/results.md names the commands)."""
+    from scripts.render_tables import missing_figures
+    missing = [f"{doc.name}: {m}" for doc in DOCS for m in missing_figures(doc.read_text())]
+    if missing:
+        pytest.skip("figures not rendered until their files are written again: " + "; ".join(missing))
+    assert missing == []
 
 
 def test_named_presets_exist(presets):
@@ -188,6 +251,57 @@ def test_planted_broken_link_fails(tmp_path):
                                   "README.md: link to docs/a.md#nothing: no heading with that anchor in a.md"]
 
 
+def test_planted_broken_link_into_and_out_of_the_records_fails(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("# A\n\n[ok](../BENCHMARKS.md#k-means) [gone](../BENCHMARKS.md#k-mean)\n")
+    (tmp_path / "BENCHMARKS.md").write_text("# Benchmarks\n\n## k-means\n\n[ok](docs/a.md) [gone](docs/b.md)\n"
+                                            "[changes](CHANGELOG.md#020---2026-11-28) [no](CHANGELOG.md#020)\n")
+    (tmp_path / "CHANGELOG.md").write_text("# Changelog\n\n## [0.2.0] - 2026-11-28\n")
+    assert link_problems(tmp_path / "docs" / "a.md") == [
+        "a.md: link to ../BENCHMARKS.md#k-mean: no heading with that anchor in BENCHMARKS.md"]
+    assert link_problems(tmp_path / "BENCHMARKS.md") == [
+        "BENCHMARKS.md: link to docs/b.md: no such file",
+        "BENCHMARKS.md: link to CHANGELOG.md#020: no heading with that anchor in CHANGELOG.md"]
+
+
+def test_planted_wrong_section_in_prose_fails(tmp_path):
+    (tmp_path / "results.md").write_text("# Results\n\n## Reading the tables\n\n## Image input per core: JPEGs\n")
+    doc = tmp_path / "mcl.md"
+    doc.write_text('Why: [results.md](results.md) ("Reading the tables"); results.md, "Image input per core".\n'
+                   'Gone: [results.md](results.md) ("The tables `make run` prints"), results.md\'s "Over 5 seeds".\n')
+    assert section_problems(doc) == [
+        'mcl.md: section "The tables `make run` prints" of results.md: no such heading',
+        'mcl.md: section "Over 5 seeds" of results.md: no such heading']
+
+
+def test_planted_stale_time_fails(tmp_path):
+    from scripts.render_tables import rendered
+    data = tmp_path / "reproduce.json"
+    data.write_text('{"wall_seconds": 845.3, "steps": {"computed": 36, "reused": 0}, '
+                    '"machine": {"cpu": "AMD EPYC", "cores": 2, "gpu": null, "load_average": [1.0, 2.0]}}')
+    fresh = "14.1 min on a 2-core AMD EPYC"
+    doc = tmp_path / "README.md"
+    doc.write_text(f"Over 3 seeds (`make reproduce`, <!-- figure: reproduce.json wall -->{fresh}<!-- /figure -->).\n")
+    assert time_problems(doc) == [] and rendered(doc.read_text(), tmp_path)[1] == []
+    doc.write_text(f"Over 3 seeds (`make reproduce`, <!-- figure: reproduce.json wall -->12.0 min on a 2-core AMD "
+                   f"EPYC<!-- /figure -->).\n")
+    assert rendered(doc.read_text(), tmp_path)[1] == ["reproduce.json wall"]
+    doc.write_text("Over 3 seeds (`make reproduce`, 14 min; it takes about 3 minutes a seed).\n")
+    assert [p.split(":")[1] for p in time_problems(doc)] == [" typed run time '14 min'",
+                                                             " typed run time '3 minutes'"]
+
+
+def test_a_figure_from_an_older_file_renders_empty_and_is_named(tmp_path):
+    from scripts.render_tables import missing_figures, rendered
+    (tmp_path / "reproduce.json").write_text('{"wall_seconds": 845.3, "seeds": [0, 1, 2], '
+                                             '"per_seed": [{"MCL concat": {"probe/shape": 0.5555}}]}')
+    text = ("(<!-- figure: reproduce.json wall --><!-- /figure -->) seeds <!-- figure: reproduce.json seeds -->"
+            "0, 1 and 2<!-- /figure -->: <!-- figure: reproduce.json per_seed probe/shape MCL concat -->0.555"
+            "<!-- /figure -->\n")
+    assert rendered(text, tmp_path) == (text, [])  # 0.5555 rounds as the tables round it, not to 0.556
+    assert missing_figures(text, tmp_path) == ["reproduce.json wall: no steps, machine"]
+
+
 def test_planted_renamed_preset_fails(tmp_path, presets):
     doc = tmp_path / "README.md"
     doc.write_text("```bash\nmclpipe run trifeature_quick\nmclpipe run trifeature_fast --set seed=1\n```\n"
@@ -206,6 +320,13 @@ def test_planted_unknown_target_command_and_key_fail(tmp_path):
     assert command_problems(doc, cli_commands()) == ["README.md: `mclpipe launch` is not a command of mclpipe"]
     assert key_problems(doc, config_classes()) == [
         "README.md: config key 'train.epoch' is in no pipeline's schema (`mclpipe show-config` lists them)"]
+
+
+def test_planted_unknown_key_without_equals_fails(tmp_path):
+    doc = tmp_path / "operating.md"
+    doc.write_text("Set `model.extra` or `mcl.clusters`; `tasks.steps`, `model.pt` and `summary.json` are no keys.\n")
+    assert key_problems(doc, config_classes()) == [
+        "operating.md: config key 'model.extra' is in no pipeline's schema (`mclpipe show-config` lists them)"]
 
 
 def test_planted_stale_table_fails(tmp_path):
