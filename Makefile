@@ -55,11 +55,12 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.run_all
 
 # How the data path of the CLIP and image pipelines grows with M (100k, 300k, 1M synthetic samples; bench/scale.py):
-# seconds, peak RSS, bytes and MLflow / Prefect records per step, slopes, the CC12M projection, into BENCHMARKS.md.
+# seconds, peak RSS, bytes and MLflow / Prefect records per step, slopes, the CC12M projection, into BENCHMARKS.md;
+# the time slopes also into planning/bench_scale_slopes.json (what `mclpipe plan` grows its projections along).
 # Not part of `make bench` (hours on 2 cores). Smaller: make bench-scale SCALE_SIZES=2000,6000,20000
 SCALE_SIZES ?= 100000,300000,1000000
 bench-scale: $(STAMP)
-	$(BIN)/python -m bench.scale --sizes $(SCALE_SIZES) --report BENCHMARKS.md
+	$(BIN)/python -m bench.scale --sizes $(SCALE_SIZES) --report BENCHMARKS.md --slopes planning/bench_scale_slopes.json
 
 # The acceptance rows of a CUDA machine (issue 24) into BENCHMARKS.md; without CUDA: one "not measured" line a row.
 # Some rows only: make gpu-check ROWS=simclr,export. DRY=1: check the GPU sizes, then run every row on the CPU at

@@ -2,7 +2,7 @@
 calibration at the small end (``python -m bench.plan_scale [--size 100000] [--pipelines clip,image]``; issue 46).
 
 For each pipeline, in a fresh work directory: bench-scale's own data at ``--size`` samples (``bench.scale``'s
-shards or image folder, its configs), the plan's calibration on it (``pipeline_config.calibrate.calibrate``: a few
+shards or image folder, its configs), the plan's calibration on it (``planning.calibrate.calibrate``: a few
 batches of each kind of step, what `mclpipe plan` measures on a machine it has not seen), then the plan of the same
 config with the data's size scaled to 1,000,000 samples (training samples, exported rows and data bytes times
 1M / size; the width as calibrated). Each step row that bench-scale measures at 1M is compared with its row in
@@ -62,8 +62,8 @@ def projected_at_target(pipeline: str, work: Path, *, target: int, run_costs) ->
     calibration's facts (its size, seconds, each rate's basis)."""
     from bench import scale
     from flows.planning import planned_steps
-    from pipeline_config import plan as P
-    from pipeline_config.calibrate import calibrate
+    from planning import model as P
+    from planning.calibrate import calibrate
 
     config = scale.config_for(pipeline, work)
     calibration = calibrate(config, log=lambda line: print(f"  {line}", flush=True))
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write every figure here")
     args = parser.parse_args(argv)
     from bench import scale
-    from pipeline_config.calibrate import measure_run_costs
+    from flows.run_costs import measure_run_costs
     if args.measured is not None:
         measured = measured_in_json(args.measured, target=args.target)
     elif args.target == TARGET:

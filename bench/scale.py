@@ -57,6 +57,10 @@ PIPELINES = {
     "clip": ("prepare", "export", "kmeans", "pseudo_labels", "reshard", "reader"),
     "image": ("prepare", "export", "kmeans", "pseudo_labels", "reader"),
 }
+#: The plan's step category (``planning.model.PlannedStep.category``) each measured step's slope stands for: the
+#: reader's epoch is what a training's time grows with.
+PLAN_CATEGORIES = {"prepare": "prepare", "export": "export", "kmeans": "cluster", "pseudo_labels": "pseudo_labels",
+                   "reshard": "regroup", "reader": "train"}
 SAMPLES_PER_SHARD = 10_000
 FILES_PER_FOLDER = 1_000
 CLASSES = 10
@@ -672,10 +676,25 @@ def print_summary(verdicts: list[Verdict]) -> None:
               + (f"  growing: {'; '.join(v.growing_records)}" if v.growing_records else ""))
 
 
+def write_slopes(verdicts: list[Verdict], path: Path, *, started: str, machine: str) -> int:
+    """The time slopes measured at two sizes or more into the slopes file ``mclpipe plan`` reads
+    (``planning.model.BENCH_SCALE_SLOPES``), merged over what it held; returns how many were written."""
+    from planning.model import save_slopes
+    slopes = {(v.pipeline, PLAN_CATEGORIES[v.step]): v.slope for v in verdicts
+              if v.time_ok is not None and not math.isnan(v.slope)}
+    if slopes:
+        sizes = sorted({size for v in verdicts for size in v.sizes})
+        save_slopes(slopes, path=path, written_by=f"make bench-scale (bench/scale.py --slopes), {started}, M = "
+                    f"{', '.join(f'{s:,}' for s in sizes)}; {machine}; BENCHMARKS.md")
+    return len(slopes)
+
+
 def finish(results: list[StepResult], *, pipelines: list[str], sizes: list[int], started: str, minutes: float,
-           machine: str, report: Path | None, json_path: Path | None) -> int:
+           machine: str, report: Path | None, json_path: Path | None, slopes: Path | None = None) -> int:
     """Judge, print, save and report; exit status 1 when a step failed to run or a goal failed."""
     verdicts = [judge(results, p, s) for p in pipelines for s in PIPELINES[p]]
+    if slopes:
+        print(f"wrote {write_slopes(verdicts, slopes, started=started, machine=machine)} slopes to {slopes}")
     print_summary(verdicts)
     print(f"{minutes:.1f} min in all")
     if json_path:
@@ -690,13 +709,13 @@ def finish(results: list[StepResult], *, pipelines: list[str], sizes: list[int],
     return 1 if failed or any(r.status == "error" for r in results) else 0
 
 
-def report_from_json(path: Path, *, report: Path | None) -> int:
+def report_from_json(path: Path, *, report: Path | None, slopes: Path | None = None) -> int:
     saved = json.loads(Path(path).read_text())
     results = [StepResult(**r) for r in saved["results"]]
     pipelines = saved.get("pipelines") or sorted({r.pipeline for r in results}, key=list(PIPELINES).index)
     sizes = saved.get("sizes") or sorted({r.size for r in results})
     return finish(results, pipelines=pipelines, sizes=sizes, started=saved["started"], minutes=saved["minutes"],
-                  machine=saved["machine"], report=report, json_path=None)
+                  machine=saved["machine"], report=report, json_path=None, slopes=slopes)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -708,6 +727,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, default=None, help="write the section into this file "
                         "(make bench-scale: BENCHMARKS.md)")
     parser.add_argument("--json", type=Path, default=None, help="write every measurement here")
+    parser.add_argument("--slopes", type=Path, default=None, help="merge the measured time slopes into this file "
+                        "(make bench-scale: planning/bench_scale_slopes.json, what mclpipe plan grows along)")
     parser.add_argument("--budget-min", type=float, default=24 * 60, help="skip a step projected to end later")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
@@ -715,7 +736,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="judge and report the measurements a --json run saved, without measuring")
     args = parser.parse_args(argv)
     if args.from_json:
-        return report_from_json(args.from_json, report=args.report)
+        return report_from_json(args.from_json, report=args.report, slopes=args.slopes)
     if args.child:
         pipeline, step = args.child.split(":")
         return child_main(pipeline, step, args.work, args.out)
@@ -748,7 +769,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = (f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, load average "
                f"{os.getloadavg()[0]:.1f} at the end")
     return finish(results, pipelines=pipelines, sizes=sizes, started=started, minutes=minutes, machine=machine,
-                  report=args.report, json_path=args.json)
+                  report=args.report, json_path=args.json, slopes=args.slopes)
 
 
 if __name__ == "__main__":

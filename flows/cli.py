@@ -32,7 +32,7 @@ from contrastive.errors import MclpipeError, StageInterrupted  # noqa: E402
 from flows import shutdown  # noqa: E402
 from flows.local_server import starting_local_server  # noqa: E402
 from pipeline_config.loader import described_config, load_config, preset_names  # noqa: E402
-from pipeline_config.plan import InfeasiblePlan  # noqa: E402
+from planning.feasibility import InfeasiblePlan  # noqa: E402
 
 # rich_markup_mode=None: help is plain text (no [markup] eaten, no ``rst`` marks).
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -464,7 +464,8 @@ def plan(config: ConfigArg, overrides: SetOpt = None,
     """What a run will cost before it runs: one row per step (time, peak RAM, disk written, GPU memory per
     device), the total and the critical path, what each figure rests on, and what this machine cannot hold."""
     from flows.planning import build_plan
-    from pipeline_config.plan import feasibility, summary_lines, table_rows
+    from planning.feasibility import feasibility
+    from planning.report import summary_lines, table_rows
     cfg = load_or_fail(config, overrides)
     try:
         result = build_plan(cfg, calibrate=calibrate, recalibrate=recalibrate,

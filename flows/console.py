@@ -36,7 +36,7 @@ NAMESPACES = ("prefect", "mlflow")
 #: mclpipe's own loggers: at INFO (or the console's level when lower), so that their INFO lines (where a stage
 #: trained, a fallback taken, the tracking server back) reach the log file; Prefect's logging configuration leaves
 #: the root logger at WARNING, which they would inherit and drop them at.
-OWN_NAMESPACES = ("contrastive", "tasks", "flows", "pipeline_config")
+OWN_NAMESPACES = ("contrastive", "tasks", "flows", "pipeline_config", "planning")
 WIDTH = 80
 
 

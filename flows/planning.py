@@ -12,7 +12,7 @@ import logging
 from typing import Any, Callable
 
 from flows.runner import StageRun, StepRunner, step_title
-from pipeline_config.plan import Plan, PlannedStep
+from planning.model import Plan, PlannedStep
 
 PREPARE = PlannedStep(what="prepare", title="prepare data")
 
@@ -89,7 +89,7 @@ class ProgressRunner(StepRunner):
         """Plan this run (its steps, the cached calibration if there is one: nothing is measured here), publish it
         and report progress from now on."""
         from flows.pipeline_run import pipeline_dir
-        from pipeline_config.plan import cached_calibration, cached_run_costs, estimate
+        from planning.model import cached_calibration, cached_run_costs, estimate
         from tasks.plan_report import PlanProgress, publish_plan
         plan = estimate(self.config, planned_steps(self.config, data=self.data),
                         calibration=cached_calibration(self.config), run_costs=cached_run_costs(self.config))
@@ -110,14 +110,14 @@ def build_plan(config, *, calibrate: bool = True, recalibrate: bool = False,
     """The plan of ``config`` on this machine: its cached calibration (measured now when there is none and
     ``calibrate``; again with ``recalibrate``) and the machine's cached run costs (the same), the runner's steps,
     their projections."""
-    from pipeline_config.plan import cached_calibration, cached_run_costs, estimate
+    from planning.model import cached_calibration, cached_run_costs, estimate
     calibration = None if recalibrate else cached_calibration(config)
     if calibration is None and (calibrate or recalibrate):
-        from pipeline_config.calibrate import calibrate as measure
+        from planning.calibrate import calibrate as measure
         calibration = measure(config, log=log)
     run_costs = None if recalibrate else cached_run_costs(config)
     if run_costs is None and (calibrate or recalibrate):
-        from pipeline_config.calibrate import measure_run_costs
+        from flows.run_costs import measure_run_costs
         run_costs = measure_run_costs(config, log=log)
     return estimate(config, planned_steps(config), calibration=calibration, run_costs=run_costs)
 
@@ -125,7 +125,7 @@ def build_plan(config, *, calibrate: bool = True, recalibrate: bool = False,
 def check_feasible(config, *, warn: Callable[[str], None]) -> Plan:
     """Before a run's first step: refuse (``InfeasiblePlan``, one line naming the fix) what this machine cannot
     hold, warn where it is tight. Closed forms, a cached calibration if there is one, and cheap probes only."""
-    from pipeline_config.plan import InfeasiblePlan, feasibility
+    from planning.feasibility import InfeasiblePlan, feasibility
     plan = build_plan(config, calibrate=False)
     findings = feasibility(config, plan)
     for finding in findings:

@@ -1,5 +1,5 @@
 """What a run costs besides its steps, measured with the run's own machinery: ``mclpipe plan``'s run probe
-(``pipeline_config.calibrate.measure_run_costs`` spawns it once per machine; issue 46).
+(``flows.run_costs.measure_run_costs`` spawns it once per machine for ``mclpipe plan``; issue 46).
 
 ``python -m flows.run_probe OUT_JSON WORK_DIR`` is a process that does what ``mclpipe run`` does around its steps,
 with nothing to compute: the CLI's imports (``flows.cli``, ``flows.pipeline``, ``tasks.steps``: Prefect, MLflow,

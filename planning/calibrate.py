@@ -1,5 +1,5 @@
 """A few batches of each kind of step, measured on the user's own data and device: what ``mclpipe plan`` scales
-(:mod:`pipeline_config.plan`).
+(:mod:`planning.model`).
 
 The steps are the pipeline's own library calls (the modality's ``prepare_data``, ``train``, ``export``,
 ``evaluate``, ...; ``contrastive.mcl.steps``' k-means and pseudo-labels), run in this process without Prefect or
@@ -24,10 +24,11 @@ MLflow, in a temporary directory:
 - re-shard (CLIP): the real re-shard of the first training shard (its samples dealt over K groups), per byte;
 - evaluations, encodings, diagnostics, the soup and the final step: once each, on one member.
 
-The result is cached per machine and config hash (``plan.calibration_path``); ``--recalibrate`` measures again.
+The result is cached per machine and config hash (``planning.model.calibration_path``); ``--recalibrate`` measures again.
 
-What a run pays besides its steps' computation is measured too, once per machine (:func:`measure_run_costs`, cached
-in ``plan.run_costs_path``; ``--recalibrate`` measures it again). The steps above run in this process, without
+What a run pays besides its steps' computation is measured too, once per machine, by the flows' run probe
+(``flows.run_costs.measure_run_costs``, cached in ``planning.model.run_costs_path``; ``--recalibrate`` measures it
+again): it runs the flows' own machinery, so it lives with them, above this package. The steps above run in this process, without
 Prefect or MLflow; a run wraps each of them in a Prefect task run that records to MLflow, and starts and ends with
 its imports, a temporary Prefect server, its MLflow store and bookkeeping task runs: on the tiny presets most of a
 run's wall time (issue 46: steps of 0.1 s took 1-20 s as task runs; a 5 s run of steps took 18 s from the
@@ -39,22 +40,16 @@ overhead (a per-step learning from earlier runs would fold in whatever else thos
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import tempfile
 import time
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from contrastive.errors import MclpipeError
-from pipeline_config.plan import Calibration, Rate, RunCosts, calibration_path, machine_id, run_costs_from_marks, \
-    run_costs_path
+from planning.model import Calibration, Rate, calibration_path
+from planning.probes import Measured, dir_bytes, machine_id, measured
 
 TRAIN_STEPS = 16
 EXPORT_ROWS = 16_384
@@ -69,60 +64,6 @@ KMEANS_REPEATS = 3
 
 class _Enough(Exception):
     """Raised by the export's progress callback once enough rows were timed."""
-
-
-@dataclass
-class Measured:
-    seconds: float = 0.0
-    peak_rss: int | None = None
-    gpu_mem: int | None = None
-
-
-def _status_bytes(name: str) -> int | None:
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith(name + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def _reset_peak() -> None:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets VmHWM to the current RSS
-    except OSError:
-        pass
-
-
-@contextmanager
-def measured(device: str):
-    """Seconds, peak RSS of this process and peak GPU memory of the block."""
-    cuda = str(device).startswith("cuda")
-    torch = None
-    if cuda:
-        import torch
-        cuda = torch.cuda.is_available()
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-    _reset_peak()
-    out = Measured()
-    start = time.perf_counter()
-    yield out
-    out.seconds = time.perf_counter() - start
-    out.peak_rss = _status_bytes("VmHWM")
-    if cuda:
-        out.gpu_mem = int(torch.cuda.max_memory_allocated())
-
-
-def dir_bytes(path) -> int:
-    path = Path(path)
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink()) if path.is_dir() \
-        else 0
 
 
 class _StepTimes:
@@ -199,42 +140,6 @@ def calibrate(config, *, log: Callable[[str], None] = print) -> Calibration:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(calibration.to_json())
     return calibration
-
-
-#: Seconds the run probe may take before the plan gives up on it (it takes 10-30 s on 2 busy cores).
-PROBE_TIMEOUT_S = 300
-
-
-def measure_run_costs(config, *, log: Callable[[str], None] = print) -> RunCosts:
-    """The run probe (``flows.run_probe``) in a process of its own with a throwaway PREFECT_HOME and MLflow store,
-    timed from its spawn to its exit; cached for this machine (``plan.run_costs_path``)."""
-    log("calibrating: a run's start, task runs and end (the run probe: a temporary Prefect server, an MLflow store)")
-    root = str(Path(__file__).resolve().parents[1])
-    with tempfile.TemporaryDirectory(prefix="mclpipe-run-probe-") as tmp:
-        work = Path(tmp)
-        env = {**os.environ, "PREFECT_HOME": str(work / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-               "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-        env.pop("PREFECT_API_URL", None)  # the run's own temporary server, never a server of the user's
-        spawned = time.time()
-        try:
-            done = subprocess.run([sys.executable, "-m", "flows.run_probe", str(work / "marks.json"), str(work)],
-                                  env=env, cwd=tmp, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
-        except subprocess.TimeoutExpired as exc:
-            raise MclpipeError(f"the plan's run probe took over {PROBE_TIMEOUT_S} s (python -m flows.run_probe): "
-                               "is the machine overloaded? `mclpipe plan` again when it is not") from exc
-        exited = time.time()
-        if done.returncode != 0:
-            tail = (done.stderr or done.stdout or "").strip().splitlines()[-1:] or ["no output"]
-            raise MclpipeError(f"the plan's run probe (python -m flows.run_probe) failed: {tail[0]}; a `mclpipe run` "
-                               "would fail the same way: fix that first")
-        marks = json.loads((work / "marks.json").read_text())
-    start_s, task_s, end_s = run_costs_from_marks(marks, spawned=spawned, exited=exited)
-    costs = RunCosts(machine=machine_id(), measured_at=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                     start_s=start_s, task_s=task_s, end_s=end_s, tasks=len(marks["tasks"]))
-    path = run_costs_path(config)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(costs.to_json())
-    return costs
 
 
 def _data_bytes(data: dict) -> int | None:

@@ -1,52 +1,66 @@
-"""What a pipeline will cost before it runs (``mclpipe plan``) and whether this machine can hold it (the check
-``mclpipe run`` makes before its first step).
+"""The cost model of ``mclpipe plan``: what a pipeline will cost before it runs, one row per step.
 
 Three inputs, joined here into one row per step:
 
-- the steps, as the flow builds them (``flows.runner.planned_steps``: the runner's own stage loop with a step that
-  records instead of running, so the list cannot drift from the pipeline);
+- the steps, as the flow builds them (``flows.planning.planned_steps``: the specs of the pipeline's own stage loop,
+  the same the runner executes, so the list cannot drift from the pipeline);
 - the data's size from the config and cheap probes (:func:`data_size`: sample counts the config states, shard
   statistics files, the embedding width the model config implies);
-- a calibration (:mod:`pipeline_config.calibrate`): a few batches of each kind of step measured on the user's own
-  data and device, cached per machine and config. Without one, only the closed forms below are filled in.
+- a calibration (:mod:`planning.calibrate`): a few batches of each kind of step measured on the user's own data and
+  device, cached per machine and config. Without one, only the closed forms below are filled in.
 
 Closed forms, exact where they are used: k-means holds the (M, D) embeddings as float32 (M x D x 4 bytes); an
 export writes M x D float16 plus the ids; the re-shard writes a copy of the training shards. Seconds are the
 calibration's fixed cost plus its per-unit cost times the units of the step (optimizer steps, exported rows,
 clustered rows), the per-unit part grown along the step's measured log-log slope from ``make bench-scale``
-(``GROWTH``, never below linear).
+(:data:`BENCH_SCALE_SLOPES`, read from ``bench_scale_slopes.json``, never below linear).
 
-Nothing here imports Prefect or MLflow; :func:`feasibility` reads only the config, a cached calibration and the
-free disk and memory, so it costs well under a second.
+Nothing here imports Prefect, MLflow, ``flows`` or ``tasks`` (``tests/unit/test_layers.py``): the planning package
+sits above the library (``contrastive``) and the typed config (``pipeline_config``) and below the flows.
 """
 from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from contrastive.errors import ConfigError
+from planning.probes import machine_id
+
+#: Where ``make bench-scale`` writes the log-log slopes of seconds against M it measured, per pipeline and step
+#: category (``bench/scale.py --slopes``); committed, so a plan reads the latest measured ones.
+SLOPES_FILE = Path(__file__).with_name("bench_scale_slopes.json")
+
+
+def load_slopes(path: Path = SLOPES_FILE) -> dict[tuple[str, str], float]:
+    """{(pipeline, category): slope} from the slopes file ({} when it is missing: every category grows linearly)."""
+    if not path.is_file():
+        return {}
+    saved = json.loads(path.read_text())
+    return {(pipeline, category): float(slope) for pipeline, slopes in saved["slopes"].items()
+            for category, slope in slopes.items()}
+
+
+def save_slopes(slopes: dict[tuple[str, str], float], *, written_by: str, path: Path = SLOPES_FILE) -> None:
+    """Merge ``slopes`` into the slopes file (a pipeline or step measured now replaces its old value; the others
+    stay), with a line saying what measured them."""
+    saved = json.loads(path.read_text()) if path.is_file() else {"slopes": {}}
+    for (pipeline, category), slope in slopes.items():
+        saved["slopes"].setdefault(pipeline, {})[category] = round(float(slope), 2)
+    saved["written_by"] = written_by
+    path.write_text(json.dumps({"written_by": saved["written_by"], "slopes": saved["slopes"]}, indent=1) + "\n")
+
 
 #: log-log slopes of seconds against M measured by ``make bench-scale`` (BENCHMARKS.md), per step category and
-#: pipeline: 100k and 1M with the same code on a quiet machine (2026-11-28 09:24-09:59; CLIP's training from the
-#: group-stream reader of the 2026-11-27 09:09 run, 100k..1M); a calibration at n samples grows its per-unit cost by
-#: (M / n) ** (max(slope, 1) - 1) on top of linear: every step touches every sample, so a slope under 1 only says
-#: fixed costs still weighed at the measured sizes (bench/scale.py's projection makes the same choice). The image
-#: export's 1.09 of 2026-11-27 (a loaded machine, older code) made its projection at 1M +40 %.
-BENCH_SCALE_SLOPES = {
-    ("clip", "prepare"): 0.03, ("clip", "export"): 0.94, ("clip", "cluster"): 0.33,
-    ("clip", "pseudo_labels"): 0.58, ("clip", "regroup"): 0.96, ("clip", "train"): 0.96,
-    ("image", "prepare"): 0.96, ("image", "export"): 1.00, ("image", "cluster"): 0.66,
-    ("image", "pseudo_labels"): 0.68, ("image", "train"): 0.97,
-}
+#: pipeline; a calibration at n samples grows its per-unit cost by (M / n) ** (max(slope, 1) - 1) on top of linear:
+#: every step touches every sample, so a slope under 1 only says fixed costs still weighed at the measured sizes
+#: (bench/scale.py's projection makes the same choice).
+BENCH_SCALE_SLOPES = load_slopes()
 #: A plan is tight (a warning, not a refusal) when it needs more than this share of what is free.
 TIGHT = 0.8
 #: Bytes of one sample's id as an export or a clustering stores it when nothing measured says otherwise
 #: (StringDType, a short key; docs/clip.md).
 ID_BYTES = 16
-GB = 1e9
 
 
 def growth(pipeline: str, category: str) -> float:
@@ -206,18 +220,6 @@ class Calibration:
         raw = json.loads(text)
         raw["rates"] = {k: Rate(**v) for k, v in raw["rates"].items()}
         return cls(**raw)
-
-
-def machine_id() -> str:
-    """This machine as a cache key: host name, CPU count and (when present) the GPU model."""
-    import platform
-    gpu = ""
-    try:
-        gpu = Path("/proc/driver/nvidia/gpus").is_dir() and "-".join(
-            sorted(p.name for p in Path("/proc/driver/nvidia/gpus").iterdir())) or ""
-    except OSError:
-        pass
-    return f"{platform.node()}-{os.cpu_count()}cpu{('-' + gpu) if gpu else ''}".replace("/", "_")
 
 
 def calibration_path(config) -> Path:
@@ -533,226 +535,3 @@ def _train_steps(config, stage_config, stage: int, m: int | None) -> int | None:
     from contrastive.modalities.registry import modality_for
     modality = modality_for(config.pipeline)
     return modality.total_steps(stage_config, stage=stage, data={"num_train": m})
-
-
-# ---------------------------------------------------------------------------------------------------- feasibility
-class InfeasiblePlan(ConfigError):
-    """This machine cannot hold the run (disk, memory, the capacity rule, shards): one line naming the fix."""
-
-
-@dataclass
-class Finding:
-    level: str  # "error" | "warning"
-    message: str
-
-
-def free_bytes(path: Path) -> tuple[int, int] | None:
-    """(free bytes, device id) of the filesystem ``path`` is (or would be created) on."""
-    path = Path(path).resolve()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    try:
-        return shutil.disk_usage(path).free, os.stat(path).st_dev
-    except OSError:
-        return None
-
-
-def available_memory() -> int | None:
-    """Bytes of memory this process can still use: MemAvailable, or the cgroup's limit less its usage if lower."""
-    available = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                available = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit != "max":
-            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
-            room = int(limit) - used
-            available = room if available is None else min(available, room)
-    except (OSError, ValueError):
-        pass
-    return available
-
-
-def gb(value: float) -> str:
-    """Bytes for a person: 37 GB, 1.4 GB, 6.1 MB, 120 kB."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if value >= scale:
-            number = value / scale
-            return f"{number:.0f} {unit}" if number >= 10 else f"{number:.1f} {unit}"
-    return f"{value:.0f} B"
-
-
-def feasibility(config, plan: Plan) -> list[Finding]:
-    """What stops this plan on this machine, from closed forms and cheap probes (free disk, free memory, the
-    capacity rule, shards against data slots): errors first, each one line naming the fix."""
-    findings: list[Finding] = []
-    findings += _disk_findings(config, plan)
-    findings += _memory_findings(config, plan)
-    findings += _capacity_findings(config, plan.size)
-    findings += _shard_findings(config)
-    return sorted(findings, key=lambda f: f.level != "error")
-
-
-def _disk_findings(config, plan: Plan) -> list[Finding]:
-    output = sum(r.disk or 0 for r in plan.rows if r.what != "prepare")
-    cache = sum(r.disk or 0 for r in plan.rows if r.what == "prepare")
-    places = {"output_dir": (Path(config.output_dir), output), "data.cache_dir": (Path(config.data.cache_dir), cache)}
-    probes = {key: free_bytes(path) for key, (path, _) in places.items()}
-    out: list[Finding] = []
-    if all(probes.values()) and probes["output_dir"][1] == probes["data.cache_dir"][1]:
-        places = {"output_dir": (places["output_dir"][0], output + cache)}  # one filesystem holds both
-    for key, (path, need) in places.items():
-        probe = probes[key]
-        if probe is None or not need:
-            continue
-        free = probe[0]
-        biggest = max((r for r in plan.rows if r.disk), key=lambda r: r.disk)
-        where = f"{key} {path.resolve()}"
-        if need > free:
-            out.append(Finding("error", f"this pipeline writes about {gb(need)} under {where} (the largest: "
-                                        f"{biggest.title}, {gb(biggest.disk)}) and that disk has {gb(free)} free: "
-                                        f"point {key} at a disk with {gb(need)} free (--set {key}=...) or free "
-                                        f"space there; --force runs anyway"))
-        elif need > TIGHT * free:
-            out.append(Finding("warning", f"this pipeline writes about {gb(need)} under {where}, which has "
-                                          f"{gb(free)} free: little room left for anything else"))
-    return out
-
-
-def _memory_findings(config, plan: Plan) -> list[Finding]:
-    """The first step that needs more memory than is available (an error) and the first that needs most of it (a
-    warning), errors first: every row is read, so a tight step early never hides a later one that cannot fit."""
-    available = available_memory()
-    if available is None:
-        return []
-    found: dict[str, Finding] = {}
-    for row in plan.rows:
-        if not row.peak_ram:
-            continue
-        if row.what == "cluster" and plan.size.num_exported and plan.size.dim:
-            m, d = plan.size.num_exported, plan.size.dim
-            what = f"k-means of {m:,} x {d}"
-            fix = ("run it on a machine with more memory, or export fewer or narrower embeddings (a smaller "
-                   "data set or model); --force runs anyway")
-            if kmeans_matrices(config, row.stage or 0) == 2:
-                fix = f"set mcl.kmeans_train_points_per_cluster (e.g. 1024: one matrix, not two), {fix}"
-        else:
-            what, fix = row.title, "run it on a machine with more memory; --force runs anyway"
-        if row.peak_ram > available:
-            found.setdefault("error", Finding("error", f"{what} needs ~{gb(row.peak_ram)} of RAM and this machine "
-                                                       f"has {gb(available)} available: {fix}"))
-        elif row.peak_ram > TIGHT * available:
-            found.setdefault("warning", Finding("warning", f"{what} needs ~{gb(row.peak_ram)} of RAM of the "
-                                                           f"{gb(available)} available: close to the limit"))
-    return [found[level] for level in ("error", "warning") if level in found]
-
-
-def _capacity_findings(config, size: DataSize) -> list[Finding]:
-    """The existing K^N <= M / B rule (``StageClusteringConfig.check_capacity``) when M is known."""
-    from contrastive.errors import MclpipeError
-    if not size.num_train:
-        return []
-    batch_key = "train.global_batch_size" if getattr(config, "pipeline", "") == "clip" else "train.batch_size"
-    for stage in range(config.mcl.num_stages):
-        try:
-            config.mcl.check_capacity(stage=stage, num_train=size.num_train,
-                                      global_batch=config.global_batch_size(stage), batch_key=batch_key)
-        except MclpipeError as exc:
-            return [Finding("error", str(exc))]
-    return []
-
-
-def _shard_findings(config) -> list[Finding]:
-    """CLIP: every data slot needs a shard to read; fewer shards than slots x decode workers leaves workers idle."""
-    if getattr(config, "pipeline", "") != "clip" or config.data.shards is None:
-        return []
-    from contrastive.data.urls import expand_urls
-    shards = len(expand_urls(config.data.shards, check_local=False))
-    slots = config.distributed.slots()
-    if shards < slots:
-        return [Finding("error", f"data.shards gives {shards} shard(s) for {slots} data slots (one a training "
-                                 f"process): every slot reads whole shards, so split the data into at least {slots} "
-                                 "shards or set distributed.data_slots lower")]
-    workers = config.data.decode_workers or 0
-    if workers and shards < slots * workers:
-        return [Finding("warning", f"{shards} shards for {slots} slots x {workers} decode workers: some workers "
-                                   "will wait; more, smaller shards keep them busy")]
-    return []
-
-
-# ---------------------------------------------------------------------------------------------------- output
-def fmt_seconds(value: float | None) -> str:
-    if value is None:
-        return "?"
-    if value >= 3 * 3600:
-        return f"{value / 3600:.1f} h"
-    if value >= 120:
-        return f"{value / 60:.1f} min"
-    return f"{value:.1f} s"
-
-
-def fmt_bytes(value: int | None) -> str:
-    return "-" if not value else gb(value)
-
-
-def table_rows(plan: Plan) -> list[dict[str, str]]:
-    """The plan as rows of strings (terminal, markdown, the Prefect table artifact)."""
-    return [{"step": r.title + (" *" if r.critical else ""), "time": fmt_seconds(r.seconds),
-             "peak RAM": fmt_bytes(r.peak_ram), "disk written": fmt_bytes(r.disk),
-             "GPU memory / device": fmt_bytes(r.gpu_mem), "rests on": r.basis} for r in plan.rows]
-
-
-def summary_lines(plan: Plan) -> list[str]:
-    some = "at least " if plan.unknown else ""  # the rows not projected add to it
-    what = ("the wall time of `mclpipe run`: steps one after another, as the flow runs them, and the run's start, "
-            f"bookkeeping and end ({fmt_seconds(plan.overhead_s)})" if plan.overhead else
-            "steps one after another, as the flow runs them")
-    time = (f"total {some}{fmt_seconds(plan.total_s)} ({what}); critical "
-            f"path (* above) {some}{fmt_seconds(plan.critical_s)}" if len(plan.unknown) < len(plan.rows) else
-            "time not projected")
-    lines = [f"{time}; disk written {fmt_bytes(plan.disk)}; peak RAM {fmt_bytes(plan.peak_ram)}"]
-    if plan.unknown:
-        lines.append(f"not projected ({len(plan.unknown)}): {', '.join(plan.unknown[:6])}"
-                     + (" ..." if len(plan.unknown) > 6 else ""))
-    return lines + [f"assumes: {a}" for a in plan.assumptions]
-
-
-def markdown(plan: Plan) -> str:
-    rows = table_rows(plan)
-    if not rows:
-        return ""
-    header = list(rows[0])
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row[h] for h in header) + " |" for row in rows]
-    return "\n".join(lines + [""] + [f"- {line}" for line in summary_lines(plan)]) + "\n"
-
-
-def remaining_seconds(plan: Plan, done: int) -> float:
-    """Projected seconds of the steps after the first ``done``."""
-    return sum(r.seconds or 0.0 for r in plan.rows[done:])
-
-
-def time_left(plan: Plan, done: int) -> str:
-    """What the plan says is left after the first ``done`` steps, in words: a projection only where the steps left
-    have one (a run on a machine with no calibration cached projects no time: it says so, not "0 s")."""
-    rest = plan.rows[done:]
-    if not rest:
-        return "no step left by the plan"
-    projected = [r.seconds for r in rest if r.seconds is not None]
-    if not projected:
-        return "time left not projected (no calibration of this config on this machine: `mclpipe plan` measures one)"
-    some = "at least" if len(projected) < len(rest) else "about"
-    return f"{some} {fmt_seconds(sum(projected))} left by the plan"
-
-
-def progress_percent(plan: Plan, done: int) -> float:
-    """Share of the steps' projected time the first ``done`` steps make up (by count when nothing is projected)."""
-    total = sum(r.seconds or 0.0 for r in plan.rows)
-    if not total:
-        return 100.0 * done / max(len(plan.rows), 1)
-    return min(100.0, 100.0 * (total - remaining_seconds(plan, done)) / total)
-

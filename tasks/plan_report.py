@@ -1,4 +1,4 @@
-"""The plan of a pipeline (``pipeline_config.plan``, ``mclpipe plan``) where users look while it runs: a table
+"""The plan of a pipeline (``planning``, ``mclpipe plan``) where users look while it runs: a table
 artifact of the flow run, ``plan/plan.md`` in the pipeline's MLflow run, and a progress artifact of the flow run
 (stage i of N, time left by the plan) updated as steps finish."""
 from __future__ import annotations
@@ -8,7 +8,8 @@ from pathlib import Path
 from prefect import get_run_logger
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 
-from pipeline_config.plan import Plan, markdown, progress_percent, summary_lines, table_rows, time_left
+from planning.model import Plan
+from planning.report import markdown, progress_percent, summary_lines, table_rows, time_left
 from tasks.links import artifact_key
 
 

@@ -85,3 +85,19 @@ def test_the_records_bound_passes_on_the_cluster_task_and_fails_on_a_per_sample_
     text = report_markdown(results, [verdict], started="today", minutes=1.0, machine="test", sizes=[200, 2_000])
     growth = f"mlflow_params {small['mlflow_params']} -> {large['mlflow_params']}"
     assert "| image | kmeans | 2,000 |" in text and (f"| FAIL (" in text and growth in text) == per_sample_params
+
+
+def test_the_measured_slopes_go_to_the_file_the_plan_grows_along(tmp_path):
+    """``make bench-scale --slopes FILE``: each step judged at two sizes replaces its plan category's slope (k-means:
+    ``cluster``, the re-shard: ``regroup``), a step measured at one size or another pipeline keeps the old value,
+    and ``planning.model.load_slopes`` reads back what the plan scales by (issue 57: copied by hand before)."""
+    from bench.scale import write_slopes
+    from planning.model import load_slopes, save_slopes
+    path = tmp_path / "slopes.json"
+    save_slopes({("clip", "cluster"): 0.33, ("clip", "export"): 0.94, ("image", "export"): 1.0}, path=path,
+                written_by="before")
+    verdicts = [judge([_result(m, seconds=(m / 1e5) ** 1.5, step="kmeans") for m in (100_000, 1_000_000)],
+                      "clip", "kmeans"),
+                judge([_result(100_000, seconds=1.0)], "clip", "export")]  # one size: not judged, kept
+    assert write_slopes(verdicts, path, started="now", machine="here") == 1
+    assert load_slopes(path) == {("clip", "cluster"): 1.5, ("clip", "export"): 0.94, ("image", "export"): 1.0}

@@ -11,7 +11,7 @@ import pytest
 
 from flows.planning import planned_steps
 from pipeline_config.loader import load_config
-from pipeline_config.plan import calibration_path, run_costs_path
+from planning.model import calibration_path, run_costs_path
 from tests.faults.cli_process import ANSI, MCLPIPE, cli_env
 
 pytestmark = pytest.mark.slow

@@ -38,7 +38,7 @@ def calibration(P, config):
 def snapshot() -> dict:
     """What the pin holds, from today's code."""
     from flows.planning import planned_results, planned_steps
-    from pipeline_config import plan as P
+    from planning import model as P
     out = {}
     for preset in PRESETS:
         config = load_config(preset, list(OVERRIDES))

@@ -1,8 +1,8 @@
 """The house as an import graph: every layer rule of docs/architecture.md ("The layers"), no circle between files,
 rooms or packages, no upward import, and a library core that names no modality.
 
-The graph is read with ``ast`` from every ``.py`` file of contrastive/, pipeline_config/, launchers/, tasks/ and
-flows/, function-level imports included. ``from a.b import c`` is an edge to ``a.b.c`` when that is a module, else
+The graph is read with ``ast`` from every ``.py`` file of contrastive/, pipeline_config/, launchers/, planning/,
+tasks/ and flows/, function-level imports included. ``from a.b import c`` is an edge to ``a.b.c`` when that is a module, else
 to ``a.b``. The registry's ``import_module`` of a modality by its ``pipeline:`` key is a lookup by name, not an
 import statement, and is not an edge (the plug-in point: nothing names a modality to reach it).
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("contrastive", "pipeline_config", "launchers", "tasks", "flows")
+PACKAGES = ("contrastive", "pipeline_config", "launchers", "planning", "tasks", "flows")
 ORCHESTRATION = ("prefect", "mlflow")
 
 #: The library's subpackages, each a room; a modality's package (subpackages included) is one room, and so is
@@ -24,7 +24,8 @@ LIBRARY_ROOMS = ("contrastive.engine", "contrastive.data", "contrastive.mcl", "c
 MODALITY = re.compile(r"^contrastive\.modalities\.(?!base$|registry$)([a-z_0-9]+)")
 
 #: Layers, lowest first. An import from a lower layer to a higher one is upward.
-RANKS = {"engine": 0, "library": 1, "modalities": 2, "launchers": 2, "pipeline_config": 3, "tasks": 4, "flows": 5}
+RANKS = {"engine": 0, "library": 1, "modalities": 2, "launchers": 2, "pipeline_config": 3, "planning": 4, "tasks": 5,
+         "flows": 6}
 
 #: Imports between two modalities: image-text builds on the image modality (its synthetic pairs are Trifeature
 #: scenes; its registered model takes images the way the image model does). Nothing else crosses modalities.
@@ -145,14 +146,16 @@ def rule_breaks(edges: dict[str, set[str]], outside: dict[str, set[str]]) -> lis
                     "contrastive", "contrastive.errors", "contrastive.engine.launch"):
                 broken.append(f"{module} -> {target} (launchers import only contrastive.engine.launch and "
                               "contrastive.errors)")
-            elif kind == "pipeline_config" and where in ("tasks", "flows"):
-                broken.append(f"{module} -> {target} (pipeline_config imports no tasks, flows)")
+            elif kind == "pipeline_config" and where in ("planning", "tasks", "flows"):
+                broken.append(f"{module} -> {target} (pipeline_config imports no planning, tasks, flows)")
+            elif kind == "planning" and where in ("launchers", "tasks", "flows"):
+                broken.append(f"{module} -> {target} (planning imports no launchers, tasks, flows)")
             elif kind == "tasks" and where == "flows":
                 broken.append(f"{module} -> {target} (tasks import no flows)")
     for module, names in outside.items():
         kind = layer(module)
         for name in sorted(set(names) & set(ORCHESTRATION)):
-            if kind in ("engine", "library", "modalities", "launchers", "pipeline_config"):
+            if kind in ("engine", "library", "modalities", "launchers", "pipeline_config", "planning"):
                 broken.append(f"{module} -> {name} (no prefect, no mlflow below tasks)")
             elif name == "mlflow" and kind == "tasks" and not module.startswith("tasks.tracking"):
                 broken.append(f"{module} -> mlflow (tasks import mlflow only in tasks/tracking)")
@@ -231,7 +234,11 @@ def test_the_library_core_names_no_modality():
     ("contrastive.modalities.registry", "contrastive.modalities.image.modality", "base and registry import no"),
     ("contrastive.modalities.image.config", "pipeline_config.schema", "the library imports no pipeline_config"),
     ("launchers.slurm", "contrastive.data.dataset", "launchers import only"),
-    ("pipeline_config.loader", "tasks.records", "pipeline_config imports no tasks"),
+    ("pipeline_config.loader", "tasks.records", "pipeline_config imports no planning, tasks"),
+    ("pipeline_config.schema", "planning.model", "pipeline_config imports no planning"),
+    ("planning.calibrate", "flows.run_costs", "planning imports no launchers, tasks, flows"),
+    ("planning.model", "tasks.steps", "planning imports no launchers, tasks, flows"),
+    ("planning.probes", "mlflow", "no prefect, no mlflow below tasks"),
     ("tasks.records", "flows.runner", "tasks import no flows"),
     ("contrastive.sweep", "mlflow", "no prefect, no mlflow below tasks"),
     ("pipeline_config.schema", "prefect", "no prefect, no mlflow below tasks"),
@@ -262,5 +269,6 @@ def test_the_rules_match_the_documented_layer_table():
     table = text[text.index("| layer | may import | never imports |"):].split("\n\n")[0]
     rows = [line.split("|")[1].strip() for line in table.splitlines()[2:]]
     assert rows == ["`contrastive/engine/`", "`contrastive/` (the core: data, mcl, methods, models, evaluate, ...)",
-                    "`contrastive/modalities/`", "`launchers/`", "`pipeline_config/`", "`tasks/`", "`flows/`"]
+                    "`contrastive/modalities/`", "`launchers/`", "`pipeline_config/`", "`planning/`", "`tasks/`",
+                    "`flows/`"]
     assert "upward" in text and "no upward import" in text

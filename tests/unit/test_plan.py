@@ -1,4 +1,4 @@
-"""pipeline_config.plan: the closed forms, the feasibility check (disk, memory, capacity, shards) and the
+"""planning (the cost model, its feasibility check and report): the closed forms, the feasibility check (disk, memory, capacity, shards) and the
 projection from a calibration, against hand-computed figures."""
 from pathlib import Path
 
@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from flows.planning import planned_steps
-from pipeline_config import plan as P
+from planning import feasibility as F
+from planning import model as P
+from planning import report as R
 from pipeline_config.loader import load_config
 
 CC12M = P.DataSize(num_train=12_000_000, num_exported=12_000_000, dim=768, data_bytes=480_000_000_000)
@@ -35,29 +37,29 @@ def test_closed_forms_at_cc12m(cc12m):
 
 def test_a_small_memory_refuses_the_k_means_in_one_line(cc12m, monkeypatch):
     config, steps = cc12m
-    monkeypatch.setattr(P, "available_memory", lambda: 24 * 10 ** 9)
-    monkeypatch.setattr(P, "free_bytes", lambda path: (10 ** 15, 1))  # disk is not what this test is about
-    findings = P.feasibility(config, P.estimate(config, steps, calibration=None, size=CC12M))
+    monkeypatch.setattr(F, "available_memory", lambda: 24 * 10 ** 9)
+    monkeypatch.setattr(F, "free_bytes", lambda path: (10 ** 15, 1))  # disk is not what this test is about
+    findings = F.feasibility(config, P.estimate(config, steps, calibration=None, size=CC12M))
     errors = [f.message for f in findings if f.level == "error"]
     assert errors == ["k-means of 12,000,000 x 768 needs ~37 GB of RAM and this machine has 24 GB available: run "
                       "it on a machine with more memory, or export fewer or narrower embeddings (a smaller data set "
                       "or model); --force runs anyway"]
-    monkeypatch.setattr(P, "available_memory", lambda: 40 * 10 ** 9)  # fits, but past 80 %: a warning
-    findings = P.feasibility(config, P.estimate(config, steps, calibration=None, size=CC12M))
+    monkeypatch.setattr(F, "available_memory", lambda: 40 * 10 ** 9)  # fits, but past 80 %: a warning
+    findings = F.feasibility(config, P.estimate(config, steps, calibration=None, size=CC12M))
     assert [f.level for f in findings] == ["warning"] and "37 GB of RAM of the 40 GB" in findings[0].message
 
 
 def test_spherical_k_means_on_every_point_needs_two_matrices_and_the_refusal_names_the_key(tmp_path, monkeypatch):
     """contrastive.mcl.clustering.kmeans normalises a copy of all M points when Lloyd trains on every one of them
     (``mcl.kmeans_train_points_per_cluster: 0``): 74 GB at CC12M, not 37."""
-    monkeypatch.setattr(P, "available_memory", lambda: 60 * 10 ** 9)
-    monkeypatch.setattr(P, "free_bytes", lambda path: (10 ** 15, 1))
+    monkeypatch.setattr(F, "available_memory", lambda: 60 * 10 ** 9)
+    monkeypatch.setattr(F, "free_bytes", lambda path: (10 ** 15, 1))
     every = load_config("clip_cc12m_vitl14", [f"output_dir={tmp_path / 'runs'}", f"data.cache_dir={tmp_path}",
                                               "data.num_samples=12000000", "mcl.kmeans_train_points_per_cluster=0"])
     rows = [r for r in P.estimate(every, planned_steps(every), calibration=None, size=CC12M).rows
             if r.what == "cluster"]
     assert rows and all(r.peak_ram == 2 * 12_000_000 * 768 * 4 for r in rows)
-    [error] = [f.message for f in P.feasibility(every, P.estimate(every, planned_steps(every), calibration=None,
+    [error] = [f.message for f in F.feasibility(every, P.estimate(every, planned_steps(every), calibration=None,
                                                                   size=CC12M)) if f.level == "error"]
     assert error.startswith("k-means of 12,000,000 x 768 needs ~74 GB of RAM and this machine has 60 GB available: "
                             "set mcl.kmeans_train_points_per_cluster")
@@ -68,29 +70,29 @@ def test_spherical_k_means_on_every_point_needs_two_matrices_and_the_refusal_nam
 
 def test_disk_refusal_names_the_key_and_the_space_needed(cc12m, monkeypatch):
     config, steps = cc12m
-    monkeypatch.setattr(P, "available_memory", lambda: 10 ** 15)
-    monkeypatch.setattr(P, "free_bytes", lambda path: (10 ** 12, 7))  # 1 TB free, output_dir and cache on one disk
+    monkeypatch.setattr(F, "available_memory", lambda: 10 ** 15)
+    monkeypatch.setattr(F, "free_bytes", lambda path: (10 ** 12, 7))  # 1 TB free, output_dir and cache on one disk
     plan = P.estimate(config, steps, calibration=None, size=CC12M)
     need = sum(r.disk or 0 for r in plan.rows)
     assert need > 10 ** 12  # 4 exports of 18.6 GB + 3 re-shards of 480 GB
-    (error,) = P.feasibility(config, plan)
-    assert error.level == "error" and error.message.startswith(f"this pipeline writes about {P.gb(need)} under "
+    (error,) = F.feasibility(config, plan)
+    assert error.level == "error" and error.message.startswith(f"this pipeline writes about {R.human_bytes(need)} under "
                                                                f"output_dir {(config.output_dir).resolve()}")
     assert "has 1000 GB free: point output_dir at a disk with" in error.message and "--force" in error.message
 
 
 def test_the_capacity_rule_and_the_shards_refuse_before_compute(tmp_path, monkeypatch):
-    monkeypatch.setattr(P, "available_memory", lambda: 10 ** 15)
+    monkeypatch.setattr(F, "available_memory", lambda: 10 ** 15)
     config = load_config("clip_cc12m_vitl14", [f"output_dir={tmp_path}", "data.num_samples=4000000"])
     size = P.DataSize(num_train=4_000_000, num_exported=4_000_000, dim=768)
-    errors = [f.message for f in P.feasibility(config, P.estimate(config, planned_steps(config), calibration=None,
+    errors = [f.message for f in F.feasibility(config, P.estimate(config, planned_steps(config), calibration=None,
                                                                    size=size)) if f.level == "error"]
     assert any("MCL needs prod(K) <= M/b" in e for e in errors)  # 10^3 groups > 4M / 8192 = 488
     for i in range(3):
         (tmp_path / f"{i:05d}.tar").write_bytes(b"\0" * 1024)
     config = load_config("clip_cc12m_vitl14", [f"output_dir={tmp_path}", f"data.shards={tmp_path}/{{00000..00002}}.tar",
                                                "data.num_samples=12000000"])
-    (finding,) = P._shard_findings(config)
+    (finding,) = F._shard_findings(config)
     assert finding.level == "error" and "3 shard(s) for 8 data slots" in finding.message
 
 
@@ -137,10 +139,10 @@ def test_run_refuses_before_any_step_and_force_skips_the_check(tmp_path, monkeyp
     started = []
     monkeypatch.setattr(cli, "starting_local_server", contextlib.nullcontext)
     monkeypatch.setattr(flows.pipeline, "mcl_pipeline", lambda config, rerun_from=None: started.append(config) or {})
-    monkeypatch.setattr(P, "free_bytes", lambda path: (1000, 1))  # 1 kB free
+    monkeypatch.setattr(F, "free_bytes", lambda path: (1000, 1))  # 1 kB free
     config = load_config("trifeature_tiny", [f"output_dir={tmp_path / 'runs'}", f"data.cache_dir={tmp_path / 'data'}",
                                              f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"])
-    with pytest.raises(P.InfeasiblePlan, match="this pipeline writes about .* under output_dir"):
+    with pytest.raises(F.InfeasiblePlan, match="this pipeline writes about .* under output_dir"):
         cli.run_pipeline(config)
     assert started == [] and not (tmp_path / "runs").exists()
     cli.run_pipeline(config, force=True)
@@ -189,25 +191,25 @@ def test_the_total_projects_the_run_with_its_task_runs_start_and_end(tmp_path):
     # + (2 x 3 + 5) bookkeeping runs x 0.5 s + end 3 s
     assert plan.overhead == pytest.approx({"start": 12.0, "bookkeeping": 5.5, "end": 3.0})
     assert plan.total_s == pytest.approx(bare.total_s + 3 * 0.5 + 12.0 + 5.5 + 3.0)
-    assert "the run's start, bookkeeping and end (20.5 s)" in P.summary_lines(plan)[0]
+    assert "the run's start, bookkeeping and end (20.5 s)" in R.summary_lines(plan)[0]
     # progress is the steps' share: the last step done is 100 %, the first (prepare, not projected) 0 %
-    assert P.progress_percent(plan, len(plan.rows)) == 100.0 and P.progress_percent(plan, 1) == 0.0
+    assert R.progress_percent(plan, len(plan.rows)) == 100.0 and R.progress_percent(plan, 1) == 0.0
 
 
 def test_the_step_rate_is_the_second_half_after_the_prefetched_batches():
-    """pipeline_config.calibrate.steady_step_seconds: a loader with 4 batches prefetched makes steps 2-5 take 0.1 s
+    """planning.calibrate.steady_step_seconds: a loader with 4 batches prefetched makes steps 2-5 take 0.1 s
     while the model alone runs, then every step waits for its batch (1 s): the rate is 1 s, not a median of both."""
-    from pipeline_config.calibrate import steady_step_seconds
+    from planning.calibrate import steady_step_seconds
     stamps = [0.0, 5.0, 5.1, 5.2, 5.3, 5.4, 6.4, 7.4, 8.4, 9.4]
     assert steady_step_seconds(stamps, total=10.0) == pytest.approx(1.0)
     assert steady_step_seconds([3.0], total=6.0) == 6.0 and steady_step_seconds([], total=6.0) == 6.0
 
 
 def test_the_later_stages_rate_is_measured_on_their_own_config(tmp_path):
-    """pipeline_config.calibrate._train: the cold training is stage 0's, the warm one the last stage's config
+    """planning.calibrate._train: the cold training is stage 0's, the warm one the last stage's config
     (trifeature_quick's stage 1 trains on batches of 32), so the plan does not scale stage 0's step by a batch ratio
     the step does not follow; the export gets stage 0's model."""
-    from pipeline_config import calibrate as C
+    from planning import calibrate as C
     config = load_config("trifeature_quick", [f"output_dir={tmp_path}", f"data.cache_dir={tmp_path}"])
     trained = []
 
@@ -234,16 +236,16 @@ def test_the_time_left_says_what_the_plan_projects_and_never_a_made_up_zero():
                           gpu_mem=None, basis="") for i, s in enumerate(seconds)]
         return P.Plan(rows=rows, size=None, calibration=None, assumptions=[])
 
-    assert P.time_left(plan_of(1.0, 2.0, 3.0), 1) == "about 5.0 s left by the plan"
-    assert P.time_left(plan_of(1.0, None, 300.0), 1) == "at least 5.0 min left by the plan"
-    assert P.time_left(plan_of(1.0, None, None), 1).startswith("time left not projected (no calibration")
-    assert P.time_left(plan_of(None, None), 2) == "no step left by the plan"
+    assert R.time_left(plan_of(1.0, 2.0, 3.0), 1) == "about 5.0 s left by the plan"
+    assert R.time_left(plan_of(1.0, None, 300.0), 1) == "at least 5.0 min left by the plan"
+    assert R.time_left(plan_of(1.0, None, None), 1).startswith("time left not projected (no calibration")
+    assert R.time_left(plan_of(None, None), 2) == "no step left by the plan"
 
 
 def test_a_step_timed_at_two_sizes_splits_its_fixed_and_per_row_cost():
     """The k-means and pseudo-labels of a partial export are timed at two sizes: 1 s + 0.1 ms a row measured at
     10k and 40k rows is 2 s and 5 s; noise that makes the larger faster gives no negative cost."""
-    from pipeline_config.calibrate import two_point_rate
+    from planning.calibrate import two_point_rate
     rate = two_point_rate([(10_000, 2.0, 5), (40_000, 5.0, 7)], note="n")
     assert (rate.fixed_s, rate.per_unit_s, rate.units, rate.peak_rss) == pytest.approx((1.0, 1e-4, 40_000, 7))
     noisy = two_point_rate([(10_000, 0.3, None), (40_000, 0.2, None)], note="n")
@@ -254,7 +256,7 @@ def test_the_keys_of_a_shard_are_its_samples_in_order(tmp_path):
     """A webdataset tar's samples are the runs of members sharing a name up to the first dot (what the re-shard
     reads as ``__key__``)."""
     from contrastive.modalities.image_text.data import write_tiny_shards
-    from pipeline_config.calibrate import shard_keys
+    from planning.calibrate import shard_keys
     urls = write_tiny_shards(directory=tmp_path, num_samples=12, samples_per_shard=12, image_size=8,
                              corrupt=False)["urls"]
     keys = shard_keys(Path(urls[0].removeprefix("file:")))
@@ -262,12 +264,12 @@ def test_the_keys_of_a_shard_are_its_samples_in_order(tmp_path):
 
 
 def test_the_clustering_rates_are_warm_and_a_runs_first_pays_its_cold_call(tmp_path, monkeypatch):
-    """pipeline_config.calibrate._clusters on a partial export: the process's first call (the smaller size, cold:
+    """planning.calibrate._clusters on a partial export: the process's first call (the smaller size, cold:
     faiss, scikit-learn and matplotlib imported) and the larger size's first (memory never touched before) are kept
     apart, so the per-row cost is the slope between the two warm sizes' medians; a first call slower than the
     larger size's (what made the slope 0 and the projection at 1M -93 %) lands in ``cluster_cold``, whose per-row
     cost adds the first touch of the larger size's memory."""
-    from pipeline_config import calibrate as C
+    from planning import calibrate as C
     config = load_config("clip_tiny", [f"output_dir={tmp_path}", f"data.cache_dir={tmp_path}"])
     small, large = C.kmeans_rows(8)
     assert (small, large) == (C.KMEANS_ROWS[1] // 5, C.KMEANS_ROWS[1])  # 8-d rows: the most rows
@@ -305,7 +307,7 @@ def test_a_synthetic_scope_is_made_of_the_real_ids_and_aligned_by_id(tmp_path):
     order (so the join runs, as for a split within an export of every split), each attribute's labels from that
     attribute's values."""
     from contrastive.embeddings import load_embedding_ids
-    from pipeline_config.calibrate import _synthetic_export
+    from planning.calibrate import _synthetic_export
     real = np.array(["b/2.jpg", "a/1.jpg", "c/3.jpg"], dtype=np.dtypes.StringDType())
     directory, scope, labels = _synthetic_export(tmp_path / "e", rows=8, dim=4, scope_ids=real, kept=0.75,
                                                  attributes={"shape": np.array([3, 7, 7, -1])})
@@ -340,11 +342,11 @@ def test_a_warning_step_before_an_error_step_is_still_refused(tmp_path, monkeypa
     """_memory_findings reads every row: a step at 85 % of the free memory (a warning) must not hide a later step
     that needs far more than there is (issue 57: the loop stopped at the first warning and the run went ahead)."""
     config = load_config("trifeature_tiny", [f"output_dir={tmp_path}", f"data.cache_dir={tmp_path}"])
-    monkeypatch.setattr(P, "available_memory", lambda: 100 * 10 ** 9)
+    monkeypatch.setattr(F, "available_memory", lambda: 100 * 10 ** 9)
     row = dict(what="train", kind="mcl", stage=0, seconds=None, disk=None, gpu_mem=None, basis="")
     plan = P.Plan(rows=[P.PlanRow(title="train stage 0", peak_ram=85 * 10 ** 9, **row),
                         P.PlanRow(title="train stage 1 (MCL)", peak_ram=300 * 10 ** 9, **row)],
                   size=P.DataSize(), calibration=None, assumptions=[])
-    findings = P._memory_findings(config, plan)
+    findings = F._memory_findings(config, plan)
     assert [(f.level, f.message.split(" needs")[0]) for f in findings] == [
         ("error", "train stage 1 (MCL)"), ("warning", "train stage 0")]
