@@ -190,12 +190,13 @@ class ClipOurs(Side):
     ``normalize_on_host``: as a CPU stage (the reading thread normalises), else as a GPU stage (the step normalises on
     the device)."""
 
-    def __init__(self, *, urls: list[str], transform, tokenizer, workers: int, normalize_on_host: bool):
+    def __init__(self, *, urls: list[str], transform, tokenizer, workers: int, normalize_on_host: bool,
+                 batch: int = BATCH):
         import torch
 
         from contrastive.modalities.image_text.data import SampleDecodePool, SampleDecoder
         self.urls, self.transform, self.tokenizer, self.workers = urls, transform, tokenizer, workers
-        self.normalize_on_host = normalize_on_host
+        self.normalize_on_host, self.batch = normalize_on_host, batch
         self.pin = torch.cuda.is_available()
         self.epoch_index = 0
         self.pool = SampleDecodePool(SampleDecoder(transform, seed=0, uint8=True,
@@ -207,7 +208,7 @@ class ClipOurs(Side):
         self.epoch_index += 1
         counter = SkipCounter(max_skip_fraction=0.01, where="bench")
         seen = 0
-        for batch in stream_batches(urls=self.urls, batch_size=BATCH, transform=self.transform, counter=counter,
+        for batch in stream_batches(urls=self.urls, batch_size=self.batch, transform=self.transform, counter=counter,
                                     seed=0, epoch=self.epoch_index, uint8=True, pool=self.pool):
             seen += len(ready_for_step(batch, tokenizer=self.tokenizer, pin_memory=self.pin,
                                        normalize=self.normalize_on_host))
@@ -221,18 +222,27 @@ class ClipOurs(Side):
 
 
 class ClipBaseline(Side):
-    def __init__(self, *, urls: list[str], transform, tokenizer, workers: int):
+    """open_clip_train's ``get_wds_dataset`` as its training reads it (persistent DataLoader workers; pinned memory
+    where there is CUDA, which open_clip's loader leaves off and a user who wants asynchronous copies turns on)."""
+
+    def __init__(self, *, urls: list[str], transform, tokenizer, workers: int, batch: int = BATCH,
+                 per_shard: int = CLIP_PER_SHARD):
         import types
 
         import open_clip_train.data as open_clip_data
+        import torch
         import webdataset as wds
 
         # As bench/shards.py: open_clip's tar reader needs webdataset <= 0.2.86; its source names this alternative.
         open_clip_data.tarfile_to_samples_nothrow = wds.tarfile_to_samples(handler=open_clip_data.log_and_continue)
         args = types.SimpleNamespace(
-            train_data="::".join(urls), train_num_samples=len(urls) * CLIP_PER_SHARD, dataset_resampled=False,
-            train_data_upsampling_factors=None, seed=0, batch_size=BATCH, workers=workers, world_size=1)
+            train_data="::".join(urls), train_num_samples=len(urls) * per_shard, dataset_resampled=False,
+            train_data_upsampling_factors=None, seed=0, batch_size=batch, workers=workers, world_size=1)
         self.info = open_clip_data.get_wds_dataset(args, transform, is_train=True, epoch=0, tokenizer=tokenizer)
+        if torch.cuda.is_available():  # the same loader with pinned batches
+            self.info.dataloader = wds.WebLoader(self.info.dataloader.pipeline[0].dataset, batch_size=None,
+                                                 shuffle=False, num_workers=workers, pin_memory=True,
+                                                 persistent_workers=workers > 0)
         self.epoch_index = 0
 
     def epoch(self) -> int:

@@ -19,7 +19,7 @@ from bench.common import Result, fmt_seconds, read_results, write_results
 from bench.history import CHANGES, FINDINGS
 
 ROOT = Path(__file__).resolve().parent.parent
-MODULES = ["batch_plan", "pseudo_labels", "kmeans", "pipeline_overhead", "export", "shards", "image_input",
+MODULES = ["batch_plan", "pseudo_labels", "kmeans", "pipeline_overhead", "export", "shards", "image_input", "clip_reader",
            "engine_throughput", "framework_overhead", "method_zoo", "text_hyper"]
 MODULE_TIMEOUT_S = 600
 
