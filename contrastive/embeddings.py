@@ -290,8 +290,10 @@ class _Launched:
 
 def compute_embeddings(*, encode: Callable[..., torch.Tensor], batches: Iterable[ExportBatch],
                        device: torch.device, writer: EmbeddingWriter, precision: str = "fp32",
-                       progress: Callable[[int], None] | None = None) -> int:
+                       progress: Callable[[int, int], None] | None = None) -> int:
     """Embed every batch into ``writer``, in order: the one forward loop of every export (image, CLIP, text).
+    ``progress(rows, dim)`` after each batch is written: its rows and the embedding's width D (what a caller that
+    stops the export early, the plan's calibration, cannot read from a result that never comes).
 
     encode(*batch.inputs on ``device``) -> (p, D) runs under torch.inference_mode and the stage's ``precision``
     (``contrastive.engine.precision.autocast_context``: bf16 / fp16 autocast, fp32 without); its output is cast to
@@ -336,7 +338,7 @@ def compute_embeddings(*, encode: Callable[..., torch.Tensor], batches: Iterable
             missing += rows - launched.present
         writer.add(block, batch.ids)
         if progress is not None:
-            progress(rows)
+            progress(rows, writer.dim)
 
     with torch.inference_mode():
         for batch in batches:

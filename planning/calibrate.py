@@ -185,65 +185,57 @@ def steady_step_seconds(stamps: list[float], *, total: float) -> float:
     return (stamps[-1] - stamps[middle]) / (len(stamps) - 1 - middle)
 
 
-def _writer_dim(tb) -> int | None:
-    """D of an export stopped early: the export loop's writer (``contrastive.embeddings.compute_embeddings``'s
-    ``writer``) knows it from its first block, and an export hands nothing back before it finishes."""
-    while tb is not None:
-        writer = tb.tb_frame.f_locals.get("writer")
-        if writer is not None and getattr(writer, "dim", 0):
-            return int(writer.dim)
-        tb = tb.tb_next
-    return None
-
-
 def _export(config, modality, *, model_path: str, data: dict, work: Path, rates: dict, device: str) -> dict:
-    """The real export, stopped after EXPORT_ROWS rows: {"rows_total" (None when stopped), "dim", "dir", ...}."""
+    """The real export, stopped after EXPORT_ROWS rows where the modality's export reports its progress
+    (``Modality.export_reports_progress``), else whole: {"rows_total" (None when stopped), "dim", "dir", ...}."""
     out_dir = work / "export" / "embeddings"
     kwargs = modality.export_kwargs(config.for_stage(0), model_path=model_path, data=data, out_dir=str(out_dir))
-    stamps: list[tuple[float, int]] = []
-
-    def progress(rows: int) -> None:
-        done = (stamps[-1][1] if stamps else 0) + rows
-        stamps.append((time.perf_counter(), done))
-        if done >= EXPORT_ROWS:
-            raise _Enough
-
-    dim = None
-    whole = True
+    timer = _ExportTimer()
+    whole, result = True, {}
     with measured(device) as m:
         try:
-            result = _export_with(modality, kwargs, progress)
-        except _Enough as exc:
-            whole, result = False, {}
-            dim = _writer_dim(exc.__traceback__)
-    if len(stamps) >= 2:
-        per_row = (stamps[-1][0] - stamps[0][0]) / max(stamps[-1][1] - stamps[0][1], 1)
-    else:
-        per_row = m.seconds / max(stamps[-1][1] if stamps else 1, 1)
-    rows = stamps[-1][1] if stamps else int(_export_summary(out_dir, result).get("num_samples") or 0)
-    if not stamps:
-        per_row = m.seconds / max(rows, 1)
+            result = modality.export(**kwargs, **({"progress": timer} if modality.export_reports_progress else {}))
+        except _Enough:
+            whole = False
+    rows = timer.rows or int(_export_summary(out_dir, result).get("num_samples") or 0)
+    per_row = timer.per_row(total=m.seconds, rows=rows)
     rates["export"] = Rate(fixed_s=max(0.0, m.seconds - rows * per_row), per_unit_s=per_row, units=rows,
                            peak_rss=m.peak_rss, gpu_mem=m.gpu_mem,
                            note="whole export" if whole else f"first {rows:,} rows")
-    out = {"rows_total": rows if whole else None, "dim": dim, "dir": str(out_dir) if whole else None}
-    if whole:
-        summary = _export_summary(out_dir, result)
-        out["dim"] = int(summary.get("dim") or 0) or None
-        if out["dim"] and rows:
-            out["id_bytes"] = max(0.0, (dir_bytes(out_dir) - rows * out["dim"] * 2) / rows)
+    if not whole:
+        return {"rows_total": None, "dim": timer.dim or None, "dir": None}
+    dim = int(_export_summary(out_dir, result).get("dim") or 0) or None
+    out = {"rows_total": rows, "dim": dim, "dir": str(out_dir)}
+    if dim and rows:
+        out["id_bytes"] = max(0.0, (dir_bytes(out_dir) - rows * dim * 2) / rows)
     return out
 
 
-def _export_with(modality, kwargs: dict, progress) -> dict:
-    """The export with a progress callback where the modality's export takes one (images, CLIP), else whole (text
-    and feature vectors embed in one pass: nothing to time a row at a time)."""
-    try:
-        return modality.export(**kwargs, progress=progress)
-    except TypeError as exc:
-        if "progress" not in str(exc):
-            raise
-    return modality.export(**kwargs)
+class _ExportTimer:
+    """The export's ``progress(rows, dim)``: stamps each batch written (time, rows so far), keeps D, and stops the
+    export (``_Enough``) once ``EXPORT_ROWS`` rows were timed."""
+
+    def __init__(self):
+        self.stamps: list[tuple[float, int]] = []
+        self.dim = 0
+
+    @property
+    def rows(self) -> int:
+        return self.stamps[-1][1] if self.stamps else 0
+
+    def __call__(self, rows: int, dim: int) -> None:
+        self.dim = dim or self.dim
+        self.stamps.append((time.perf_counter(), self.rows + rows))
+        if self.rows >= EXPORT_ROWS:
+            raise _Enough
+
+    def per_row(self, *, total: float, rows: int) -> float:
+        """Seconds a row after the first batch (its model load and warm-up are the fixed part); one batch or none
+        timed: the whole call over its rows."""
+        if len(self.stamps) >= 2:
+            (first, first_rows), (last, last_rows) = self.stamps[0], self.stamps[-1]
+            return (last - first) / max(last_rows - first_rows, 1)
+        return total / max(rows, 1)
 
 
 def _export_summary(out_dir: Path, result: dict) -> dict:

@@ -24,6 +24,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 from planning.probes import machine_id
 
@@ -369,11 +370,10 @@ def estimate(config, steps: list[PlannedStep], *, calibration: Calibration | Non
     the machine's ``run_costs``, each step's task run and records and the run's start, bookkeeping and end too
     (``Plan.total_s``: the projected wall time of ``mclpipe run``)."""
     size = size or data_size(config, calibration=calibration)
-    pipeline = config.pipeline
     firsts = {}  # the run's first step of each category pays the process's one-time start-up (cold)
     for i, step in enumerate(steps):
         firsts.setdefault(step.category, i)
-    rows = [_row(config, step, size=size, cal=calibration, pipeline=pipeline, cold=firsts[step.category] == i)
+    rows = [_row(config, step, size=size, cal=calibration, cold=firsts[step.category] == i)
             for i, step in enumerate(steps)]
     for row, step in zip(rows, steps):
         row.critical = on_critical_path(step, steps)
@@ -418,90 +418,188 @@ def _scaled(rate: Rate, units: float, *, pipeline: str, category: str, n: float 
     return rate.fixed_s + rate.per_unit_s * units * factor
 
 
-def _row(config, step: PlannedStep, *, size: DataSize, cal: Calibration | None, pipeline: str,
-         cold: bool = False) -> PlanRow:
-    """One step's projection; ``cold``: the run's first step of its kind (a training, a k-means, ...), which pays
-    the process's one-time start-up when the calibration measured one (``<category>_cold``)."""
-    c = step.category
-    m, d = size.num_train, size.dim
-    exported = size.num_exported or m
-    rate = cal.rates.get(c) if cal is not None else None
-    if cold and cal is not None and f"{c}_cold" in cal.rates:
-        rate = cal.rates[f"{c}_cold"]
-    if c in ("diagnose", "hyper") and rate is None and cal is not None:
-        rate = cal.rates.get("eval")  # assumption stated in the basis
-    n_cal = cal.num_train if cal is not None else None
-    seconds = peak = disk = gpu = None
-    basis = []
-    device = cal.device if cal is not None else config.device
-    id_bytes = (cal.id_bytes if cal is not None and cal.id_bytes else ID_BYTES)
-    if c == "train":
-        stage_config = config.for_stage(step.stage or 0)
-        units = _train_steps(config, stage_config, step.stage or 0, m)
-        if rate is not None and units is not None:
-            batch_ratio = stage_config.global_batch_size(step.stage or 0) / (rate.batch or 1)
-            per_step = Rate(rate.fixed_s, rate.per_unit_s * batch_ratio, rate.units)
-            seconds = _scaled(per_step, units, pipeline=pipeline, category=c, n=n_cal, m=m)
-            basis.append(f"{units:,} steps x {per_step.per_unit_s * 1000:.1f} ms a step of "
-                         f"{stage_config.global_batch_size(step.stage or 0)} + {rate.fixed_s:.1f} s start"
-                         f"{' (the first training: cold)' if cold else ''}, measured on {device}")
-            peak, disk, gpu = rate.peak_rss, rate.disk, rate.gpu_mem
-        else:
-            basis.append("not calibrated")
-    elif c == "export":
-        if rate is not None and exported:
-            seconds = _scaled(rate, exported, pipeline=pipeline, category=c, n=n_cal, m=m)
-            basis.append(f"{exported:,} rows x {rate.per_unit_s * 1e6:.0f} us measured on {device}")
-            peak, gpu = rate.peak_rss, rate.gpu_mem
-        if exported and d:
-            disk = int(exported * (d * 2 + id_bytes))
-            basis.append(f"disk = {exported:,} x {d} x 2 B + ids (closed form)")
-    elif c == "cluster":
-        if exported and d:
-            copies = kmeans_matrices(config, step.stage or 0)
-            peak = int(copies * exported * d * 4) + (cal.rates["cluster"].peak_rss or 0 if cal and "cluster" in
-                                                     cal.rates else 0)
-            k = config.mcl.clusters_after(step.stage or 0)
-            disk = int(exported * (8 + id_bytes) + k * d * 4)
-            basis.append(f"RAM = {exported:,} x {d} x 4 B (the float32 matrix"
+@dataclass
+class StepCase:
+    """What an estimator reads about one step: the step, the config, the data's size, the calibration and the rate
+    measured for the step's kind (:func:`measured_rate`)."""
+    config: Any
+    step: PlannedStep
+    size: DataSize
+    cal: Calibration | None
+    rate: Rate | None
+    cold: bool
+    assumed: bool = False  # the rate is another kind's (eval's), stated in the basis
+
+    @property
+    def pipeline(self) -> str:
+        return self.config.pipeline
+
+    @property
+    def stage(self) -> int:
+        return self.step.stage or 0
+
+    @property
+    def exported(self) -> int | None:
+        """Rows an export writes and k-means reads (every split the export embeds)."""
+        return self.size.num_exported or self.size.num_train
+
+    @property
+    def device(self) -> str:
+        return self.cal.device if self.cal is not None else self.config.device
+
+    @property
+    def id_bytes(self) -> float:
+        return self.cal.id_bytes if self.cal is not None and self.cal.id_bytes else ID_BYTES
+
+
+@dataclass
+class Estimate:
+    """One step's figures (None: not known) and what each rests on."""
+    seconds: float | None = None
+    peak: int | None = None
+    disk: int | None = None
+    gpu: int | None = None
+    basis: list[str] = field(default_factory=list)
+
+
+#: Kinds of step with no rate of their own measured by every calibration, projected at the evaluation's rate (they
+#: read the held-out sets like it); the basis says so.
+LIKE_EVAL = ("diagnose", "hyper")
+
+
+def measured_rate(cal: Calibration | None, category: str, *, cold: bool) -> tuple[Rate | None, bool]:
+    """(the calibration's rate for a kind of step, whether it is the evaluation's standing in): ``<kind>_cold`` for
+    the run's first step of the kind when one was measured, else ``<kind>``, else eval's for :data:`LIKE_EVAL`."""
+    if cal is None:
+        return None, False
+    if cold and f"{category}_cold" in cal.rates:
+        return cal.rates[f"{category}_cold"], False
+    if category in cal.rates:
+        return cal.rates[category], False
+    if category in LIKE_EVAL and "eval" in cal.rates:
+        return cal.rates["eval"], True
+    return None, False
+
+
+def _train_estimate(case: StepCase) -> Estimate:
+    """Optimizer steps x the calibrated step, scaled by the stage's batch against the calibrated one."""
+    out = Estimate()
+    stage_config = case.config.for_stage(case.stage)
+    m = case.size.num_train
+    units = _train_steps(case.config, stage_config, case.stage, m)
+    rate = case.rate
+    if rate is None or units is None:
+        out.basis.append("not calibrated")
+        return out
+    batch = stage_config.global_batch_size(case.stage)
+    per_step = Rate(rate.fixed_s, rate.per_unit_s * batch / (rate.batch or 1), rate.units)
+    n_cal = case.cal.num_train if case.cal is not None else None
+    out.seconds = _scaled(per_step, units, pipeline=case.pipeline, category="train", n=n_cal, m=m)
+    out.basis.append(f"{units:,} steps x {per_step.per_unit_s * 1000:.1f} ms a step of {batch} + {rate.fixed_s:.1f} s "
+                     f"start{' (the first training: cold)' if case.cold else ''}, measured on {case.device}")
+    out.peak, out.disk, out.gpu = rate.peak_rss, rate.disk, rate.gpu_mem
+    return out
+
+
+def _export_estimate(case: StepCase) -> Estimate:
+    """Rows x the calibrated row; disk: M x D float16 plus the ids (closed form)."""
+    out, rate, exported, d = Estimate(), case.rate, case.exported, case.size.dim
+    if rate is not None and exported:
+        n_cal = case.cal.num_train if case.cal is not None else None
+        out.seconds = _scaled(rate, exported, pipeline=case.pipeline, category="export", n=n_cal,
+                              m=case.size.num_train)
+        out.basis.append(f"{exported:,} rows x {rate.per_unit_s * 1e6:.0f} us measured on {case.device}")
+        out.peak, out.gpu = rate.peak_rss, rate.gpu_mem
+    if exported and d:
+        out.disk = int(exported * (d * 2 + case.id_bytes))
+        out.basis.append(f"disk = {exported:,} x {d} x 2 B + ids (closed form)")
+    return out
+
+
+def _cluster_estimate(case: StepCase) -> Estimate:
+    """k-means: RAM = the (M, D) float32 matrices it holds (closed form) + the process; seconds: rows x the
+    calibrated row, plus reading the scope."""
+    out, rate, exported, d = Estimate(), case.rate, case.exported, case.size.dim
+    if exported and d:
+        copies = kmeans_matrices(case.config, case.stage)
+        warm = case.cal.rates.get("cluster") if case.cal is not None else None
+        out.peak = int(copies * exported * d * 4) + ((warm.peak_rss or 0) if warm is not None else 0)
+        out.disk = int(exported * (8 + case.id_bytes) + case.config.mcl.clusters_after(case.stage) * d * 4)
+        out.basis.append(f"RAM = {exported:,} x {d} x 4 B (the float32 matrix"
                          f"{', twice: Lloyd on every point normalises a copy' if copies == 2 else ''}, closed form) "
                          "+ the process")
-        if rate is not None and exported:
-            basis.append(f"{rate.per_unit_s * 1e6:.2f} us a row measured on {rate.units:,.0f} rows"
-                         f"{' (the first k-means: cold)' if cold and 'cluster_cold' in cal.rates else ''}")
-            seconds = _scaled(rate, exported, pipeline=pipeline, category=c, n=rate.units, m=exported) + \
-                _scope_seconds(cal, m, basis)
-    elif c == "pseudo_labels":
-        if exported:
-            disk = int(exported * (8 + id_bytes))
-        if rate is not None and exported:
-            basis.append(f"measured on {rate.units:,.0f} rows, linear")
-            seconds = _scaled(rate, exported, pipeline=pipeline, category=c, n=rate.units, m=exported) + \
-                _scope_seconds(cal, m, basis)
-            peak = rate.peak_rss
-    elif c == "regroup":
-        if size.data_bytes:
-            disk = size.data_bytes
-            basis.append("disk = a copy of the training shards (closed form)")
-        if rate is not None and size.data_bytes:
-            seconds = rate.fixed_s + rate.per_unit_s * size.data_bytes
-            peak = rate.peak_rss
-            basis.append(f"{1 / rate.per_unit_s / 1e6:.0f} MB/s of shards, the re-shard measured on the first shard")
-    elif c == "prepare":
-        if rate is not None:
-            seconds, peak, disk = rate.fixed_s, rate.peak_rss, rate.disk
-            basis.append(f"measured ({rate.note}: a run after this plan reuses it)")
-    else:  # eval, encode, diagnose, soup, hyper: held-out sets, not M
-        if rate is not None:
-            seconds = rate.fixed_s + rate.per_unit_s * step.members
-            peak, disk, gpu = rate.peak_rss, rate.disk, rate.gpu_mem
-            source = "eval's rate (assumed alike)" if c in ("diagnose", "hyper") and c not in cal.rates else \
-                "measured"
-            basis.append(f"{source}, {step.members} member(s)")
-        else:
-            basis.append("not calibrated")
-    return PlanRow(title=step.title, what=step.what, kind=step.kind, stage=step.stage, seconds=seconds,
-                   peak_ram=peak, disk=disk, gpu_mem=gpu if _is_gpu(device) else None, basis="; ".join(basis))
+    if rate is not None and exported:
+        cold = case.cold and "cluster_cold" in case.cal.rates
+        out.basis.append(f"{rate.per_unit_s * 1e6:.2f} us a row measured on {rate.units:,.0f} rows"
+                         f"{' (the first k-means: cold)' if cold else ''}")
+        out.seconds = _scaled(rate, exported, pipeline=case.pipeline, category="cluster", n=rate.units,
+                              m=exported) + _scope_seconds(case.cal, case.size.num_train, out.basis)
+    return out
+
+
+def _pseudo_labels_estimate(case: StepCase) -> Estimate:
+    """Pseudo-labels: rows x the calibrated row, plus reading the scope; disk: a label and an id a row."""
+    out, rate, exported = Estimate(), case.rate, case.exported
+    if exported:
+        out.disk = int(exported * (8 + case.id_bytes))
+    if rate is not None and exported:
+        out.basis.append(f"measured on {rate.units:,.0f} rows, linear")
+        out.seconds = _scaled(rate, exported, pipeline=case.pipeline, category="pseudo_labels", n=rate.units,
+                              m=exported) + _scope_seconds(case.cal, case.size.num_train, out.basis)
+        out.peak = rate.peak_rss
+    return out
+
+
+def _regroup_estimate(case: StepCase) -> Estimate:
+    """The re-shard: a copy of the training shards (closed form), at the calibrated bytes a second."""
+    out, rate, data_bytes = Estimate(), case.rate, case.size.data_bytes
+    if data_bytes:
+        out.disk = data_bytes
+        out.basis.append("disk = a copy of the training shards (closed form)")
+    if rate is not None and data_bytes:
+        out.seconds = rate.fixed_s + rate.per_unit_s * data_bytes
+        out.peak = rate.peak_rss
+        out.basis.append(f"{1 / rate.per_unit_s / 1e6:.0f} MB/s of shards, the re-shard measured on the first shard")
+    return out
+
+
+def _prepare_estimate(case: StepCase) -> Estimate:
+    """The data's preparation as a run after the plan finds it: measured (the calibration prepared it)."""
+    rate = case.rate
+    if rate is None:
+        return Estimate()
+    return Estimate(seconds=rate.fixed_s, peak=rate.peak_rss, disk=rate.disk,
+                    basis=[f"measured ({rate.note}: a run after this plan reuses it)"])
+
+
+def _held_out_estimate(case: StepCase) -> Estimate:
+    """Evaluations, encodings, diagnostics, the soup, the final step: they read held-out sets, not M; seconds a
+    member (an evaluation of a concatenation reads each)."""
+    rate, members = case.rate, case.step.members
+    if rate is None:
+        return Estimate(basis=["not calibrated"])
+    source = "eval's rate (assumed alike)" if case.assumed else "measured"
+    return Estimate(seconds=rate.fixed_s + rate.per_unit_s * members, peak=rate.peak_rss, disk=rate.disk,
+                    gpu=rate.gpu_mem, basis=[f"{source}, {members} member(s)"])
+
+
+#: One estimator per kind of step (``PlannedStep.category``); every other kind reads held-out sets
+#: (:func:`_held_out_estimate`).
+ESTIMATORS: dict[str, Callable[[StepCase], Estimate]] = {
+    "train": _train_estimate, "export": _export_estimate, "cluster": _cluster_estimate,
+    "pseudo_labels": _pseudo_labels_estimate, "regroup": _regroup_estimate, "prepare": _prepare_estimate}
+
+
+def _row(config, step: PlannedStep, *, size: DataSize, cal: Calibration | None, cold: bool = False) -> PlanRow:
+    """One step's projection by its kind's estimator; ``cold``: the run's first step of its kind (a training, a
+    k-means, ...), which pays the process's one-time start-up when the calibration measured one
+    (``<category>_cold``)."""
+    rate, assumed = measured_rate(cal, step.category, cold=cold)
+    case = StepCase(config=config, step=step, size=size, cal=cal, rate=rate, cold=cold, assumed=assumed)
+    found = ESTIMATORS.get(step.category, _held_out_estimate)(case)
+    return PlanRow(title=step.title, what=step.what, kind=step.kind, stage=step.stage, seconds=found.seconds,
+                   peak_ram=found.peak, disk=found.disk, gpu_mem=found.gpu if _is_gpu(case.device) else None,
+                   basis="; ".join(found.basis))
 
 
 def _scope_seconds(cal: Calibration, m: int | None, basis: list[str]) -> float:

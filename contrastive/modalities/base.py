@@ -219,6 +219,11 @@ class Modality:
         ...}; :meth:`export_metrics` picks the numbers to log from it."""
         raise NotImplementedError
 
+    #: Whether :meth:`export` takes ``progress``, called as ``progress(rows, dim)`` after each batch written
+    #: (``contrastive.embeddings.compute_embeddings``): what the plan's calibration times a row by, and stops the
+    #: export at. False: the export embeds in one pass (text, feature vectors), timed whole.
+    export_reports_progress: ClassVar[bool] = False
+
     def export_metrics(self, result: dict) -> dict[str, float]:
         return {}
 

@@ -350,3 +350,38 @@ def test_a_warning_step_before_an_error_step_is_still_refused(tmp_path, monkeypa
     findings = F._memory_findings(config, plan)
     assert [(f.level, f.message.split(" needs")[0]) for f in findings] == [
         ("error", "train stage 1 (MCL)"), ("warning", "train stage 0")]
+
+
+def test_the_calibration_stops_an_export_that_reports_progress_and_reads_its_width_from_it(tmp_path):
+    """planning.calibrate._export: a modality whose export reports ``progress(rows, dim)``
+    (``Modality.export_reports_progress``) is stopped after EXPORT_ROWS rows, its width D taken from the progress
+    (the export hands nothing back); one that does not is called without ``progress`` and timed whole (issue 57:
+    the width came from a traceback frame's local ``writer``, the choice from a TypeError's message)."""
+    from planning import calibrate as C
+
+    class Reporting:
+        export_reports_progress = True
+        calls: list = []
+
+        def export_kwargs(self, config, **kwargs):
+            return {"out_dir": kwargs["out_dir"]}
+
+        def export(self, *, out_dir, progress):
+            for _ in range(10 * C.EXPORT_ROWS // 512):
+                self.calls.append(512)
+                progress(512, 48)
+            raise AssertionError("the calibration should have stopped the export")
+
+    class Whole(Reporting):
+        export_reports_progress = False
+
+        def export(self, *, out_dir):  # no progress parameter: passing one would raise TypeError
+            return {"num_samples": 300, "dim": 24}
+
+    config = load_config("trifeature_tiny", [f"output_dir={tmp_path}", f"data.cache_dir={tmp_path}"])
+    rates = {}
+    stopped = C._export(config, Reporting(), model_path="m", data={}, work=tmp_path, rates=rates, device="cpu")
+    assert stopped == {"rows_total": None, "dim": 48, "dir": None}
+    assert sum(Reporting.calls) == C.EXPORT_ROWS and rates["export"].units == C.EXPORT_ROWS
+    whole = C._export(config, Whole(), model_path="m", data={}, work=tmp_path / "w", rates=rates, device="cpu")
+    assert (whole["rows_total"], whole["dim"]) == (300, 24) and rates["export"].note == "whole export"

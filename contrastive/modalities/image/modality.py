@@ -81,6 +81,8 @@ class ImageModality(Modality):
                 "workers": config.train.workers, "precision": config.train.precision,
                 "channels_last": config.train.channels_last, "resample_on_gpu": config.train.resample_on_gpu}
 
+    export_reports_progress = True
+
     def export(self, **kwargs) -> dict:
         from contrastive.modalities.image.steps import export_stage_embeddings
         return export_stage_embeddings(**kwargs)

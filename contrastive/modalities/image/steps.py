@@ -144,7 +144,7 @@ def read_trained_model(*, model_path: Path, device: torch.device) -> tuple[torch
 
 def export_stage_embeddings(*, dataset_dir: Path, model_path: Path, out_dir: Path, batch_size: int, device: str,
                             workers: int | None = 0, precision: str = "fp32", channels_last: bool = False,
-                            info: DistInfo | None = None, progress: Callable[[int], None] | None = None,
+                            info: DistInfo | None = None, progress: Callable[[int, int], None] | None = None,
                             resample_on_gpu: bool = False) -> dict:
     """Embed every sample (train and test) with the stage's backbone; float16 shards + ids in ``out_dir``.
 

@@ -113,6 +113,8 @@ class ImageTextModality(Modality):
                 "max_skip_fraction": config.data.max_skip_fraction, "workers": config.data.decode_workers,
                 "precision": config.train.precision}
 
+    export_reports_progress = True
+
     def export(self, **kwargs) -> dict:
         from contrastive.modalities.image_text.steps import export_stage
         return export_stage(**kwargs)

@@ -233,7 +233,7 @@ def _train_stage(spec: ClipStageSpec, *, info: DistInfo, callbacks: list[TrainCa
 # ---------------------------------------------------------------------------------------------------- export
 def export_stage(*, model_path: str, urls: list[str], out_dir: str, batch_size: int, device: str,
                  max_skip_fraction: float, workers: int | None = 0, precision: str = "fp32", info: DistInfo | None = None,
-                 progress: Callable[[int], None] | None = None) -> dict:
+                 progress: Callable[[int, int], None] | None = None) -> dict:
     """Image embeddings of every good training sample with the stage's model, keyed by ``__key__``.
 
     Uses the eval transform (no augmentation) and the shared export loop (``contrastive.embeddings``): float16
