@@ -35,9 +35,11 @@ def test_gpus_torch_cannot_use_stop_the_run_with_the_fix(nvidia_smi, monkeypatch
 
 def test_no_gpu_or_a_usable_one_passes(monkeypatch, nvidia_smi):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert len(device_module.nvidia_smi_gpus()) == 2  # GPUs listed, and torch can use them
     check_gpus_usable("auto")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(device_module.shutil, "which", lambda name: None)  # no driver, no tool: a CPU machine
+    assert device_module.nvidia_smi_gpus() == []
     check_gpus_usable("auto")
 
 
@@ -123,4 +125,6 @@ def test_no_faiss_at_all_names_the_install_line(faiss_env, monkeypatch):
 
 
 def test_this_environment_has_one_consistent_faiss():
+    wheels = device_module.installed_faiss()
+    assert len(wheels) == 1 and wheels[0].name.startswith("faiss-"), wheels  # make install's one faiss wheel
     device_module.check_faiss("cpu")
