@@ -62,6 +62,14 @@ SCALE_SIZES ?= 100000,300000,1000000
 bench-scale: $(STAMP)
 	$(BIN)/python -m bench.scale --sizes $(SCALE_SIZES) --report BENCHMARKS.md --slopes planning/bench_scale_slopes.json
 
+# Mutation testing (mutmut 3, the `mutation` extra) of the library's core, each module group against its own fast
+# unit tests, in mutants/<group>/ (scripts/mutation.py); prints the per-module table of docs/testing.md. Not in CI:
+# about an hour on 2 cores. Some groups: make mutation MUTATION_GROUPS="mcl losses"; MUTATION_WORKERS (default 2).
+.PHONY: mutation
+mutation: $(STAMP)
+	$(BIN)/python -c "import mutmut" 2>/dev/null || $(BIN)/pip install -q -e '.[mutation]'
+	MUTATION_WORKERS=$(or $(MUTATION_WORKERS),2) nice -n 15 $(BIN)/python scripts/mutation.py $(MUTATION_GROUPS)
+
 # The acceptance rows of a CUDA machine (issue 24) into BENCHMARKS.md; without CUDA: one "not measured" line a row.
 # Some rows only: make gpu-check ROWS=simclr,export. DRY=1: check the GPU sizes, then run every row on the CPU at
 # toy sizes into a temporary report (docs/gpu.md; tests/bench/test_gpu_check.py runs it in make test).
