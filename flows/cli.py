@@ -351,8 +351,8 @@ def reproduce(config: ConfigArg, seeds: Annotated[str, typer.Option(help="comma-
             cfg = load_config(config, [*(overrides or []), f"seed={seed}"])
             summary = run_pipeline(cfg)
             per_seed.append(summary["results"])
-            seed_runs.append({"seed": seed, "wall_seconds": summary.get("wall_seconds"),
-                              "steps": summary.get("steps", {})})
+            seed_runs.append({"seed": seed, "pipeline_id": summary.get("pipeline_id"),
+                              "wall_seconds": summary.get("wall_seconds"), "steps": summary.get("steps", {})})
     except StageInterrupted as exc:  # the seeds that finished are reused when the same command runs again
         interrupted(exc, cfg, command=shutdown.command_line())
         return
