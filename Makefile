@@ -37,7 +37,8 @@ test: $(STAMP)
 # files and schedules them): "team_stack", every test on the session's PostgreSQL stack (its servers, its `prefect worker` and
 # work pools; the load tests' eight pipelines too, so they never train beside another stack test); "slurm", the
 # one-node Slurm cluster (OverSubscribe=NO: a second test's job would queue behind the first and miss its
-# timings). The rest share nothing fixed: free ports, their own tmp_path (tmpfs mounts included), their own
+# timings); "slurm_two_nodes", the two-node cluster of .ci/setup-slurm-2node.sh (one test kills a node of it).
+# The rest share nothing fixed: free ports, their own tmp_path (tmpfs mounts included), their own
 # PostgreSQL databases (.ci/setup-postgres.sh takes a lock), signals within their own process.
 # SLOW_WORKERS=0 runs them in one process. -rfE --durations=15: what failed and what took longest, in the log's tail.
 SLOW_WORKERS ?= 2

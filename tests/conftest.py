@@ -27,6 +27,8 @@ XDIST_GROUP_FILES = {
                      "test_load.py"], "team_stack"),
     # the one-node Slurm cluster (OverSubscribe=NO: one job at a time)
     **dict.fromkeys(["test_slurm_flow.py", "test_slurm_real.py"], "slurm"),
+    # the two-node Slurm cluster (.ci/setup-slurm-2node.sh; one job at a time, and one test kills a node of it)
+    **dict.fromkeys(["test_slurm_two_nodes.py", "test_slurm_two_nodes_flow.py"], "slurm_two_nodes"),
 }
 XDIST_GROUP_FIXTURES = {"team_stack": "team_stack"}  # a test using the fixture must be in a file of its group
 
