@@ -7,7 +7,8 @@ A rendered table sits between two markers naming its file and what of it to show
     ...
     <!-- /table -->
 
-Views: ``probe``, ``knn`` (or any metric prefix) of a pipeline's ``summary.json`` (``mclpipe run`` writes it to
+Views: ``sweep`` of the ``comparison.csv`` ``mclpipe sweep`` writes; ``probe``, ``knn`` (or any metric prefix) of a
+pipeline's ``summary.json`` (``mclpipe run`` writes it to
 ``runs/pipelines/<pipeline id>/``; rendered as the pipeline's own results.md renders it), and ``mean_std`` of the
 JSON ``mclpipe reproduce`` writes (``runs/reproduce/<name>.json``). Paths are relative to the repository root.
 
@@ -47,7 +48,10 @@ def documents(root: Path = ROOT) -> list[Path]:
 
 
 def render(path: Path, view: str) -> str:
-    """The markdown table of ``view`` in the JSON file at ``path`` (one trailing newline)."""
+    """The markdown table of ``view`` in the JSON file at ``path`` (or the ``sweep`` view of a sweep's
+    ``comparison.csv``), one trailing newline."""
+    if view == "sweep":
+        return sweep_table(path)
     data = json.loads(path.read_text())
     if view == "mean_std":
         return seeds_table(data)
@@ -158,6 +162,25 @@ def missing_figures(text: str, root: Path = ROOT) -> list[str]:
         except (KeyError, OSError, ValueError):
             pass  # rendered() reports it
     return missing
+
+
+def sweep_table(path: Path) -> str:
+    """``mclpipe sweep``'s ``comparison.csv`` as a table: one row per grid point and representation, one column per
+    attribute, ``mean ± std`` over the seeds (the CSV's sample std), in the CSV's order."""
+    import csv
+    with path.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    fixed = {"representation", "attribute", "mean", "std", "n", "values"}
+    keys = [k for k in rows[0] if k not in fixed] if rows else []
+    attributes = list(dict.fromkeys(r["attribute"] for r in rows))
+    cells: dict[tuple, dict[str, str]] = {}
+    for r in rows:
+        cells.setdefault((*(r[k] for k in keys), r["representation"]), {})[r["attribute"]] = \
+            f"{float(r['mean']):.3f} ± {float(r['std']):.3f}"
+    lines = ["| " + " | ".join([*keys, "representation", *attributes]) + " |",
+             "|---" * (len(keys) + 1 + len(attributes)) + "|"]
+    lines += ["| " + " | ".join([*point, *(row.get(a, "-") for a in attributes)]) + " |" for point, row in cells.items()]
+    return "\n".join(lines) + "\n"
 
 
 def rendered(text: str, root: Path = ROOT) -> tuple[str, list[str]]:

@@ -302,6 +302,17 @@ def test_a_figure_from_an_older_file_renders_empty_and_is_named(tmp_path):
     assert missing_figures(text, tmp_path) == ["reproduce.json wall: no steps, machine"]
 
 
+def test_a_sweeps_comparison_csv_renders_as_its_table(tmp_path):
+    from scripts.render_tables import render
+    data = tmp_path / "comparison.csv"
+    data.write_text("mcl.clusters,representation,attribute,mean,std,n,values\n"
+                    "4,stage 0,color,0.99934,0.00092,3,x\n4,stage 0,shape,0.2421875,0.0141,3,x\n"
+                    "16,MCL concat,shape,0.26,0.006,3,x\n")
+    assert render(data, "sweep") == ("| mcl.clusters | representation | color | shape |\n|---|---|---|---|\n"
+                                     "| 4 | stage 0 | 0.999 ± 0.001 | 0.242 ± 0.014 |\n"
+                                     "| 16 | MCL concat | - | 0.260 ± 0.006 |\n")
+
+
 def test_planted_renamed_preset_fails(tmp_path, presets):
     doc = tmp_path / "README.md"
     doc.write_text("```bash\nmclpipe run trifeature_quick\nmclpipe run trifeature_fast --set seed=1\n```\n"
