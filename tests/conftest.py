@@ -29,6 +29,8 @@ XDIST_GROUP_FILES = {
     **dict.fromkeys(["test_slurm_flow.py", "test_slurm_real.py"], "slurm"),
     # the two-node Slurm cluster (.ci/setup-slurm-2node.sh; one job at a time, and one test kills a node of it)
     **dict.fromkeys(["test_slurm_two_nodes.py", "test_slurm_two_nodes_flow.py"], "slurm_two_nodes"),
+    # the release test's wheel, venv and Prefect database template, built once for its six tests (module fixture)
+    "test_wheel_install.py": "wheel",
 }
 XDIST_GROUP_FIXTURES = {"team_stack": "team_stack"}  # a test using the fixture must be in a file of its group
 
