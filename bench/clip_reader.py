@@ -9,8 +9,8 @@ workers oversubscribe the cores here; what is compared is the reading process's 
 training thread competes with).
 
 - ours: ``stream_batches(uint8=True, pool=...)`` + ``ready_for_step`` as a GPU stage's reading thread runs them
-  (``bench.image_input.ClipOurs``: one decode pool kept across epochs, captions tokenised in the workers, the step
-  normalises on the device; pinned on CUDA).
+  (``bench.image_input.ClipOurs``: one decode pool kept across epochs, its worker that reads the shards' tar
+  headers, captions tokenised in the workers, the step normalises on the device; pinned on CUDA).
 - baseline: ``open_clip_train.data.get_wds_dataset(workers=W, batch, tokenizer)`` iterated as ``train_one_epoch``
   does (``bench.image_input.ClipBaseline``): DataLoader workers persistent (open_clip's setting), pinned on CUDA
   (the setting a user who copies asynchronously adds), ``prefetch_factor`` 2 (the default; ours keeps 2 tasks a
@@ -41,14 +41,14 @@ ROUNDS = 3
 def _epoch(side) -> dict:
     """One epoch of ``side``: samples, wall seconds, CPU seconds of this (the reading) process and of its
     workers."""
-    from bench.image_input import _cpu_seconds, _worker_pids
+    from bench.image_input import _cpu_seconds
 
-    pids = _worker_pids(side.loader()) if side.loader() is not None else []
+    pids = side.worker_pids()
     cpu0, workers0, start = time.process_time(), _cpu_seconds(pids), time.perf_counter()
     samples = side.epoch()
     seconds = time.perf_counter() - start
     reading = time.process_time() - cpu0
-    pids = pids or _worker_pids(side.loader())
+    pids = pids or side.worker_pids()
     return {"samples": samples, "seconds": seconds, "reading_cpu": reading,
             "workers_cpu": _cpu_seconds(pids) - workers0}
 
@@ -93,7 +93,8 @@ def result(*, by_workers: dict[int, dict[str, list[dict]]], samples: int, per_sh
     for w, runs in by_workers.items():
         ours, theirs = runs["ours"], runs["open_clip"]
         notes.append(f"{w} worker(s): ours {ms_a_sample(ours):.3f} ms of the reading process's CPU a sample, "
-                     f"open_clip {ms_a_sample(theirs):.3f} ms = **{ratios[w]:.2f}x**; workers' CPU a sample ours "
+                     f"open_clip {ms_a_sample(theirs):.3f} ms = **{ratios[w]:.2f}x**; workers' CPU a sample (ours: the "
+                     f"decoders and the tar-header reader) ours "
                      f"{ms_a_sample(ours, 'workers_cpu'):.2f} ms, open_clip {ms_a_sample(theirs, 'workers_cpu'):.2f} "
                      f"ms; samples/s ours {median([r['samples'] / r['seconds'] for r in ours]):.0f}, open_clip "
                      f"{median([r['samples'] / r['seconds'] for r in theirs]):.0f} (the workers oversubscribe the "

@@ -123,6 +123,10 @@ class Side:
     def loader(self):
         raise NotImplementedError
 
+    def worker_pids(self) -> list[int]:
+        """The side's worker processes (their CPU is the side's too)."""
+        return _worker_pids(self.loader()) if self.loader() is not None else []
+
 
 class Ours(Side):
     def __init__(self, *, dataset_dir: Path, workers: int, crop_on_host: bool):
@@ -217,6 +221,10 @@ class ClipOurs(Side):
     def loader(self):
         return self.pool.pool._loader
 
+    def worker_pids(self) -> list[int]:
+        """The decode workers and the worker that reads the shards' tar headers."""
+        return [w.pid for w in (*self.pool.pool.worker_processes(), *self.pool.indexer.worker_processes())]
+
     def close(self) -> None:
         self.pool.close()
 
@@ -277,12 +285,11 @@ def clip_sides(*, work: Path, workers: int) -> dict[str, Side]:
 
 
 def _timed_epoch(side: Side) -> dict:
-    loader = side.loader()
-    pids = _worker_pids(loader) if loader is not None else []
+    pids = side.worker_pids()
     cpu0, workers0, start = time.process_time(), _cpu_seconds(pids), time.perf_counter()
     images = side.epoch()
     seconds = time.perf_counter() - start
-    pids = pids or (_worker_pids(side.loader()) if side.loader() is not None else [])
+    pids = pids or side.worker_pids()
     cpu = time.process_time() - cpu0 + _cpu_seconds(pids) - workers0
     return {"images": images, "seconds": seconds, "cpu_seconds": cpu}
 

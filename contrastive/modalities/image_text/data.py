@@ -15,9 +15,11 @@ counting is :class:`contrastive.data.skips.SkipCounter`, shared with the image-f
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import logging
 import os
+import re
 import shutil
 import tarfile
 import time
@@ -159,6 +161,107 @@ def iter_raw_samples(urls: Sequence[str], *, counter: SkipCounter | None = None)
     yield from pipeline
 
 
+class _SkipRecord:
+    """A :class:`SkipCounter` stand-in for a worker: it keeps the skips, for the reading process to count."""
+
+    def __init__(self) -> None:
+        self.skipped: list[tuple[str, str, str, str]] = []
+
+    def skip(self, *, reason: str, key: str, url: str = "", detail: str = "") -> None:
+        self.skipped.append((reason, key, url, detail))
+
+
+@dataclass
+class ShardIndex:
+    """A shard's raw samples as :func:`iter_raw_samples` yields them, with each member of a local uncompressed tar
+    as its (offset, size) in the file instead of its bytes (other shards: the bytes); and its tar-level skips as
+    (reason, key, url, detail)."""
+    samples: list[dict]
+    skipped: list[tuple[str, str, str, str]]
+
+
+def index_shard(url: str) -> ShardIndex:
+    """The samples of one shard, read by a worker so that the reading process never parses a tar: webdataset's own
+    grouping and error handling over the members (:func:`_member_refs`), each member's bytes left in the file as
+    (offset, size), read by the decoder that needs them (:func:`_with_member_bytes`). A shard that is remote or
+    compressed comes back with its bytes (:func:`iter_raw_samples`)."""
+    record = _SkipRecord()
+    handler = _tar_error_handler(record)
+    path = None if is_remote(url) else url.removeprefix("file:")
+    samples = None if path is None else _indexed_samples(path=path, url=url, handler=handler)
+    if samples is None:
+        samples = list(iter_raw_samples([url], counter=record))
+    return ShardIndex(samples=samples, skipped=record.skipped)
+
+
+def _indexed_samples(*, path: str, url: str, handler: Callable[[Exception], bool]) -> list[dict] | None:
+    """The samples of the uncompressed tar ``path`` with (offset, size) members; None when it is compressed."""
+    from webdataset.tariterators import group_by_keys
+
+    def members() -> Iterator[dict]:  # webdataset's url_opener + tar_file_expander for one local file
+        try:
+            with open(path, "rb") as handle:
+                stream = tarfile.open(fileobj=handle, mode="r|*")
+                if getattr(stream.fileobj, "comptype", "tar") != "tar":
+                    raise _Compressed
+                for member in _member_refs(stream, handler=handler):
+                    member["__url__"] = url
+                    yield member
+            yield {}  # the end of the shard: its last sample is complete
+        except _Compressed:
+            raise
+        except Exception as exn:  # noqa: BLE001 - as webdataset: the handler counts it, reading goes on
+            handler(exn)
+    try:
+        return list(group_by_keys(members(), handler=handler))
+    except _Compressed:
+        return None
+
+
+class _Compressed(Exception):
+    """A shard whose members have no byte offsets in the file (a compressed tar)."""
+
+
+def _member_refs(stream: tarfile.TarFile, *, handler: Callable[[Exception], bool]) -> Iterator[dict]:
+    """webdataset 1.x's ``tar_file_iterator`` (the same members kept, the same errors raised where it raises them:
+    the data is read as there, so a cut member fails alike), each member's data as (offset, size) in the file."""
+    from webdataset.tariterators import meta_prefix, meta_suffix
+
+    for tarinfo in stream:
+        fname = tarinfo.name
+        try:
+            if not tarinfo.isreg() or fname is None:
+                continue
+            if "/" not in fname and fname.startswith(meta_prefix) and fname.endswith(meta_suffix):
+                continue
+            if re.match(r"__[^/]*__($|/)", fname):
+                continue
+            data = stream.extractfile(tarinfo).read()
+            yield {"fname": fname, "data": (tarinfo.offset_data, len(data))}
+            stream.members = []
+        except Exception as exn:  # noqa: BLE001 - as webdataset
+            if not handler(exn):
+                break
+
+
+def _with_member_bytes(sample: dict, files: dict[str, Any]) -> dict:
+    """``sample`` with its (offset, size) members read from the tar file ``__url__`` names (one read of the span
+    they cover: a sample's members are consecutive); ``files`` caches open files by path."""
+    refs = {name: value for name, value in sample.items() if isinstance(value, tuple)}
+    if not refs:
+        return sample
+    path = sample["__url__"].removeprefix("file:")
+    if path not in files:
+        if len(files) >= 16:
+            for handle in files.values():
+                os.close(handle)
+            files.clear()
+        files[path] = os.open(path, os.O_RDONLY)
+    start = min(offset for offset, _ in refs.values())
+    span = os.pread(files[path], max(offset + size for offset, size in refs.values()) - start, start)
+    return {**sample, **{name: span[offset - start:offset - start + size] for name, (offset, size) in refs.items()}}
+
+
 def shuffled(items: Iterable, *, buffer: int, rng: np.random.Generator) -> Iterator:
     """Approximate shuffle with a bounded buffer (like webdataset's shuffle, but seeded for exact resumption)."""
     if buffer <= 1:
@@ -220,14 +323,6 @@ def ready_for_step(batch: ClipBatch, *, tokenizer: Callable[[list[str]], torch.T
 
 
 @dataclass
-class Decoded:
-    key: str
-    image: torch.Tensor | None
-    text: str
-    tokens: torch.Tensor | None = None
-
-
-@dataclass
 class DecodedChunk:
     """The good samples of a chunk of raw samples, in order: keys, captions, images stacked (n, 3, S, S) (uint8 or
     float; None when n = 0), the captions' int64 (n, context) tokens when the decoder tokenises, and the skipped
@@ -238,10 +333,11 @@ class DecodedChunk:
     skipped: list[tuple[str, str, str, str]]
     tokens: torch.Tensor | None = None
 
-    def samples(self) -> Iterator[Decoded]:
-        for index, (key, text) in enumerate(zip(self.keys, self.texts)):
-            yield Decoded(key=key, image=self.images[index], text=text,
-                          tokens=None if self.tokens is None else self.tokens[index])
+    def part(self, start: int, stop: int) -> "DecodedChunk":
+        """The good samples start..stop (views of the tensors; no skips)."""
+        return DecodedChunk(keys=self.keys[start:stop], texts=self.texts[start:stop],
+                            images=self.images[start:stop], skipped=[],
+                            tokens=None if self.tokens is None else self.tokens[start:stop])
 
 
 class SampleDecoder:
@@ -261,9 +357,10 @@ class SampleDecoder:
         self.normalization = None if seed is None else \
             KeyedTransform(transform, seed=seed, epoch=0, uint8=uint8).normalization
         self._keyed: dict[int, KeyedTransform] = {}
+        self._files: dict[str, int] = {}  # shards open for reading members (:func:`_with_member_bytes`)
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_keyed": {}}
+        return {**self.__dict__, "_keyed": {}, "_files": {}}
 
     def _transform(self, epoch: int) -> Callable[[Image.Image, str], torch.Tensor]:
         if self.seed is None:
@@ -279,7 +376,7 @@ class SampleDecoder:
         for sample in samples:
             key, url = sample.get("__key__", "?"), sample.get("__url__", "")
             try:
-                image, text = decode_image_text(sample)
+                image, text = decode_image_text(_with_member_bytes(sample, self._files))
                 tensor = transform(image, key)
             except BadSample as bad:
                 skipped.append((bad.reason, key, url, bad.detail))
@@ -298,22 +395,42 @@ class SampleDecoder:
 
 class SampleDecodePool(ClosedOnExit):
     """Decodes raw samples with a :class:`SampleDecoder` in ``workers`` processes
-    (:class:`contrastive.data.loading.OrderedWorkers`; 0: in the calling thread), in order, a chunk of samples a
+    (:class:`contrastive.data.workers.OrderedWorkers`; 0: in the calling thread), in order, a chunk of samples a
     task; counts the skipped ones in the caller's :class:`SkipCounter`. A stage keeps one for all its epochs (the
     workers start once); close it (or use it as a context manager) to end them.
 
     Processes, not threads: on a GPU host decode threads contend for the GIL with the reading and training threads
     (H200, ViT-B-32: 12 decode threads read slower than 4, while open_clip_train's 12 worker processes read 1.4x
-    faster than its 4; BENCHMARKS.md)."""
+    faster than its 4; BENCHMARKS.md).
+
+    With workers, the reading process (the thread that feeds training, which shares its GIL) does no per-member
+    work: one more worker process reads the shards' tar headers (:func:`index_shard`, a message a shard), the
+    reading process shuffles and plans samples by reference, each decode worker reads the bytes of the samples it
+    is handed and returns a whole batch in shared memory, which becomes the step's batch as it is (no copy) unless
+    a skipped sample shifted it (:meth:`batches`)."""
 
     def __init__(self, decoder: SampleDecoder, *, workers: int):
         self.decoder = decoder
-        self.pool = OrderedWorkers(decoder, workers=workers, setting="data.decode_workers",
-                                   preload=("open_clip", "contrastive.modalities.image_text.data"))
+        preload = ("open_clip", "contrastive.modalities.image_text.data")
+        self.pool = OrderedWorkers(decoder, workers=workers, setting="data.decode_workers", preload=preload)
+        self.indexer = OrderedWorkers(index_shard, workers=1 if workers else 0, setting="data.decode_workers",
+                                      preload=preload)
 
     @property
     def workers(self) -> int:
         return self.pool.workers
+
+    def raw_samples(self, urls: Sequence[str], *, counter: SkipCounter) -> Iterator[dict]:
+        """The raw samples of ``urls`` in order, as :func:`iter_raw_samples` yields them: with workers, indexed by
+        the index worker (local members as (offset, size), read by the decoders), its tar-level skips counted here
+        as each shard's index arrives."""
+        if not self.workers:
+            yield from iter_raw_samples(urls, counter=counter)
+            return
+        for index in self.indexer.map(urls):
+            for reason, key, url, detail in index.skipped:
+                counter.skip(reason=reason, key=key, url=url, detail=detail)
+            yield from index.samples
 
     def chunks(self, chunks: Iterable[list[dict]], *, epoch: int, counter: SkipCounter) -> Iterator[DecodedChunk]:
         """Each chunk of raw samples decoded, in order; skipped samples counted (DataError past the threshold)."""
@@ -323,17 +440,89 @@ class SampleDecodePool(ClosedOnExit):
             counter.ok(len(decoded.keys))
             yield decoded
 
-    def samples(self, raw: Iterable[dict], *, epoch: int, counter: SkipCounter,
-                batch_size: int) -> Iterator[Decoded]:
-        """The good samples of ``raw`` decoded, in order, a batch's samples a task: one result message a batch
-        whatever the number of workers. (A batch spread over the workers cost the reading process a message a worker
-        a batch, ~0.6 ms each with its shared-memory hand-overs: 0.20 ms a sample at 8 workers against 0.13 with
-        whole batches, measured 2026-11-28, while 12 decode workers read 0.85x open_clip_train's 12 on an H200.)"""
-        for decoded in self.chunks(_chunked(raw, batch_size), epoch=epoch, counter=counter):
-            yield from decoded.samples()
+    def batches(self, raw: Iterable[dict], *, epoch: int, counter: SkipCounter, batch_size: int,
+                keep_last: bool = False) -> Iterator[ClipBatch]:
+        """The good samples of ``raw`` decoded, in order, in batches of exactly ``batch_size`` (a shorter last one
+        with ``keep_last``), a batch's samples a task: one result message a batch whatever the number of workers.
+
+        A task's result is the batch itself, its tensors in the worker's shared memory: no copy in the reading
+        process. A task that skipped k samples leaves the batches after it straddling two results (one copy each)
+        until a later task, planned k samples longer, brings them back in step; what each batch holds does not
+        depend on it (the good samples in order, cut every ``batch_size``)."""
+        plan = _ChunkPlan(batch_size)
+        cut = _BatchCut(batch_size, normalization=self.decoder.normalization)
+        for decoded in self.chunks(plan.chunks(raw), epoch=epoch, counter=counter):
+            plan.skipped(len(decoded.skipped))
+            yield from cut.add(decoded)
+        if keep_last:
+            yield from cut.rest()
 
     def close(self) -> None:
         self.pool.close()
+        self.indexer.close()
+
+
+class _ChunkPlan:
+    """Chunks of raw samples, each ``batch_size`` plus the skipped samples not yet made up for: a chunk decodes to a
+    whole batch, and after a skip a later chunk restores the step (see :meth:`SampleDecodePool.batches`)."""
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size, self.short = batch_size, 0
+
+    def skipped(self, count: int) -> None:
+        self.short += count
+
+    def chunks(self, items: Iterable) -> Iterator[list]:
+        items = iter(items)
+        while True:
+            size, self.short = self.batch_size + self.short, 0
+            chunk = list(itertools.islice(items, size))
+            if not chunk:
+                return
+            yield chunk
+
+
+class _BatchCut:
+    """Decoded chunks -> batches of exactly ``size`` good samples in order: a chunk of exactly ``size`` with nothing
+    left over before it is the batch as it is; otherwise the parts are joined."""
+
+    def __init__(self, size: int, *, normalization: tuple | None) -> None:
+        self.size, self.normalization = size, normalization
+        self.parts: list[DecodedChunk] = []
+        self.held = 0
+
+    def add(self, chunk: DecodedChunk) -> Iterator[ClipBatch]:
+        if not chunk.keys:
+            return
+        self.parts.append(chunk)
+        self.held += len(chunk.keys)
+        while self.held >= self.size:
+            take, need = [], self.size
+            while need:
+                part = self.parts[0]
+                if len(part.keys) <= need:
+                    take.append(self.parts.pop(0))
+                    need -= len(part.keys)
+                else:
+                    take.append(part.part(0, need))
+                    self.parts[0] = part.part(need, len(part.keys))
+                    need = 0
+            self.held -= self.size
+            yield self._batch(take)
+
+    def rest(self) -> Iterator[ClipBatch]:
+        if self.parts:
+            parts, self.parts, self.held = self.parts, [], 0
+            yield self._batch(parts)
+
+    def _batch(self, parts: list[DecodedChunk]) -> ClipBatch:
+        if len(parts) == 1:
+            one = parts[0]
+            return ClipBatch(images=one.images, texts=one.texts, keys=one.keys, tokens=one.tokens,
+                             normalization=self.normalization)
+        tokens = None if any(p.tokens is None for p in parts) else torch.cat([p.tokens for p in parts])
+        return ClipBatch(images=torch.cat([p.images for p in parts]), texts=[t for p in parts for t in p.texts],
+                         keys=[k for p in parts for k in p.keys], tokens=tokens, normalization=self.normalization)
 
 
 @contextmanager
@@ -351,17 +540,6 @@ def decode_pool(pool: SampleDecodePool | None, *, transform: Callable, seed: int
         yield owned
 
 
-def _chunked(items: Iterable, size: int) -> Iterator[list]:
-    chunk: list = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
 def concat_batches(parts: Sequence[ClipBatch]) -> ClipBatch:
     """One batch of the parts in order (a rank's data slots side by side; see ``stream_batches``)."""
     if len(parts) == 1:
@@ -372,25 +550,6 @@ def concat_batches(parts: Sequence[ClipBatch]) -> ClipBatch:
     return ClipBatch(images=torch.cat([p.images for p in parts]), texts=[t for p in parts for t in p.texts],
                      keys=[k for p in parts for k in p.keys], group=parts[0].group, tokens=tokens,
                      normalization=parts[0].normalization)
-
-
-def collate(items: list[Decoded], *, group: int = -1, normalization: tuple | None = None) -> ClipBatch:
-    tokens = None if any(d.tokens is None for d in items) else torch.stack([d.tokens for d in items])
-    return ClipBatch(images=torch.stack([d.image for d in items]), texts=[d.text for d in items],
-                     keys=[d.key for d in items], group=group, tokens=tokens, normalization=normalization)
-
-
-def batched(decoded: Iterable[Decoded], *, batch_size: int, keep_last: bool = False,
-            normalization: tuple | None = None) -> Iterator[ClipBatch]:
-    """Group decoded samples into batches of exactly ``batch_size`` (a shorter last one only with ``keep_last``)."""
-    items: list[Decoded] = []
-    for item in decoded:
-        items.append(item)
-        if len(items) == batch_size:
-            yield collate(items, normalization=normalization)
-            items = []
-    if items and keep_last:
-        yield collate(items, normalization=normalization)
 
 
 def stream_batches(*, urls: Sequence[str], batch_size: int, transform: Callable, counter: SkipCounter, seed: int,
@@ -414,19 +573,17 @@ def stream_batches(*, urls: Sequence[str], batch_size: int, transform: Callable,
     order = rng.permutation(len(urls))
     mine = [urls[i] for i in order[slot::slots]]
     sample_rng = np.random.default_rng([seed, epoch, slot])
-    raw = shuffled(iter_raw_samples(mine, counter=counter), buffer=shuffle_buffer, rng=sample_rng)
     with decode_pool(pool, transform=transform, seed=seed, uint8=uint8, workers=workers) as decoding:
-        yield from batched(decoding.samples(raw, epoch=epoch, counter=counter, batch_size=batch_size),
-                           batch_size=batch_size, normalization=decoding.decoder.normalization)
+        raw = shuffled(decoding.raw_samples(mine, counter=counter), buffer=shuffle_buffer, rng=sample_rng)
+        yield from decoding.batches(raw, epoch=epoch, counter=counter, batch_size=batch_size)
 
 
 def iter_decoded(*, urls: Sequence[str], transform: Callable, counter: SkipCounter, batch_size: int,
                  workers: int = 0) -> Iterator[ClipBatch]:
     """Every good sample of the shards in order, in batches (the last may be shorter): for exports and eval."""
-    raw = iter_raw_samples(urls, counter=counter)
     with decode_pool(None, transform=transform, seed=None, uint8=False, workers=workers) as decoding:
-        yield from batched(decoding.samples(raw, epoch=0, counter=counter, batch_size=batch_size),
-                           batch_size=batch_size, keep_last=True)
+        yield from decoding.batches(decoding.raw_samples(urls, counter=counter), epoch=0, counter=counter,
+                                    batch_size=batch_size, keep_last=True)
 
 
 # ---------------------------------------------------------------------------------------------------- tar writing

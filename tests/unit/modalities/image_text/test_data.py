@@ -103,24 +103,79 @@ def test_the_decode_pool_keeps_order_counts_skips_here_and_keeps_its_workers(sha
     raw = list(iter_raw_samples(shards["urls"]))
     inline_counter, pooled_counter = SkipCounter(max_skip_fraction=0.1), SkipCounter(max_skip_fraction=0.1)
     with SampleDecodePool(SampleDecoder(transform, seed=5), workers=0) as inline:
-        expected = list(inline.samples(raw, epoch=1, counter=inline_counter, batch_size=8))
+        expected = list(inline.batches(raw, epoch=1, counter=inline_counter, batch_size=8, keep_last=True))
     pool = SampleDecodePool(SampleDecoder(transform, seed=5), workers=2)
     tasks = []
     pool.chunks = lambda chunks, **kw: SampleDecodePool.chunks(pool, (tasks.append(len(c)) or c for c in chunks), **kw)
-    got = list(pool.samples(raw, epoch=1, counter=pooled_counter, batch_size=8))
-    assert tasks == [8] * (len(raw) // 8) + ([len(raw) % 8] if len(raw) % 8 else [])  # a batch a task, any workers
+    got = list(pool.batches(raw, epoch=1, counter=pooled_counter, batch_size=8, keep_last=True))
+    assert tasks[:4] == [8] * 4 and sum(tasks) == len(raw)  # a batch a task, any workers
     workers = pool.pool.worker_processes()
     assert len(workers) == 2 and all(w.is_alive() for w in workers)
-    assert [d.key for d in got] == [d.key for d in expected] and len(got) == 38
-    assert all(torch.equal(a.image, b.image) for a, b in zip(got, expected))
+    assert [b.keys for b in got] == [b.keys for b in expected] and sum(map(len, got)) == 38
+    assert all(torch.equal(a.images, b.images) for a, b in zip(got, expected))
     assert pooled_counter.stats() == inline_counter.stats() and pooled_counter.stats()["skipped_bad_image"] == 1
-    again = list(pool.samples(raw[:10], epoch=2, counter=pooled_counter, batch_size=8))
-    assert pool.pool.worker_processes() == workers and [d.key for d in again] == [d.key for d in expected[:8]]
-    assert not torch.equal(again[0].image, got[0].image)  # epoch 2 draws other crops
+    again = list(pool.batches(raw[:10], epoch=2, counter=pooled_counter, batch_size=8))
+    assert pool.pool.worker_processes() == workers and again[0].keys == expected[0].keys
+    assert not torch.equal(again[0].images, got[0].images)  # epoch 2 draws other crops
     pool.close()
     for worker in workers:
         worker.join(timeout=10)
     assert not any(w.is_alive() for w in workers)
+
+
+def test_a_task_that_skipped_samples_is_made_up_for_and_whole_batches_are_not_copied():
+    """Batches are the good samples in order, cut every batch_size; a chunk that is exactly a batch is that batch
+    (its tensor, not a copy); after a skip the next planned chunk is longer by the samples skipped."""
+    from contrastive.modalities.image_text.data import DecodedChunk, _BatchCut, _ChunkPlan
+
+    def chunk(first: int, n: int) -> DecodedChunk:
+        return DecodedChunk(keys=[str(k) for k in range(first, first + n)], texts=["t"] * n,
+                            images=torch.arange(first, first + n).view(n, 1), skipped=[])
+    cut = _BatchCut(4, normalization=None)
+    chunks = [chunk(0, 3), chunk(3, 4), chunk(7, 5), chunk(12, 4)]  # the first skipped one, the third made up
+    batches = [b for c in chunks for b in cut.add(c)]
+    assert [b.keys for b in batches] == [[str(k) for k in range(i, i + 4)] for i in range(0, 16, 4)]
+    assert batches[-1].images is chunks[-1].images and not any(b.images is c.images for b in batches[:3]
+                                                                for c in chunks)
+    plan = _ChunkPlan(4)
+    planned = plan.chunks(range(20))
+    assert len(next(planned)) == 4
+    plan.skipped(2)
+    assert [len(next(planned)), len(next(planned))] == [6, 4]
+
+
+def test_the_reading_process_parses_no_tar_and_hands_the_workers_batches_over_as_they_are(transform, tmp_path,
+                                                                                        monkeypatch):
+    """With decode workers, the shards' members are indexed by a worker and read by the decoders: the reading
+    process opens no tar (tarfile.open here is broken) and reads the same batches as without workers; a batch is
+    the worker's result in shared memory (no copy here)."""
+    shards = write_tiny_shards(directory=tmp_path / "clean", num_samples=40, samples_per_shard=10, corrupt=False)
+    expected = list(stream_batches(urls=shards["urls"], batch_size=8, transform=transform, uint8=True, seed=2,
+                                   epoch=1, shuffle_buffer=16, counter=SkipCounter(max_skip_fraction=0.1)))
+    monkeypatch.setattr(tarfile, "open", lambda *a, **k: (_ for _ in ()).throw(AssertionError("tar read here")))
+    with SampleDecodePool(SampleDecoder(transform, seed=2, uint8=True), workers=1) as pool:
+        got = list(stream_batches(urls=shards["urls"], batch_size=8, transform=transform, uint8=True, seed=2,
+                                  epoch=1, shuffle_buffer=16, counter=SkipCounter(max_skip_fraction=0.1), pool=pool))
+    assert [b.keys for b in got] == [b.keys for b in expected] and len(got) == 5
+    assert all(torch.equal(a.images, b.images) and a.images.is_shared() for a, b in zip(got, expected))
+
+
+def test_a_shard_index_is_webdataset_s_reading_with_the_bytes_left_in_the_file(shards, tmp_path):
+    """index_shard gives iter_raw_samples' samples (an incomplete shard cut the same way, its tar error counted),
+    the members of a local tar as (offset, size), which read back as the same bytes."""
+    from contrastive.modalities.image_text.data import _with_member_bytes, index_shard
+    data = open(shards["urls"][1], "rb").read()
+    member = tarfile.open(shards["urls"][1]).getmembers()[15]
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(data[: member.offset_data + member.size // 2])
+    for url in (str(cut), shards["urls"][2], f"pipe:cat {shards['urls'][2]}"):
+        counter = SkipCounter(max_skip_fraction=1.0)
+        expected = list(iter_raw_samples([url], counter=counter))
+        index = index_shard(url)
+        files: dict = {}
+        assert [_with_member_bytes(s, files) for s in index.samples] == expected
+        assert len(index.skipped) == counter.stats().get("skipped_tar_error", 0)
+    assert isinstance(index_shard(str(cut)).samples[0]["jpg"], tuple) and len(index_shard(str(cut)).skipped) >= 1
 
 
 def test_an_incomplete_shard_is_read_up_to_the_cut_and_counted(shards, tmp_path):
