@@ -50,9 +50,9 @@ class CountingRunner(ProgressRunner):
         super().__init__(**kwargs)
         self.steps = {"computed": 0, "reused": 0}
 
-    def step(self, task_fn, **kwargs):
+    def step(self, spec):
         called = time.time()
-        record = super().step(task_fn, **kwargs)
+        record = super().step(spec)
         reused = (Path(record.dir) / RECORD).stat().st_mtime < called
         self.steps["reused" if reused else "computed"] += 1
         return record

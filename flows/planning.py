@@ -1,82 +1,51 @@
 """The pipeline's steps before it runs, and its plan where users look while it runs.
 
-:func:`planned_steps` runs the flow's own stage loop (``flows.runner.StepRunner``: ``run_stages``, ``run_control``,
-``run_combined``, ``run_final``, in the order ``flows.pipeline.mcl_pipeline`` calls them) with a step that records
-what it would run instead of running it, so the plan's rows are the steps a run makes, for every modality, and
-cannot drift from them. :class:`ProgressRunner` is the runner the flow uses: it publishes the run's plan and, after
-every step, updates the flow run's progress artifact (stage i of N, time left by the plan's projections).
+:func:`planned_steps` reads the stage graph the flow executes (``flows.graph.stage_graph``: every step with its
+``StepId``, content key and MLflow run), so the plan's rows are the steps a run makes, for every modality, and cannot
+drift from them; nothing runs and nothing stands in for a record. :class:`ProgressRunner` is the runner the flow
+uses: it publishes the run's plan and, after every step, updates the flow run's progress artifact (stage i of N,
+time left by the plan's projections).
 """
 from __future__ import annotations
 
-import logging
-from typing import Any, Callable
+from typing import Callable
 
-from flows.runner import StageRun, StepRunner, step_title
+from flows.graph import StageGraph, StepSpec, stage_graph
+from flows.runner import StepRunner
 from planning.model import Plan, PlannedStep
 
 PREPARE = PlannedStep(what="prepare", title="prepare data")
+#: What a plan's step keys read of the prepared data before it is prepared (its digest stands in).
+PLACEHOLDER_DATA = {"dir": "<planned>", "digest": "planned", "num_train": 0}
 
 
-class _Planned:
-    """A step's record in a plan: its content key (what later steps' keys digest) and placeholders for the paths
-    and metrics the runner passes on."""
-
-    def __init__(self, key: str):
-        self.key = key
-        self.metrics: dict = {}
-
-    def __getattr__(self, name: str) -> str:
-        return f"<planned {name}>"
-
-
-class PlanningRunner(StepRunner):
-    """The stage runner with a step that records (what, title, stage, kind) and runs nothing."""
-
-    def __init__(self, config, *, data: dict | None = None):
-        super().__init__(config=config, data=data or {"dir": "<planned>", "digest": "planned", "num_train": 0},
-                         parent_run_id="<planned>", pipeline_id=config.config_hash())
-        self.planned: list[PlannedStep] = []
-
-    def logger(self):
-        return logging.getLogger(__name__)
-
-    def step(self, task_fn, *, prefix: str, key: str, run_id, what: str, stage: int | None = None,
-             **kwargs: Any):
-        kind = run_id.kind if isinstance(run_id, StageRun) else "pipeline"
-        self.planned.append(PlannedStep(
-            what=what, title=step_title(what=what, run=run_id, stage=stage, for_stage=kwargs.get("for_stage")),
-            stage=stage if stage is not None else kwargs.get("for_stage"), kind=kind,
-            members=_count(kwargs.get("members"), kwargs.get("trained")), step_dir=f"{prefix}-{key}"))
-        return _Planned(key)
-
-
-def _count(*values) -> int:
-    """How many representations a step reads: the first list among ``values`` (an evaluation's members, a soup's
-    stage models), else one."""
-    return next((len(v) for v in values if isinstance(v, list)), 1)
+def planned(spec: StepSpec) -> PlannedStep:
+    """One step of the graph as the planner reads it."""
+    return PlannedStep(what=spec.id.name, title=spec.title, stage=spec.id.stage, kind=spec.id.kind,
+                       members=spec.members, step_dir=spec.step_dir, run=spec.run.label if spec.run else None)
 
 
 def run_all(runner: StepRunner):
     """Every step after the data is prepared, in the flow's order: (stage outputs, results, final metrics)."""
-    outputs = runner.run_stages()
-    results = {**outputs.results, **runner.run_control(outputs), **runner.run_combined(outputs)}
-    return outputs, results, runner.run_final(outputs)
+    return runner.run_graph(stage_graph(runner.config, data=runner.data))
+
+
+def planned_graph(config, *, data: dict | None = None) -> StageGraph:
+    """The graph a run of ``config`` executes; with the prepared data's record (``data``), each step's directory
+    is the one the run writes it to (its content key holds the data's digest), else a placeholder digest stands
+    in."""
+    return stage_graph(config, data=data or PLACEHOLDER_DATA)
 
 
 def planned_steps(config, *, data: dict | None = None) -> list[PlannedStep]:
-    """The steps a run of ``config`` makes, in order: the data's preparation, then the runner's. With the prepared
-    data's record (``data``), each step's ``step_dir`` is the directory the run writes it to (its content key holds
-    the data's digest); without, a placeholder digest stands in."""
-    runner = PlanningRunner(config, data=data)
-    run_all(runner)
-    return [PREPARE, *runner.planned]
+    """The steps a run of ``config`` makes, in order: the data's preparation, then the graph's."""
+    return [PREPARE, *(planned(spec) for spec in planned_graph(config, data=data).steps)]
 
 
 def planned_results(config, *, data: dict | None = None) -> list[str]:
     """The names of the results a run of ``config`` reports (its tables' rows), in order: stage 0, ..., MCL
     concat, the control's, the combined model's."""
-    _, results, _ = run_all(PlanningRunner(config, data=data))
-    return list(results)
+    return [spec.result for spec in planned_graph(config, data=data).steps if spec.result is not None]
 
 
 class ProgressRunner(StepRunner):
@@ -98,10 +67,10 @@ class ProgressRunner(StepRunner):
         self.progress = PlanProgress(plan, stages=self.config.mcl.num_stages)
         return plan
 
-    def step(self, task_fn, *, stage: int | None = None, **kwargs: Any):
-        record = super().step(task_fn, stage=stage, **kwargs)
+    def step(self, spec: StepSpec):
+        record = super().step(spec)
         if self.progress is not None:
-            self.progress.step_done(stage=stage)
+            self.progress.step_done(stage=spec.id.stage)
         return record
 
 

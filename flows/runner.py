@@ -1,14 +1,9 @@
-"""The one stage runner of every pipeline: cached steps in content-keyed directories, one nested MLflow run per
-stage, and MCL's stage loop, with the modality as an adapter.
+"""The one executor of every pipeline's stage graph (``flows.graph``): cached steps in content-keyed directories,
+one nested MLflow run per stage, the step lock; the modality is an adapter behind the graph's tasks.
 
-    for stage j:  train (fresh encoder; cluster-pure batches for j >= 1) -> export -> evaluate stage j alone
-                  if j is not the last: k-means on stage j -> pseudo-labels combine(y_0..y_j) -> batches of j + 1
-    then:         evaluate the concatenation of all stages
-
-The runner knows no modality: every step is one of ``tasks.steps``' tasks, which call the config's modality
-(``contrastive.modalities.registry``); the modality's optional parts decide the optional steps (a regroup before a
-cluster-pure stage, an encoding of the evaluation sets per model, embedding diagnostics, a combined model, a step on
-the final representation, the control run).
+The graph (``flows.graph.stage_graph``) says which steps a run makes, in order, with their content keys and
+inputs; :class:`StepRunner` runs them (:meth:`StepRunner.run_graph`), resolving each step's inputs to the records
+of the steps before it. The planner reads the same graph (``flows.planning``) without running it.
 
 Every step's output directory is named by a content key (digest of the typed config it reads and of the keys of
 what it consumes), so identical steps are shared and a rerun skips whatever already finished.
@@ -23,31 +18,30 @@ that trains on them.
 """
 from __future__ import annotations
 
-import copy
 import inspect
 import json
-import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from prefect import get_run_logger
 from prefect.runtime import flow_run
 
 from contrastive.engine.files import is_disk_full, step_disk_full_error
 from contrastive.errors import StageInterrupted
-from flows.locks import step_lock
-from pipeline_config.schema import digest_of
-from tasks import steps as t
 from contrastive.modalities.base import Member
-from tasks.records import (RECORD, ClusterRecord, ExportRecord, ModelRecord, PseudoLabelRecord, RegroupRecord,
-                           StepRecord, TrainRecord, drop_foreign_result, finished_record, gone_files, record_kind)
+from flows.graph import StageGraph, StageRun, StepId, StepSpec, resolve_inputs
+from flows.locks import step_lock
+from tasks import steps as t
+from tasks.records import (RECORD, ClusterRecord, ExportRecord, PseudoLabelRecord, RegroupRecord, StepRecord,
+                           TrainRecord, drop_foreign_result, finished_record, gone_files, record_kind)
 
 RESULT_STORE = "prefect-results"
 
 
-def run_step(step, *, storage: Path, force: bool = False, **kwargs) -> StepRecord:
+def run_step(step, *, storage: Path, force: bool = False, run_for: Callable[[bool], str] | None = None,
+             **kwargs) -> StepRecord:
     """Call a cached task; if its cached record points at files that were deleted, recompute it.
 
     ``force`` recomputes even a finished step: its old output directory is kept beside the new one as
@@ -55,33 +49,40 @@ def run_step(step, *, storage: Path, force: bool = False, **kwargs) -> StepRecor
     is continued, so repeating an interrupted ``--rerun-from`` command resumes its stage from its checkpoint.
 
     Two pipelines sharing the step take turns (``flows.locks``): the second waits and reuses the first one's
-    result. A full disk anywhere in the step ends in one ``DiskFullError`` naming the directory.
+    result. Inside the lock, once: whether the step's files are gone (:func:`set_aside_if_gone`); then
+    ``run_for(gone)`` gives the MLflow run the step logs into (``mlflow_run_id``), decided on what the step
+    directory holds now that no one else writes it. A full disk anywhere in the step ends in one ``DiskFullError``
+    naming the directory.
     """
     out_dir = Path(kwargs["out_dir"])
     with step_lock(out_dir, on_wait=lambda message: get_run_logger().warning(message)):
         try:
-            if not force:
-                set_aside_if_gone(step, out_dir, title=kwargs.get("title"))
-            return _run_locked_step(step, storage=storage, force=force, **kwargs)
+            gone = not force and set_aside_if_gone(step, out_dir, title=kwargs.get("title"))
+            if run_for is not None:
+                kwargs["mlflow_run_id"] = run_for(gone)
+            return _run_locked_step(step, storage=storage, force=force, refresh=gone, **kwargs)
         except OSError as exc:  # outside the task's body (Prefect's result record); the body converts its own
             if not is_disk_full(exc):
                 raise
             raise step_disk_full_error(exc, out_dir=out_dir) from exc
 
 
-def _run_locked_step(step, *, storage: Path, force: bool, title: str | None = None, **kwargs) -> StepRecord:
+def _run_locked_step(step, *, storage: Path, force: bool, refresh: bool, title: str | None = None,
+                     **kwargs) -> StepRecord:
+    """``force``: computed again, a finished directory set aside first; ``refresh``: its directory was set aside
+    (files gone), computed again; else Prefect's cached record, or computed when this run root has none."""
     bound = step.with_options(result_storage=storage, **({"task_run_name": title} if title else {}))
     out_dir = Path(kwargs["out_dir"])
-    if force:
-        if (out_dir / RECORD).exists():
-            set_aside(out_dir)
+    if force and (out_dir / RECORD).exists():
+        set_aside(out_dir)
+    if force or refresh:
         return bound.with_options(refresh_cache=True)(**kwargs)
     drop_foreign_result(storage / f"{step.name}-{kwargs['key']}")  # the cache key: tasks.steps.cached_task
     record = bound(**kwargs)
     # Prefect's cached record was written where the run was then (moved or copied since, or its step recomputed):
-    # the step directory of this run root is what counts.
+    # the step directory of this run root is what counts (its files were checked under the lock just before).
     here = finished_record(out_dir, type(record))
-    if here is None or here.missing_files():
+    if here is None:
         return bound.with_options(refresh_cache=True)(**kwargs)
     return here
 
@@ -92,15 +93,17 @@ def set_aside(out_dir: Path) -> None:
     out_dir.rename(out_dir.with_name(f"{out_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"))
 
 
-def set_aside_if_gone(step, out_dir: Path, *, title: str | None) -> None:
+def set_aside_if_gone(step, out_dir: Path, *, title: str | None) -> bool:
     """A finished step whose files are gone (deleted, lost with a disk, not copied with a moved run) is computed
-    again, never a dead end: one line names the missing file, and what is left of the step is set aside."""
+    again, never a dead end: one line names the missing file, and what is left of the step is set aside. Returns
+    whether it was."""
     gone = gone_files(out_dir, record_kind(step))
     if gone:
         more = f" (and {len(gone) - 1} more of its files)" if len(gone) > 1 else ""
         get_run_logger().warning("%s: finished before, but %s is gone%s: computing it again, with the steps that "
                                  "read it", title or out_dir.name, gone[0], more)
         set_aside(out_dir)
+    return bool(gone)
 
 
 def named_paths(value: Any) -> list[str]:
@@ -118,49 +121,6 @@ def named_paths(value: Any) -> list[str]:
     return []
 
 
-_KIND_LABELS = {"mcl": "MCL", "control": "control"}
-_STEP_VERBS = {"train": "train", "export": "export", "cluster": "k-means", "regroup": "regroup batches for",
-               "soup": "model soup", "hyper": "Hyper-CL"}
-_EVAL_VERBS = {"eval": "probe", "encode": "encode", "diagnose": "diagnose"}
-
-
-def step_title(*, what: str, run: "RunRef", stage: int | None, for_stage: int | None = None) -> str:
-    """The name of a step's Prefect task run, so the flow graph reads like the pipeline: ``train stage 1 (MCL)``,
-    ``k-means stage 0``, ``pseudo-labels for stage 2``, ``probe MCL concat``, ``probe stage 1 (control)``."""
-    # Stage 0 is shared by MCL and its control: no kind for it (its k-means logs into MCL stage 1's run).
-    step_stage = stage if stage is not None else getattr(run, "stage", 0)
-    kind = f" ({_KIND_LABELS.get(run.kind, run.kind)})" if isinstance(run, StageRun) and step_stage > 0 else ""
-    if what == "pseudo_labels":
-        return f"pseudo-labels for stage {for_stage}"
-    verb, _, name = what.partition(".")
-    if name:  # eval.<name>, encode.<name>, diagnose.<name>: name a stage or a concatenation
-        if span := re.fullmatch(r"(\w+)_concat_(\d+)_(\d+)", name):  # mcl_concat_0_2: stages 0-2 so far
-            label = _KIND_LABELS.get(span[1], span[1])
-            return f"{_EVAL_VERBS.get(verb, verb)} {label} concat of stages {span[2]}-{span[3]}"
-        # control_stage1 -> stage 1 (the suffix says control), stage1 -> stage 1, mcl_concat -> MCL concat
-        words = re.sub(r"^(?:control_)?stage(\d+)", r"stage \1", name).replace("_", " ").split()
-        label = " ".join("MCL" if w == "mcl" else w for w in words)
-        suffix = " (control)" if name.startswith("control_stage") else kind if name.startswith("stage") else ""
-        return f"{_EVAL_VERBS.get(verb, verb)} {label}{suffix}"
-    where = f" stage {stage}" if stage is not None else ""
-    return f"{_STEP_VERBS.get(verb, verb)}{where}{kind}"
-
-
-@dataclass(frozen=True)
-class StageRun:
-    """The MLflow run of one stage of one kind (mcl, control), resolved when a step logs into it (see the module
-    docstring): what the runner's methods pass where a step takes ``run_id``."""
-    kind: str
-    stage: int
-
-    @property
-    def label(self) -> str:
-        return f"{self.kind} stage {self.stage}"
-
-
-RunRef = StageRun | str  # a stage's run, or a plain run id (the parent's)
-
-
 def recorded_run(out_dir: str) -> str | None:
     """The MLflow run that made the finished step in ``out_dir`` (None when it has not finished there)."""
     path = Path(out_dir) / RECORD
@@ -169,13 +129,11 @@ def recorded_run(out_dir: str) -> str | None:
 
 @dataclass
 class StageOutputs:
-    """What the stage loop produced, per stage: train, export and k-means records, the (key, member) each stage
-    contributes to an evaluation, and the metrics of every stage alone and of their concatenation."""
+    """What the stage loop produced: MCL's train, export and k-means records per stage (what the summary and the
+    registered model read)."""
     trained: list[TrainRecord] = field(default_factory=list)
     exports: list[ExportRecord] = field(default_factory=list)
     clusters: list[ClusterRecord] = field(default_factory=list)
-    members: list[tuple[str, Member]] = field(default_factory=list)
-    results: dict[str, dict] = field(default_factory=dict)
 
 
 class StepRunner:
@@ -188,7 +146,7 @@ class StepRunner:
         self.rerun_from = rerun_from
         self.data = data
         self.modality = t.modality_of(config)
-        self.mcl_trained: dict[int, TrainRecord] = {}  # what an inheriting stage j + 1 starts from
+        self.records: dict[StepId, StepRecord] = {}  # what each step of the graph returned, for the steps after it
         self.parent_run_id = parent_run_id
         self.pipeline_id = pipeline_id
         self.flow_run_id = flow_run.id
@@ -211,20 +169,17 @@ class StepRunner:
             self._tracker = t.tracker_for(self.config)
         return self._tracker
 
-    def stage_run(self, *, kind: str, stage: int) -> StageRun:
-        """The MLflow run of a stage, opened when a step first logs into it."""
-        return StageRun(kind=kind, stage=stage)
-
     def stage_run_ids(self) -> dict[str, str]:
         """{"mcl stage 0": run id, ...}: the run holding each stage's results, opened now or by an earlier run."""
         runs = {**self.linked_runs, **self.stage_runs}
         return {run.label: runs[run] for run in sorted(runs, key=lambda r: (r.kind != "mcl", r.kind, r.stage))}
 
-    def resolve_run(self, run: RunRef, *, what: str, source: str | None, force: bool = False) -> str:
+    def resolve_run(self, run: StageRun | None, *, config, what: str, source: str | None,
+                    force: bool = False) -> str:
         """The run id a step gets: the run that made it when it is reused (``source``), else this stage's run
-        (module docstring). A plain id (the parent run) is used as it is."""
-        if isinstance(run, str):
-            return run
+        (module docstring), opened with ``config`` (a control variant's own). None: the parent run."""
+        if run is None:
+            return self.parent_run_id
         if source is not None and self.tracker.run_exists(source):
             if run not in self.stage_runs:
                 self.linked_runs.setdefault(run, source)
@@ -239,44 +194,63 @@ class StepRunner:
             self.stage_runs[run] = linked
             return linked
         self.stage_runs[run] = t.open_stage_run(
-            config=self.config, parent_run_id=self.parent_run_id, stage=run.stage, kind=run.kind,
+            config=config, parent_run_id=self.parent_run_id, stage=run.stage, kind=run.kind,
             pipeline_id=self.pipeline_id, flow_run_id=self.flow_run_id)
         return self.stage_runs[run]
 
-    def step(self, task_fn, *, prefix: str, key: str, run_id: RunRef, what: str, stage: int | None = None,
-             reads_stage: int | None = None, **kwargs: Any) -> StepRecord:
-        """Run one cached step of ``stage``; with ``rerun_from``, steps of that stage and later are recomputed.
+    def run_graph(self, graph: StageGraph) -> tuple[StageOutputs, dict[str, dict], dict | None]:
+        """Every step of ``graph`` in order: (MCL's stage outputs, the results rows, the final step's metrics)."""
+        results: dict[str, dict] = {}
+        for spec in graph.steps:
+            record = self.step(spec)
+            if spec.result is not None:
+                results[spec.result] = record.metrics
+                if spec.id.kind == "mcl" and spec.id.of is not None and not spec.id.of.concat:
+                    self.logger().info("%s done: %s", spec.result, record.metrics)
+        outputs = StageOutputs(trained=[self.records[i] for i in graph.trained],
+                               exports=[self.records[i] for i in graph.exports],
+                               clusters=[self.records[i] for i in graph.clusters])
+        return outputs, results, self.records[graph.final].metrics if graph.final is not None else None
 
-        ``reads_stage``: for a step of no stage of its own (the soup, the final step), the latest stage whose
-        outputs it reads. A rerun stage's new weights carry the old keys (a key is what a result depends on, not the
-        floats a run gave), so whatever reads them is recomputed with it, never found cached."""
-        out_dir = str(self.root / "steps" / f"{prefix}-{key}")
-        if stage is not None and "stage" in inspect.signature(task_fn.fn).parameters:
-            kwargs["stage"] = stage
-        latest = stage if reads_stage is None else reads_stage
+    def step(self, spec: StepSpec) -> StepRecord:
+        """Run one cached step of the graph; with ``rerun_from``, steps of that stage and later are recomputed
+        (``spec.latest_stage``: a step of no stage of its own, the soup or the final step, goes with the latest
+        stage it reads). A rerun stage's new weights carry the old keys (a key is what a result depends on, not
+        the floats a run gave), so whatever reads them is recomputed with it, never found cached."""
+        kwargs = resolve_inputs(spec.inputs, self.records)
+        if spec.id.stage is not None and "stage" in inspect.signature(spec.task.fn).parameters:
+            kwargs["stage"] = spec.id.stage
+        latest = spec.latest_stage
         force = None not in (self.rerun_from, latest) and latest >= self.rerun_from
-        # Computed again: a step whose files are gone (run_step says so), and every step that read one such.
+        # Computed again: a step whose files are gone (run_step says so, under the lock), and every step that read
+        # one such.
         renew = not force and self.reads_renewed(kwargs)
-        gone = not force and bool(gone_files(out_dir, record_kind(task_fn)))
-        run_ref = run_id
-        run_id = self.resolve_run(run_id, what=what, source=None if force or renew or gone else recorded_run(out_dir),
-                                  force=force)
-        if force and what == "train":
-            t.note_rerun(config=self.config, mlflow_run_id=run_id, rerun_from=self.rerun_from)
+        out_dir = self.root / "steps" / spec.step_dir
+        decided: dict[str, Any] = {}
+
+        def run_for(gone: bool) -> str:
+            source = None if force or renew or gone else recorded_run(str(out_dir))
+            decided["gone"] = gone
+            decided["run_id"] = self.resolve_run(spec.run, config=spec.config, what=spec.id.what, source=source,
+                                                 force=force)
+            if force and spec.id.what == "train":
+                t.note_rerun(config=spec.config, mlflow_run_id=decided["run_id"], rerun_from=self.rerun_from)
+            return decided["run_id"]
+
         try:
-            record = run_step(task_fn, storage=self.storage, force=force or renew, config=self.config, key=key,
-                              out_dir=out_dir, mlflow_run_id=run_id, **kwargs,
-                              title=step_title(what=what, run=run_ref, stage=stage,
-                                               for_stage=kwargs.get("for_stage")))
+            record = run_step(spec.task, storage=self.storage, force=force or renew, run_for=run_for,
+                              config=spec.config, key=spec.key, out_dir=str(out_dir), title=spec.title, **kwargs)
         except StageInterrupted as exc:  # say which step the signal stopped
-            exc.what = exc.what or f"the {what} step" + (f" of stage {stage}" if stage is not None else "")
+            exc.what = exc.what or spec.words
             raise
-        if renew or gone:
-            self.renewed.add(Path(out_dir))
+        run_id = decided["run_id"]
+        if renew or decided["gone"]:
+            self.renewed.add(out_dir)
         if record.mlflow_run_id != run_id:  # made by a run this tracking store does not hold
-            t.record_reuse(config=self.config, mlflow_run_id=run_id, record=record, what=what)
-        elif what == "train" and run_id in self.stage_runs.values():
+            t.record_reuse(config=spec.config, mlflow_run_id=run_id, record=record, what=spec.id.name)
+        elif spec.id.what == "train" and run_id in self.stage_runs.values():
             self.log_inputs(run_id=run_id, stage=record.stage, inputs=kwargs)
+        self.records[spec.id] = record
         return record
 
     def reads_renewed(self, inputs: dict[str, Any]) -> bool:
@@ -299,182 +273,6 @@ class StepRunner:
             self.tracker.log_dataset(run_id, name=f"pseudo_labels_stage{stage}", digest=batches.key,
                                      source=batches.path, context="pseudo_labels",
                                      profile={"split": "train", **profile})
-
-    # ------------------------------------------------------------------------------------------ one stage
-    def train_and_export(self, *, kind: str, stage: int,
-                         batches: PseudoLabelRecord | RegroupRecord | None) -> tuple[TrainRecord, ExportRecord]:
-        """Train stage ``stage`` (random batches when ``batches`` is None) and export its embeddings."""
-        run_id = self.stage_run(kind=kind, stage=stage)
-        # Naive inheritance (paper Table 5) applies to MCL's stages only; the control stays fresh stages.
-        init_from = self.mcl_trained.get(stage - 1) if kind == "mcl" and self.modality.inherits(self.config) else None
-        seed = t.stage_seed(self.config, stage)
-        key = digest_of(self.modality.train_content(
-            self.config.for_stage(stage), stage=stage, seed=seed, data=self.data,
-            batches_key=batches.key if batches else None, inherit_key=init_from.key if init_from else None))
-        prefix = self.modality.step_prefix
-        trained = self.step(t.train_stage, prefix=f"{prefix}train{stage}", key=key, run_id=run_id, what="train",
-                            stage=stage, data=self.data, batches=batches,
-                            **({"init_from": init_from} if init_from is not None else {}))
-        if kind == "mcl":
-            self.mcl_trained[stage] = trained
-        exported = self.step(t.export_embeddings, prefix=f"{prefix}export{stage}",
-                             key=digest_of(self.modality.export_content(self.config, train_key=key)), run_id=run_id,
-                             what="export", stage=stage, trained=trained, data=self.data)
-        return trained, exported
-
-    def member(self, *, name: str, model: TrainRecord | ModelRecord, exported: ExportRecord | None,
-               run_id: RunRef, stage: int) -> tuple[str, Member]:
-        """(key, member) of one representation as evaluations read it: its export, or, for a modality that
-        encodes the evaluation sets once per model, that encoding. ``stage``: the latest stage the model is made
-        from (a rerun from it encodes again)."""
-        if not self.modality.encodes_for_eval:
-            return exported.key, Member(model_path=model.model_path, embeddings_dir=exported.embeddings_dir)
-        key = digest_of(self.modality.encode_content(self.config, model_key=model.key, data=self.data))
-        features = self.step(t.encode_for_eval, prefix=f"{self.modality.step_prefix}encode", key=key, run_id=run_id,
-                             what=f"encode.{name}", reads_stage=stage, name=name, model_path=model.model_path,
-                             data=self.data)
-        return features.key, Member(model_path=model.model_path, features=features.features)
-
-    def evaluate(self, *, name: str, members: list[tuple[str, Member]], run_id: RunRef,
-                 stage: int | None = None, reads_stage: int | None = None) -> dict:
-        """The metrics of one representation (one member) or of the concatenation of several."""
-        key = digest_of(self.modality.eval_content(self.config, member_keys=[k for k, _ in members]))
-        return self.step(t.evaluate, prefix=f"{self.modality.step_prefix}eval", key=key, run_id=run_id,
-                         what=f"eval.{name}", stage=stage, reads_stage=reads_stage, name=name,
-                         members=[m for _, m in members], data=self.data).metrics
-
-    def diagnose(self, *, name: str, stage: int, trained: TrainRecord, exported: ExportRecord,
-                 clusters: ClusterRecord | None, run_id: RunRef) -> None:
-        """Embedding diagnostics of one stage, for a modality that has them."""
-        if not self.modality.diagnoses:
-            return
-        key = digest_of(self.modality.diagnose_content(self.config, stage=stage, export_key=exported.key,
-                                                       clusters_key=clusters.key if clusters else None))
-        self.step(t.diagnose, prefix="diag", key=key, run_id=run_id, what=f"diagnose.{name}", stage=stage, name=name,
-                  trained=trained, exported=exported, clusters=clusters, data=self.data)
-
-    # ------------------------------------------------------------------------------------------ between stages
-    def cluster(self, *, stage: int, exported: ExportRecord, earlier: list[ClusterRecord],
-                run_id: RunRef) -> ClusterRecord:
-        """k-means on stage ``stage``'s export."""
-        spec = self.config.mcl.kmeans_spec(stage, seed=t.stage_seed(self.config, stage))
-        key = digest_of(["cluster", exported.key, asdict(spec), self.modality.clusters_dataset,
-                         [c.key for c in earlier]])
-        return self.step(t.cluster_embeddings, prefix=f"cluster{stage}", key=key, run_id=run_id, what="cluster",
-                         stage=stage, exported=exported, earlier=list(earlier), data=self.data)
-
-    def pseudo_labels(self, *, for_stage: int, clusters: list[ClusterRecord], exports: list[ExportRecord],
-                      run_id: RunRef) -> PseudoLabelRecord:
-        """Pseudo-labels of ``for_stage`` from ALL earlier stages' clusterings."""
-        key = digest_of(["pseudo", [c.key for c in clusters], self.config.mcl.small_group_policy,
-                         self.config.global_batch_size(for_stage)])
-        return self.step(t.make_pseudo_labels, prefix=f"pseudo{for_stage}", key=key, run_id=run_id,
-                         what="pseudo_labels", stage=for_stage - 1, for_stage=for_stage, clusters=list(clusters),
-                         exports=list(exports), data=self.data)
-
-    def batches_for(self, *, stage: int, pseudo: PseudoLabelRecord,
-                    run_id: RunRef) -> PseudoLabelRecord | RegroupRecord:
-        """What cluster-pure stage ``stage`` reads: the pseudo-labels, or what the modality regroups from them."""
-        if not self.modality.regroups:
-            return pseudo
-        seed = t.stage_seed(self.config, stage)
-        key = digest_of(self.modality.regroup_content(self.config, stage=stage, seed=seed, pseudo_key=pseudo.key,
-                                                      data=self.data))
-        return self.step(t.regroup_batches, prefix=f"{self.modality.step_prefix}grouped{stage}", key=key,
-                         run_id=run_id, what="regroup", stage=stage, pseudo=pseudo, data=self.data)
-
-    # ------------------------------------------------------------------------------------------ the loop
-    def run_stages(self) -> StageOutputs:
-        """MCL's stage loop (module docstring); every later stage trains a fresh encoder on cluster-pure batches."""
-        logger = self.logger()
-        out, batches = StageOutputs(), None
-        stages = self.config.mcl.num_stages
-        for stage in range(stages):
-            run_id = self.stage_run(kind="mcl", stage=stage)
-            trained, exported = self.train_and_export(kind="mcl", stage=stage, batches=batches)
-            out.trained.append(trained)
-            out.exports.append(exported)
-            member = self.member(name=f"stage{stage}", model=trained, exported=exported, run_id=run_id, stage=stage)
-            out.members.append(member)
-            out.results[f"stage {stage}"] = self.evaluate(name=f"stage{stage}", members=[member], run_id=run_id,
-                                                          stage=stage)
-            if stage + 1 < stages:
-                # What stage + 1 trains on is logged in its run: the k-means of this stage, the pseudo-labels.
-                next_run = self.stage_run(kind="mcl", stage=stage + 1)
-                out.clusters.append(self.cluster(stage=stage, exported=exported, earlier=out.clusters,
-                                                 run_id=next_run))
-                pseudo = self.pseudo_labels(for_stage=stage + 1, clusters=out.clusters, exports=out.exports,
-                                            run_id=next_run)
-                batches = self.batches_for(stage=stage + 1, pseudo=pseudo, run_id=next_run)
-            self.diagnose(name=f"stage{stage}", stage=stage, trained=trained, exported=exported,
-                          clusters=out.clusters[stage] if stage < len(out.clusters) else None, run_id=run_id)
-            if self.modality.cumulative_concat(self.config) and 0 < stage < stages - 1:
-                # Learning dynamics (paper Fig. 5): stages 0..j concatenated; the last j is "MCL concat" itself.
-                out.results[f"MCL concat 0-{stage}"] = self.evaluate(
-                    name=f"mcl_concat_0_{stage}", members=out.members[:stage + 1], run_id=run_id, stage=stage)
-            logger.info("stage %d done: %s", stage, out.results[f"stage {stage}"])
-        if stages > 1:
-            out.results["MCL concat"] = self.evaluate(name="mcl_concat", members=out.members,
-                                                      run_id=self.parent_run_id, stage=stages - 1)
-        return out
-
-    def run_control(self, outputs: StageOutputs) -> dict[str, dict]:
-        """The control run: the same number of fresh stages on ordinary random batches, concatenated the same way,
-        so the gain of feature-aware negatives is separated from the gain of ensembling. Its stage 0 *is* MCL's
-        stage 0, unless the modality's control is a variant of the config (a HEX pipeline's control is the same
-        method without HEX): then it retrains, and reports, every stage."""
-        control_config = self.modality.control_config(self.config)
-        if control_config is None:
-            return {}
-        variant = control_config is not self.config
-        control = self.for_config(control_config) if variant else self
-        label = self.modality.control_label(self.config)
-        results: dict[str, dict] = {}
-        members = [] if variant else [outputs.members[0]]
-        for stage in range(len(members), self.config.mcl.num_stages):
-            run_id = control.stage_run(kind="control", stage=stage)
-            trained, exported = control.train_and_export(kind="control", stage=stage, batches=None)
-            member = control.member(name=f"control_stage{stage}", model=trained, exported=exported, run_id=run_id,
-                                    stage=stage)
-            members.append(member)
-            control.diagnose(name=f"control_stage{stage}", stage=stage, trained=trained, exported=exported,
-                             clusters=None, run_id=run_id)
-            if variant:
-                results[f"{label} stage {stage}"] = control.evaluate(name=f"control_stage{stage}", members=[member],
-                                                                     run_id=run_id, stage=stage)
-        if self.config.mcl.num_stages > 1:
-            results[f"{label} concat"] = control.evaluate(name="control_concat", members=members,
-                                                          run_id=self.parent_run_id,
-                                                          stage=self.config.mcl.num_stages - 1)
-        return results
-
-    def for_config(self, config) -> "StepRunner":
-        """This runner for a variant of the config (the no-HEX control): same parent and MLflow runs, steps keyed
-        by the variant's own content."""
-        variant = copy.copy(self)  # shallow: shares stage_runs, so every run is closed at the end
-        variant.config = config
-        return variant
-
-    def run_combined(self, outputs: StageOutputs) -> dict[str, dict]:
-        """The representation the modality makes from the stage models (CLIP's model soup), scored like a stage."""
-        if self.config.mcl.num_stages == 1 or not self.modality.combines_models(self.config):
-            return {}
-        key = digest_of([f"{self.modality.step_prefix}soup", [x.key for x in outputs.trained]])
-        last = len(outputs.trained) - 1
-        soup = self.step(t.combine_models, prefix=f"{self.modality.step_prefix}soup", key=key,
-                         run_id=self.parent_run_id, what="soup", reads_stage=last, trained=list(outputs.trained))
-        member = self.member(name="soup", model=soup, exported=None, run_id=self.parent_run_id, stage=last)
-        return {"soup": self.evaluate(name="soup", members=[member], run_id=self.parent_run_id, reads_stage=last)}
-
-    def run_final(self, outputs: StageOutputs) -> dict | None:
-        """The modality's step on the final representation (text: Hyper-CL on the concatenation of every stage)."""
-        if not self.modality.has_final_step(self.config):
-            return None
-        name = self.modality.final_name
-        key = digest_of(self.modality.final_content(self.config, train_keys=[x.key for x in outputs.trained]))
-        return self.step(t.final_metrics, prefix=f"{self.modality.step_prefix}{name}", key=key,
-                         run_id=self.parent_run_id, what=name, reads_stage=len(outputs.trained) - 1,
-                         trained=list(outputs.trained), data=self.data).metrics
 
     def left_open(self, run_id: str) -> bool:
         """A reused stage's run that an earlier attempt did not finish: marked FAILED by a failed one, KILLED by a

@@ -82,6 +82,7 @@ class PlannedStep:
     kind: str = "pipeline"
     members: int = 1
     step_dir: str = ""  # its directory under output_dir/steps (prefix-key)
+    run: str | None = None  # the stage run it logs into ("mcl stage 1"); None: the parent run
 
     @property
     def category(self) -> str:
@@ -288,10 +289,10 @@ def cached_run_costs(config) -> RunCosts | None:
 
 
 def bookkeeping_tasks(steps: list[PlannedStep]) -> int:
-    """Task runs of a run that are not steps: opening the pipeline's MLflow run, opening and closing each stage run
-    the steps log into (one per (kind, stage) of the planned steps, as ``flows.runner.StepRunner`` opens them), the
-    summary, the pipeline's model, the links between Prefect and MLflow, and closing the pipeline's run."""
-    stage_runs = {(step.kind, step.stage) for step in steps if step.kind in ("mcl", "control")}
+    """Task runs of a run that are not steps: opening and closing each stage run the steps log into (their ``run``,
+    as the stage graph names it), and five of the flow's own: opening the pipeline's MLflow run, the summary, the
+    pipeline's model, the links between Prefect and MLflow, and closing the pipeline's run."""
+    stage_runs = {step.run for step in steps if step.run is not None}
     return 2 * len(stage_runs) + 5
 
 

@@ -206,7 +206,7 @@ class SlotWatch:
 
 
 #: The steps that hold a slot (tasks/steps.py: gpu_slot), by the first word of their task run's name
-#: (flows/runner.py: step_title) and by their step directory's name (<prefix><kind><stage>-<key>).
+#: (flows/graph.py: step_title) and by their step directory's name (<prefix><kind><stage>-<key>).
 SLOT_STEPS = {"train": "train", "export": "export", "k-means": "cluster", "encode": "encode"}
 _STEP_DIR = re.compile(r"^(?:[a-z]+-)?(train|export|cluster|encode)\d*-[0-9a-f]+$")
 

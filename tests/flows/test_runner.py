@@ -65,20 +65,26 @@ def test_close_leaves_a_killed_attempts_run_that_another_pipeline_carried_on_and
     status = {name: tracker.client.get_run(run_id).info.status for name, run_id in runs.items()}
     assert status == {"parent": "FINISHED", "shared": "FINISHED", "unreached": "KILLED"}
 
-def test_step_titles_read_like_the_pipeline():
-    from flows.runner import step_title
-    assert step_title(what="train", run=StageRun("mcl", 0), stage=0) == "train stage 0"
-    assert step_title(what="train", run=StageRun("mcl", 1), stage=1) == "train stage 1 (MCL)"
-    assert step_title(what="export", run=StageRun("control", 2), stage=2) == "export stage 2 (control)"
-    assert step_title(what="cluster", run=StageRun("mcl", 0), stage=0) == "k-means stage 0"
-    assert step_title(what="pseudo_labels", run=StageRun("mcl", 1), stage=0, for_stage=1) == "pseudo-labels for stage 1"
-    assert step_title(what="eval.stage1", run=StageRun("mcl", 1), stage=1) == "probe stage 1 (MCL)"
-    assert step_title(what="eval.control_stage2", run=StageRun("control", 2), stage=2) == "probe stage 2 (control)"
-    assert step_title(what="eval.mcl_concat", run="parent-run-id", stage=None) == "probe MCL concat"
-    assert step_title(what="eval.mcl_concat_0_2", run=StageRun("mcl", 2), stage=2) == "probe MCL concat of stages 0-2"
-    assert step_title(what="soup", run="parent-run-id", stage=None) == "model soup"
+def test_step_titles_are_rendered_from_the_step_id():
+    """A task run's title, the step's words in an error and its name in a plan come from its StepId (and the run it
+    logs into), never from parsing a string."""
+    from flows.graph import Rep, StepId, step_title
+    mcl1, control2 = StageRun("mcl", 1), StageRun("control", 2)
+    assert step_title(StepId(0, "mcl", "train"), run=StageRun("mcl", 0)) == "train stage 0"
+    assert step_title(StepId(1, "mcl", "train"), run=mcl1) == "train stage 1 (MCL)"
+    assert step_title(StepId(2, "control", "export"), run=control2) == "export stage 2 (control)"
+    assert step_title(StepId(0, "mcl", "pseudo_labels"), run=mcl1, for_stage=1) == "pseudo-labels for stage 1"
+    assert step_title(StepId(1, "mcl", "eval", Rep("mcl", 1)), run=mcl1) == "probe stage 1 (MCL)"
+    assert step_title(StepId(2, "control", "eval", Rep("control", 2)), run=control2) == "probe stage 2 (control)"
+    assert step_title(StepId(2, "pipeline", "eval", Rep("mcl", concat=True)), run=None) == "probe MCL concat"
+    assert step_title(StepId(2, "mcl", "eval", Rep("mcl", concat=True, upto=2)),
+                      run=StageRun("mcl", 2)) == "probe MCL concat of stages 0-2"
+    assert step_title(StepId(None, "mcl", "encode", Rep("mcl", 1)), run=mcl1) == "encode stage 1 (MCL)"
+    assert step_title(StepId(None, "pipeline", "soup"), run=None) == "model soup"
     # stage 0's k-means logs into MCL stage 1's run (its clusters feed stage 1) and is still stage 0's
-    assert step_title(what="cluster", run=StageRun("mcl", 1), stage=0) == "k-means stage 0"
+    assert step_title(StepId(0, "mcl", "cluster"), run=mcl1) == "k-means stage 0"
+    assert StepId(2, "control", "eval", Rep("control", concat=True)).name == "eval.control_concat"
+    assert Rep("mcl", concat=True, upto=1).name == "mcl_concat_0_1" and Rep("control", 3).name == "control_stage3"
 
 
 def test_a_stage_killed_between_its_summary_and_its_record_is_recorded_once_without_training_again(tmp_path):
