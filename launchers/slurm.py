@@ -197,47 +197,63 @@ class SlurmLauncher:
         return JobHandle(kind=self.kind, job_id=job_id, log=tail, extra={"script": script_path})
 
     def poll(self, handle: JobHandle) -> JobStatus:
-        status = self._state(handle)
+        status, nodes = self._state(handle)
+        if nodes:  # the nodes of its current run: a requeued job has none, and where it ran matters then
+            handle.extra["nodes"] = nodes
         if status.state is JobState.FAILED:
-            lost = self.lost_nodes(handle.job_id)
+            lost = self.lost_nodes(handle.job_id, nodes=handle.extra.get("nodes"))
             if lost:
                 status = JobStatus(status.state, f"{status.detail}; lost node {', '.join(lost)}")
+        elif status.state is JobState.PENDING and handle.extra.get("nodes"):
+            # Back in the queue after it ran: our own requeue (the time limit's USR1), a preemption, or Slurm's
+            # requeue after one of its nodes failed (a --requeue job). The last one would wait for that node, or
+            # run again elsewhere unseen: it ends here, naming the node, and the rerun resumes it.
+            lost = self.lost_nodes(handle.job_id, nodes=handle.extra["nodes"], responding_only=True)
+            if lost:
+                self.cancel(handle)
+                status = JobStatus(JobState.FAILED, f"NODE_FAIL: Slurm requeued it after losing node "
+                                                    f"{', '.join(lost)}; cancelled")
         return status
 
-    def lost_nodes(self, job_id: str) -> list[str]:
-        """The job's nodes that Slurm holds down, failed, drained or not responding (``*``), each as
-        ``name (state: reason)``: where a failed multi-node job lost its node. Empty when Slurm no longer
-        knows the job or all its nodes are well."""
-        shown = self._call(["scontrol", "show", "job", "-o", job_id], check=False)
-        nodelist = parse_scontrol(shown.stdout).get("NodeList", "") if shown.returncode == 0 else ""
-        if not nodelist or nodelist == "(null)":
+    def lost_nodes(self, job_id: str, *, nodes: str | None = None, responding_only: bool = False) -> list[str]:
+        """The job's nodes (``nodes``, a Slurm node list, else the job's own from ``scontrol``) that Slurm holds
+        down, failed, not responding (``*``) or, unless ``responding_only``, drained, each as
+        ``name (state: reason)``: where a failed multi-node job lost its node. Empty when all are well."""
+        if not nodes:
+            shown = self._call(["scontrol", "show", "job", "-o", job_id], check=False)
+            nodes = parse_scontrol(shown.stdout).get("NodeList", "") if shown.returncode == 0 else ""
+        if not nodes or nodes == "(null)":
             return []
-        nodes = self._call(["sinfo", "-h", "-N", "-n", nodelist, "-o", "%N|%T|%E"], check=False)
+        listed = self._call(["sinfo", "-h", "-N", "-n", nodes, "-o", "%N|%T|%E"], check=False)
+        bad = ("down", "fail", "failing") if responding_only else ("down", "fail", "failing", "drain", "drained",
+                                                                  "draining")
         lost = []
-        for line in nodes.stdout.splitlines() if nodes.returncode == 0 else []:
+        for line in listed.stdout.splitlines() if listed.returncode == 0 else []:
             name, _, rest = line.strip().partition("|")
             state, _, reason = rest.partition("|")
-            if name and (state.endswith("*") or state.rstrip("*~#!%$@^-").split("+")[0]
-                         in ("down", "drained", "draining", "drain", "fail", "failing")):
+            if name and (state.endswith("*") or state.rstrip("*~#!%$@^-").split("+")[0] in bad):
                 why = f": {reason}" if reason and reason != "none" else ""
                 entry = f"{name} ({state}{why})"
                 if entry not in lost:  # sinfo -N lists a node once per partition
                     lost.append(entry)
         return lost
 
-    def _state(self, handle: JobHandle) -> JobStatus:
-        queued = self._call(["squeue", "-h", "-t", "all", "-j", handle.job_id, "-o", "%T"], check=False)
+    def _state(self, handle: JobHandle) -> tuple[JobStatus, str]:
+        """The job's state and the node list of its current run ("" while pending, or when only sacct /
+        scontrol still know it)."""
+        queued = self._call(["squeue", "-h", "-t", "all", "-j", handle.job_id, "-o", "%T|%N"], check=False)
         if queued.returncode == 0 and queued.stdout.strip():
-            return status_from(queued.stdout.split()[0])
+            state, _, nodes = queued.stdout.strip().splitlines()[0].partition("|")
+            return status_from(state), nodes.strip()
         accounted = self._call(["sacct", "-n", "-P", "-X", "-j", handle.job_id, "-o", "State,ExitCode"],
                                check=False)  # fails on clusters without accounting: then scontrol
         if accounted.returncode == 0 and accounted.stdout.strip():
             state, _, exit_code = accounted.stdout.strip().splitlines()[0].partition("|")
-            return status_from(state, exit_code)
+            return status_from(state, exit_code), ""
         shown = self._call(["scontrol", "show", "job", "-o", handle.job_id], check=False)
         if shown.returncode == 0 and shown.stdout.strip():
             fields = parse_scontrol(shown.stdout)
-            return status_from(fields.get("JobState", ""), fields.get("ExitCode"))
+            return status_from(fields.get("JobState", ""), fields.get("ExitCode")), ""
         raise MclpipeError(f"Slurm no longer knows job {handle.job_id} (not in squeue, sacct or scontrol): see its "
                            f"log {handle.log.path}; rerunning the flow resumes the stage from its checkpoint")
 

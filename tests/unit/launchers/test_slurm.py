@@ -248,3 +248,30 @@ def test_a_failed_job_on_well_nodes_names_none(tmp_path):
     status = SlurmLauncher(run=FakeSlurm(answers)).poll(JobHandle(kind="slurm", job_id="5",
                                                                   log=LogTail(tmp_path / "log")))
     assert status.detail == "FAILED, exit code 1:0"
+
+
+def test_a_job_slurm_requeued_after_losing_a_node_is_cancelled_and_names_it(tmp_path):
+    """A --requeue job whose node died goes back to the queue (Slurm's own requeue): it would wait for that node
+    (or rerun elsewhere unseen), so the launcher ends it and names the node."""
+    fake = FakeSlurm({**LOST, "squeue": (0, "RUNNING|mcl-node[1-2]\n")})
+    launcher = SlurmLauncher(run=fake)
+    handle = JobHandle(kind="slurm", job_id="5", log=LogTail(tmp_path / "log"))
+    assert launcher.poll(handle).state is JobState.RUNNING
+    fake.answers["squeue"] = (0, "PENDING|\n")  # requeued: no nodes of its own any more
+    status = launcher.poll(handle)
+    assert (status.state, status.detail) == (
+        JobState.FAILED, "NODE_FAIL: Slurm requeued it after losing node mcl-node2 (down*: Not responding); cancelled")
+    assert fake.calls[-1] == ["scancel", "5"]
+    assert ["sinfo", "-h", "-N", "-n", "mcl-node[1-2]", "-o", "%N|%T|%E"] in fake.calls
+
+
+def test_a_job_requeued_on_well_nodes_waits_in_the_queue(tmp_path):
+    """Its own requeue before the time limit (USR1) or a preemption: the job comes back, nothing is cancelled."""
+    fake = FakeSlurm({**LOST, "squeue": (0, "RUNNING|mcl-node[1-2]\n"),
+                      "sinfo": (0, "mcl-node1|idle|none\nmcl-node2|drained|maintenance\n")})
+    launcher = SlurmLauncher(run=fake)
+    handle = JobHandle(kind="slurm", job_id="5", log=LogTail(tmp_path / "log"))
+    launcher.poll(handle)
+    fake.answers["squeue"] = (0, "PENDING|\n")
+    assert launcher.poll(handle).state is JobState.PENDING
+    assert ["scancel", "5"] not in fake.calls
