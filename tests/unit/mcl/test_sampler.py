@@ -86,3 +86,44 @@ def test_sampler_control_run_without_groups():
     assert sorted(i for b in sampler for i in b) == list(range(20))
     with pytest.raises(ConfigError, match="num_samples"):
         ClusterBatchSampler(groups=None, batch_size=5, seed=0)
+
+
+def test_the_engines_rows_are_the_plans_batches_from_the_start_asked_as_int64():
+    """planned_rows (what the engine's BatchSource reads): epoch 1 from batch 2 on is plan batches 2.. of epoch 1."""
+    plan = plan_batches(groups=_groups_with_sizes([30, 22, 9]), batch_size=4, seed=0, epoch=1)
+    rows = list(_sampler().planned_rows(epoch=1, start=2))
+    assert len(rows) == len(plan) - 2 and all(r.dtype == np.int64 for r in rows)
+    for got, expected in zip(rows, [plan.batch(i) for i in range(2, len(plan))]):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_epochs_from_0_are_accepted_and_a_negative_one_is_refused_with_its_value():
+    sampler = _sampler()
+    sampler.set_epoch(3)
+    sampler.set_epoch(0)  # back to epoch 0: allowed, and the plan is epoch 0's
+    assert sampler.state_dict() == {"epoch": 0, "batches_consumed": 0}
+    assert list(sampler) == [b.tolist() for b in plan_batches(groups=_groups_with_sizes([30, 22, 9]), batch_size=4,
+                                                              seed=0, epoch=0)]
+    with pytest.raises(ConfigError, match=r"^epoch must be >= 0, got -1\.$"):
+        sampler.set_epoch(-1)
+
+
+def test_a_state_with_a_negative_count_is_corrupt_and_zero_consumed_resumes_at_the_start():
+    sampler = _sampler()
+    for state in ({"epoch": 0, "batches_consumed": -1}, {"epoch": -1, "batches_consumed": 0}):
+        with pytest.raises(DataError, match=r"^sampler state has negative values .*; the checkpoint is corrupt\.$"):
+            sampler.load_state_dict(state)
+    sampler.load_state_dict({"epoch": 1, "batches_consumed": 0})
+    assert len(list(sampler)) == len(sampler) > 0
+
+
+def test_the_sampler_errors_say_what_to_do():
+    with pytest.raises(ConfigError, match=r"^groups=None \(random batches\) needs num_samples = len\(dataset\) > 0\.$"):
+        ClusterBatchSampler(groups=None, batch_size=5, seed=0)
+    sampler = _sampler()
+    with pytest.raises(DataError, match=r"\(needs int 'epoch' and 'batches_consumed'\); the checkpoint may be from "
+                                        r"another sampler\.$"):
+        sampler.load_state_dict({"epoch": 0})
+    with pytest.raises(DataError, match=r"has only \d+; the groups, batch size or world size changed since the "
+                                        r"checkpoint: resume with the same settings or start the stage afresh\.$"):
+        sampler.load_state_dict({"epoch": 0, "batches_consumed": 10_000})
