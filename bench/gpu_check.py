@@ -17,7 +17,9 @@ Rows (``--rows`` picks some):
   weight difference. Needs 2 GPUs ("not measured: needs 2 GPUs" with one).
 - ``clip``: CLIP ViT-B-32 fine-tuning under bf16 autocast, our CLIP stage against ``open_clip_train``'s
   ``train_one_epoch`` on the same shards, batch, steps and GPU (bench/engine_throughput.py ``clip_runs``, the
-  runner of the CPU row), 4 and 12 decoders a side: samples/s ratio (goal >= 1.0x).
+  runner of the CPU row), 4 and 12 decoders a side: samples/s ratio (goal >= 1.0x); then ViT-L-14 as the CC12M
+  preset trains it (random init, bf16, batch 1024, 30 steps, no decoding): its samples/s and the preset's
+  training hours on 8 GPUs from it.
 - ``export``: ResNet-50 embeddings of synthetic uint8 images, fp32 and bf16, through the export loop
   (``contrastive.embeddings.compute_embeddings``: pinned non-blocking copies, inference mode, one read a batch)
   against a model-only inference loop (the same model on inputs already on the GPU): images/s.
@@ -741,12 +743,15 @@ def ddp_row(*, work: Path, device: str = "cuda") -> Row:
 def clip_row(*, work: Path, model: str = "ViT-B-32", trainable_blocks: int = 6, image_size: int = 224,
              steps: int = 48, batch: int = 128, samples_per_shard: int = 256, rounds: int = 2,
              decoders: tuple[int, ...] = (4, 12), warmup_steps: int = 3, device: str = "cuda",
-             precision: str = "bf16") -> Row:
+             precision: str = "bf16", large_model: str = "ViT-L-14-quickgelu", large_batch: int = 1024,
+             large_steps: int = 30, large_image_size: int = 224) -> Row:
     """``model`` (seeded random init: no download on a GPU node) with its last ``trainable_blocks`` image blocks
     trained as the CLIP pipeline does, ``image_size`` px shards of ``samples_per_shard`` samples, ``precision``
     autocast on both sides; for each count in ``decoders`` our stage decodes in that many worker processes and
     open_clip_train in that many DataLoader workers. The sizes are checked first (:func:`check_sizes`: open_clip
-    needs a shard a worker, and every worker the same whole batches), and each side must train ``steps`` batches."""
+    needs a shard a worker, and every worker the same whole batches), and each side must train ``steps`` batches.
+    Then ``large_model`` as ``clip_cc12m_vitl14`` trains it, its rate alone (:func:`clip_model_rate`): what the
+    CC12M cost in docs/clip.md is computed from."""
     from bench.engine_throughput import clip_runs
     from contrastive.modalities.image_text.data import write_tiny_shards
     from contrastive.modalities.image_text.model import ClipSpec
@@ -772,7 +777,66 @@ def clip_row(*, work: Path, model: str = "ViT-B-32", trainable_blocks: int = 6, 
             f"{run_median(runs['ours'], 'samples_per_second_with_checkpoint'):,.0f} samples/s, "
             f"{run_median(runs['ours'], 'checkpoint_seconds'):.1f} s saving)")
         row.figures[f"{count} decoders, where the time goes"] = clip_time_split(runs)
+    rate = clip_model_rate(model=large_model, batch=large_batch, steps=large_steps, image_size=large_image_size,
+                           trainable_blocks=trainable_blocks, device=device, precision=precision)
+    row.figures[f"{large_model}, the CC12M preset's step"] = clip_cost_figure(rate)
     return row
+
+
+#: ``clip_cc12m_vitl14``: samples a stage (12M pairs x 20 epochs), stages, GPUs of the node.
+CC12M_STAGE_SAMPLES, CC12M_STAGES, CC12M_GPUS = 240_000_000, 4, 8
+
+
+def clip_model_rate(*, model: str, batch: int, steps: int, image_size: int, trainable_blocks: int, device: str,
+                    precision: str, warmup: int = 5) -> dict:
+    """Samples/s of ``model`` (seeded random init) trained as ``clip_cc12m_vitl14`` trains ViT-L-14 on one GPU: the
+    last ``trainable_blocks`` image blocks, the text tower locked, gradient checkpointing, AdamW, ``precision``
+    autocast, through the engine's loop (``train`` with :class:`ClipTask`), on one synthetic uint8 batch of
+    ``batch`` normalised on the device: the model's rate without reading or decoding (the ``clip`` comparison
+    above measures those). Steady: from the ``warmup``-th batch's arrival in the loop to the last's."""
+    from bench.engine_throughput import _Arrivals, steady_rate
+    from contrastive.engine.loop import release_device_memory, train
+    from contrastive.engine.task import LoopSpec, OptimSpec
+    from contrastive.modalities.image_text.adapter import ClipTask
+    from contrastive.modalities.image_text.data import ClipBatch
+    from contrastive.modalities.image_text.model import ClipSpec, create_clip
+    from contrastive.modalities.image_text.steps import ClipBatchSource
+
+    torch_device = torch.device(device)
+    bundle = create_clip(spec=ClipSpec(model_name=model, trainable_image_blocks=trainable_blocks), device="cpu")
+    bundle.model.set_grad_checkpointing(True)
+    generator = torch.Generator().manual_seed(0)
+    texts = [f"a photo of thing {i}" for i in range(batch)]
+    one = ClipBatch(images=torch.randint(0, 256, (batch, 3, image_size, image_size), dtype=torch.uint8,
+                                         generator=generator),
+                    texts=texts, keys=[str(i) for i in range(batch)], tokens=bundle.tokenizer(texts),
+                    normalization=((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)))
+    if torch_device.type == "cuda":
+        one.images, one.tokens = one.images.pin_memory(), one.tokens.pin_memory()
+    arrivals = _Arrivals()
+    with tempfile.TemporaryDirectory(prefix="clip-rate-") as tmp:
+        train(task=ClipTask(bundle=bundle), source=ClipBatchSource(lambda epoch, start: (one for _ in range(steps)),
+                                                                   steps),
+              optim=OptimSpec(name="adamw", lr=1e-5, weight_decay=0.1, schedule="cosine"),
+              loop=LoopSpec(epochs=1, checkpoint_every_steps=10 ** 9, log_every_steps=10 ** 9, precision=precision,
+                            grad_clip_norm=1.0),
+              device=torch_device, checkpoint_path=Path(tmp) / "last.pt", callbacks=[arrivals])
+    release_device_memory(torch_device)
+    times = arrivals.times[min(warmup, max(0, len(arrivals.times) - 2)):]
+    return {"model": model, "batch": batch, "steps": len(arrivals.times), "precision": precision,
+            "trainable_blocks": trainable_blocks, "samples_per_second": steady_rate(times, batch=batch)}
+
+
+def clip_cost_figure(rate: dict) -> str:
+    """The figure of :func:`clip_model_rate` and what it makes of ``clip_cc12m_vitl14``'s training: hours a stage
+    and in all on ``CC12M_GPUS`` GPUs at ideal scaling (each GPU at this rate)."""
+    per_second = rate["samples_per_second"] or float("nan")
+    stage_hours = CC12M_STAGE_SAMPLES / (CC12M_GPUS * per_second) / 3600
+    return (f"random init, last {rate['trainable_blocks']} image blocks trained, text locked, gradient checkpointing, "
+            f"{rate['precision']}, batch {rate['batch']}, {rate['steps']} steps, synthetic batch (no decoding): "
+            f"{per_second:,.0f} samples/s steady; clip_cc12m_vitl14 training ({CC12M_STAGE_SAMPLES / 1e6:.0f}M "
+            f"samples a stage) on {CC12M_GPUS} such GPUs at ideal scaling: {stage_hours:.1f} h a stage, "
+            f"{CC12M_STAGES * stage_hours:.1f} h for {CC12M_STAGES} stages")
 
 
 def clip_time_split(runs: dict[str, list[dict]]) -> str:
@@ -997,7 +1061,8 @@ DRY_SIZES: dict[str, dict] = {
     "host_syncs": dict(steps=4),
     "ddp": dict(device="cpu"),
     "clip": dict(model="mclpipe-tiny-vit", trainable_blocks=1, image_size=32, steps=2, batch=4, samples_per_shard=4,
-                 rounds=1, decoders=(1, 2), warmup_steps=1, device="cpu", precision="bf16"),
+                 rounds=1, decoders=(1, 2), warmup_steps=1, device="cpu", precision="bf16",
+                 large_model="mclpipe-tiny-vit", large_batch=4, large_steps=4, large_image_size=32),
     "export": dict(num=10, batch=4, arch="resnet18", size=32),
     "checkpoint": dict(arch="resnet18"),
     "input": dict(workers=(0, 1), batch=8, steps=2, image_size=32, arch="small_cnn", precision="fp32", epochs=2,

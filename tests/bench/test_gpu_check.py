@@ -363,6 +363,7 @@ def test_the_dry_run_runs_every_row_on_the_cpu_into_its_own_report(tmp_path, mon
     assert list(table) == FAST_ROWS
     assert all(cells[1].endswith("CPU (dry run, toy sizes)") and cells[3] == "ok" for cells in table.values()), table
     assert "2 decoders" in table["clip"][4] and "AMI" in table["kmeans"][4]
+    assert "mclpipe-tiny-vit, the CC12M preset's step: random init" in table["clip"][4]  # the ViT-L-14 part
     assert "1 workers, GPU resample" in table["input"][4] and "GPU resample pixels" in table["input"][4]
     assert capsys.readouterr().out.rstrip().endswith(f"{len(FAST_ROWS)} rows ran on the CPU and the GPU sizes check out")
     assert gpu_check.main(["--dry-run", "--rows", "host_syncs"]) == 0 and not (tmp_path / "BENCHMARKS.md").exists()
@@ -380,6 +381,16 @@ def test_the_dry_run_fails_on_the_gpu_runs_clip_shards_for_its_workers(tmp_path,
     assert "clip: the GPU run's sizes: clip: 10 shards for 4 and 12 open_clip workers" in out
     assert "clip: failed in the dry run: SizeError: clip: 2 shards for 3 open_clip workers" in out
     assert not (tmp_path / "clip").exists()
+
+
+def test_the_large_clip_rate_trains_the_preset_s_step_and_makes_the_cc12m_hours_of_it():
+    """The ViT-L-14 part of the clip row, with the tiny ViT on the CPU: the engine trains every step of one
+    synthetic batch; the steady rate turns into clip_cc12m_vitl14's hours on 8 GPUs (240M samples a stage)."""
+    rate = gpu_check.clip_model_rate(model="mclpipe-tiny-vit", batch=4, steps=4, image_size=32, trainable_blocks=1,
+                                     device="cpu", precision="bf16", warmup=1)
+    assert rate["steps"] == 4 and rate["samples_per_second"] > 0
+    figure = gpu_check.clip_cost_figure({**rate, "samples_per_second": 1000.0})
+    assert "1,000 samples/s steady" in figure and "8.3 h a stage, 33.3 h for 4 stages" in figure
 
 
 @pytest.mark.parametrize("sizes, wrong", [
