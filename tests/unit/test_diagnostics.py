@@ -94,3 +94,32 @@ def test_diagnose_stage_reads_a_stage(tmp_path):
     assert as_exported["diag/alignment"] == pytest.approx(metrics["diag/alignment"], rel=0.05, abs=1e-3)
     assert as_exported["diag/alignment"] != metrics["diag/alignment"]
     assert as_exported["diag/color/auc"] == metrics["diag/color/auc"]  # from the export's embeddings, not re-encoded
+
+
+def test_diagnose_stage_in_bf16_augments_views_with_blur_outside_autocast(tmp_path):
+    """The photos preset's augmentation (blur_p 0.5) under bf16 autocast: the blur's convolutions returned bf16
+    into the float32 batch (RuntimeError in `mclpipe plan photos` on an AVX512-BF16 CPU); views are augmented in
+    float32 and only the encoder runs in bf16, so the bf16 alignment is the fp32 one up to bf16's rounding."""
+    from contrastive.data.dataset import ImageArrayDataset
+    from contrastive.embeddings import save_embeddings
+    from contrastive.methods import build_method
+    from contrastive.modalities.image.datasets.trifeature import prepare_trifeature
+
+    dataset_dir = prepare_trifeature(root=tmp_path / "data", num_train=48, num_test=16, image_size=32,
+                                     num_colors=2, num_shapes=2, num_textures=2)
+    dataset = ImageArrayDataset.load(dataset_dir)
+    model_kwargs = dict(encoder="small_cnn", widths=[4, 8], projection_hidden=8, projection_dim=4)
+    method_kwargs = {"name": "simclr", "temperature": 0.5}
+    method = build_method(model_kwargs=model_kwargs, method_kwargs=method_kwargs).eval()
+    torch.save({"state_dict": method.state_dict(), "model_kwargs": model_kwargs, "method_kwargs": method_kwargs},
+               tmp_path / "model.pt")
+    with torch.no_grad():
+        embeddings = method.embed(dataset.get_batch(np.arange(len(dataset))).float() / 255).numpy()
+    save_embeddings(embeddings=embeddings, ids=dataset.ids, directory=tmp_path / "emb")
+    augment = dict(crop_scale=(0.3, 1.0), crop_ratio=(0.75, 1.33), hflip=True, color_jitter=0.4, blur_p=0.5)
+    alignment = {precision: diagnose_stage(dataset_dir=dataset_dir, embeddings_dir=tmp_path / "emb",
+                                           out_dir=tmp_path / precision, model_path=tmp_path / "model.pt",
+                                           augment_kwargs=augment, num_pairs=200, alignment_samples=20,
+                                           precision=precision)["metrics"]["diag/alignment"]
+                 for precision in ("fp32", "bf16")}
+    assert alignment["bf16"] == pytest.approx(alignment["fp32"], rel=0.05, abs=1e-3)

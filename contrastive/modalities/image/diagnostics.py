@@ -63,11 +63,16 @@ def diagnose_stage(*, dataset_dir: Path, embeddings_dir: Path, out_dir: Path, cl
         memory_format = torch.channels_last if channels_last else torch.contiguous_format
         model = model.to(memory_format=memory_format)
         chosen = np.sort(np.random.default_rng(seed).permutation(len(train))[:alignment_samples])
-        with autocast_context(precision=precision, device=torch_device):
-            views = embed_two_views(encode=lambda x: model.embed(x.contiguous(memory_format=memory_format)),
-                                    images_uint8=dataset.get_batch(train[chosen]),
-                                    augment=TwoViewAugment(**augment_kwargs), seed=seed, batch_size=256,
-                                    device=torch_device)
+
+        def encode(views: torch.Tensor) -> torch.Tensor:
+            # Autocast around the encoder alone, as training and the export run it: the views are augmented in
+            # float32 outside it (under bf16 autocast the blur's convolutions returned bf16 into a float32 batch).
+            with autocast_context(precision=precision, device=torch_device):
+                return model.embed(views.contiguous(memory_format=memory_format))
+
+        views = embed_two_views(encode=encode, images_uint8=dataset.get_batch(train[chosen]),
+                                augment=TwoViewAugment(**augment_kwargs), seed=seed, batch_size=256,
+                                device=torch_device)
     diagnosis = diagnose_embeddings(embeddings=train_embeddings, groupings=groupings, views=views,
                                     num_pairs=num_pairs, seed=seed)
     out_dir = Path(out_dir)
