@@ -10,7 +10,7 @@ export MLFLOW_TRACKING_URI ?= sqlite:///$(CURDIR)/mlflow.db
 CONFIG ?= pipeline_config/presets/trifeature_quick.yaml
 SEEDS ?= 0,1,2
 
-.PHONY: install run test test-slow test-all reproduce bench bench-scale gpu-check gpu-bundle ui-mlflow ui-prefect clean stack stack-stop ui-check
+.PHONY: install run test test-slow test-all reproduce bench bench-scale gpu-check gpu-bundle ui-mlflow ui-prefect clean stack stack-stop ui-check image
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -88,6 +88,13 @@ ui-mlflow: $(STAMP)
 
 ui-prefect: $(STAMP)
 	$(BIN)/prefect server start
+
+# The project's image (Dockerfile; docs/running.md): BASE=... (default debian:bookworm-slim; where the registry cannot
+# be reached, one made from Debian's packages by scripts/make-base-image.sh), WHEELHOUSE=1 (the Python packages from
+# wheelhouse/, the venv's versions, scripts/build-wheelhouse.sh), IMAGE=name:tag (default mclpipe:latest).
+image:
+	test -x $(BIN)/pip || $(MAKE) install
+	bash scripts/build-image.sh
 
 # The team stack without Docker: PostgreSQL + an MLflow server (basic-auth app) and a Prefect server (basic auth) on
 # it, on 127.0.0.1; secrets in .env, written with random values when missing (docs/tracking.md, docs/operating.md).

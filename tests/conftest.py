@@ -31,6 +31,9 @@ XDIST_GROUP_FILES = {
     **dict.fromkeys(["test_slurm_two_nodes.py", "test_slurm_two_nodes_flow.py"], "slurm_two_nodes"),
     # the release test's wheel, venv and Prefect database template, built once for its six tests (module fixture)
     "test_wheel_install.py": "wheel",
+    # the project's image, built once per process from this tree, and the containers and compose stack run from it
+    # (tests/e2e/container.py; the stack's published ports are fixed)
+    **dict.fromkeys(["test_container.py", "test_compose_stack.py"], "docker"),
 }
 XDIST_GROUP_FIXTURES = {"team_stack": "team_stack"}  # a test using the fixture must be in a file of its group
 

@@ -1,0 +1,106 @@
+"""The project's image, built from this tree (`make image`) and run for real (issue 53): `mclpipe run` inside it as
+the non-root user with no network and the run root on a mounted volume gives the host's table; `docker stop`
+mid-stage ends the run with its one-line resume command and a second container resumes it to the same table; a
+mount the user cannot write gets one line. Slow, and in the "docker" group (tests/conftest.py): one process builds
+the image once and runs these one after the other."""
+import json
+import os
+import shlex
+import subprocess
+import time
+
+import pytest
+
+from tests.e2e.container import (UID, built_image, docker, owned_by_image_user, run_in_image, summary_results)
+from tests.faults.cli_process import MCLPIPE, checkpoint_of, cli_env, one_line, tiny_run_args
+
+pytestmark = pytest.mark.slow
+EPOCHS = "train.epochs=4"  # 32-36 steps a stage: long enough for `docker stop` to land in the middle of one
+
+
+@pytest.fixture(scope="module")
+def host_results(tmp_path_factory):
+    """The table of the host's own run of the same config (the venv's mclpipe)."""
+    workdir = tmp_path_factory.mktemp("host")
+    done = subprocess.run([MCLPIPE, *tiny_run_args(workdir, EPOCHS)], cwd=workdir, env=cli_env(workdir),
+                          capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return summary_results(workdir)
+
+
+@pytest.mark.timeout(5400)  # a cold build of the image (the layer cache makes it seconds), then two runs
+def test_the_pipeline_in_the_image_gives_the_hosts_table(tmp_path, host_results):
+    run_root = owned_by_image_user(tmp_path / "work")
+    done = run_in_image(run_root, "run", "trifeature_tiny", "--set", EPOCHS)
+
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert summary_results(run_root) == host_results
+    # written by the image's non-root user, on the volume
+    written = [path for path in (run_root / "runs").rglob("*")]
+    assert written and {path.stat().st_uid for path in written} == {UID}
+    assert (run_root / "mlflow.db").stat().st_uid == UID
+
+
+@pytest.mark.timeout(3600)
+def test_docker_stop_mid_stage_prints_the_resume_command_and_a_new_container_resumes(tmp_path, host_results):
+    run_root = owned_by_image_user(tmp_path / "work")
+    name = f"mclpipe-stop-{tmp_path.name}-{int(time.time())}"
+    started = run_in_image(run_root, "run", "trifeature_tiny", "--set", EPOCHS, name=name, detach=True)
+    assert started.returncode == 0, started.stderr
+    try:
+        deadline = time.monotonic() + 900
+        while checkpoint_of(run_root, "train1") is None:
+            state = docker("inspect", "-f", "{{.State.Running}}", name).stdout.strip()
+            assert state == "true", docker("logs", name).stderr[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint of stage 1 within 900 s"
+            time.sleep(0.5)
+        docker("stop", "-t", "60", name, timeout=120)
+        code = int(docker("inspect", "-f", "{{.State.ExitCode}}", name).stdout)
+        logs = docker("logs", name)
+        output = logs.stdout + logs.stderr
+    finally:
+        docker("rm", "-f", name, check=False)
+
+    assert code == 143, output[-3000:]  # 128 + SIGTERM: tini handed docker's SIGTERM to mclpipe
+    line = one_line(output, "interrupted:")
+    assert "stopped by SIGTERM during the train step of stage 1 after step" in line
+    assert "Traceback" not in output
+    stopped_at = int(line.split("after step ", 1)[1].split(";", 1)[0])
+    resume = shlex.split(line.split("Resume with: ", 1)[1])
+    assert resume[:2] == ["mclpipe", "resume"]
+
+    resumed = run_in_image(run_root, *resume[1:])
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    train1 = checkpoint_of(run_root, "train1").parent.parent
+    assert json.loads((train1 / "train_summary.json").read_text())["resumed_from_step"] == stopped_at
+    assert summary_results(run_root) == host_results
+
+
+def test_a_mount_the_user_cannot_write_gets_one_line(tmp_path):
+    run_root = tmp_path / "root-owned"  # owned by root, mode 755: uid 1000 may read it, not write it
+    run_root.mkdir(mode=0o755)
+    done = run_in_image(run_root, "run", "trifeature_tiny")
+
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    output = (done.stdout + done.stderr).strip()
+    assert "Traceback" not in output
+    [line] = output.splitlines()
+    assert "/home/mcl/app" in line and "uid 1000" in line and "chown" in line
+    assert list(run_root.iterdir()) == []
+
+
+def test_the_image_brings_every_cuda_library_torch_links_but_the_driver():
+    """Why the base has no CUDA (Dockerfile): the libraries libtorch_cuda.so links come from torch's own nvidia-*
+    wheels in the venv; only the driver's libcuda is left, which the NVIDIA toolkit mounts at `docker run --gpus`."""
+    script = ("import pathlib, torch; lib = pathlib.Path(torch.__file__).parent / 'lib' / 'libtorch_cuda.so'; "
+              "print(lib)")
+    lib = docker("run", "--rm", "--network", "none", "--entrypoint", "python", built_image(), "-c", script)
+    ldd = docker("run", "--rm", "--network", "none", "--entrypoint", "ldd", built_image(), lib.stdout.strip())
+    linked = dict(line.strip().split(" => ", 1) for line in ldd.stdout.splitlines() if " => " in line)
+    not_found = sorted(name for name, where in linked.items() if where.startswith("not found"))
+    assert not_found in ([], ["libcuda.so.1"]), ldd.stdout
+    cuda = {name: where for name, where in linked.items() if name.startswith(("libcudart", "libcublas", "libcudnn",
+                                                                              "libnccl"))}
+    assert cuda and all("/site-packages/nvidia/" in os.path.normpath(where) for where in cuda.values()), cuda
+    env = docker("image", "inspect", "-f", "{{json .Config.Env}}", built_image()).stdout
+    assert "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in env
