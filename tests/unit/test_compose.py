@@ -1,5 +1,5 @@
-"""docker-compose.yml is closed by default (issue 36). No Docker engine runs on the development machine or in CI, so
-the file is checked as data: every image pinned, every published port on loopback unless the operator opens it,
+"""docker-compose.yml is closed by default (issue 36). tests/e2e/test_compose_stack.py starts it for real (with
+docker-compose.local.yml, images built here); this file checks it as data, in make test: every image pinned, every published port on loopback unless the operator opens it,
 every secret from .env (none written in the file), and authentication on Prefect and MLflow.
 
 That the authentication works is shown on real servers: `make stack` (.ci/stack.sh) runs the same MLflow (basic-auth
@@ -23,6 +23,8 @@ SECRET_NAME = re.compile(r"PASSWORD|SECRET|AUTH_STRING|ACCESS_KEY")
 # a ${VAR...} interpolation compose resolves from .env
 FROM_ENV = re.compile(r"^\$\{[A-Z_][A-Z0-9_]*(:[?-][^}]*)?\}$")
 USERINFO_PASSWORD = re.compile(r"://[^/\s:@]+:([^@\s]+)@")
+PROJECT_IMAGE = "${MCLPIPE_IMAGE:-mclpipe:latest}"
+LOCAL = yaml.safe_load((REPO / "docker-compose.local.yml").read_text())["services"]
 
 
 def env_of(service: str) -> dict[str, str]:
@@ -37,7 +39,7 @@ def dotenv(path: Path) -> dict[str, str]:
 @pytest.mark.parametrize("service", sorted(SERVICES))
 def test_every_image_is_pinned_to_a_release(service):
     spec = SERVICES[service]
-    if "build" in spec:
+    if spec["image"] == PROJECT_IMAGE:  # `make image`'s, built from this checkout
         return
     name, _, tag = spec["image"].rpartition(":")
     assert name and tag and tag != "latest", f"{service}: {spec['image']} is not pinned to a version"
@@ -190,3 +192,61 @@ def test_compose_runs_the_prefect_server_make_stack_runs():
     assert "PREFECT_API_AUTH_STRING" in stack_secret_names()
     assert (database(env_of("prefect")["PREFECT_API_DATABASE_CONNECTION_URL"])
             == database(stack_env["PREFECT_API_DATABASE_CONNECTION_URL"]))
+
+
+# --------------------------------------------------------------------------------------- = the image (Dockerfile)
+def dockerfile_copies() -> set[str]:
+    """The sources the Dockerfile copies into /src (COPY NAME /src/NAME)."""
+    text = (REPO / "Dockerfile").read_text()
+    return set(re.findall(r"^COPY (\S+) /src/\1$", text, flags=re.M))
+
+
+def test_the_image_copies_every_package_the_project_installs():
+    """A package pyproject.toml installs but the Dockerfile does not copy is missing from the image (`mclpipe` then
+    fails at its first import: planning/ once did); .dockerignore must let it into the build context too."""
+    import tomllib
+    includes = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {pattern.rstrip("*") for pattern in includes}
+    assert packages <= dockerfile_copies(), f"not copied: {sorted(packages - dockerfile_copies())}"
+    allowed = {line[1:] for line in (REPO / ".dockerignore").read_text().splitlines() if line.startswith("!")}
+    assert packages <= allowed
+
+
+def test_the_build_context_is_the_sources_alone():
+    """.dockerignore leaves everything out, then lets the sources back in: never the venv, runs, databases, .git or
+    .env (a secret in an image layer is there for good)."""
+    lines = [line for line in (REPO / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")]
+    assert lines[0] == "*"
+    allowed = {line[1:] for line in lines if line.startswith("!")}
+    assert not allowed & {".venv", "runs", "data", "mlflow.db", ".git", ".env", ".prefect", "mlruns", ".stack"}
+    assert "wheelhouse/constraints.txt" in lines  # the host venv's versions: a change there rebuilds no layer
+
+
+def test_the_image_runs_as_a_non_root_user_with_the_gpu_variables():
+    text = (REPO / "Dockerfile").read_text()
+    users = re.findall(r"^USER (\S+)$", text, flags=re.M)
+    assert users and users[-1] == "mcl"
+    assert "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in text  # without it the toolkit mounts no CUDA driver
+    assert re.search(r"^ARG BASE=debian:bookworm-slim$", text, flags=re.M)
+
+
+def test_the_local_override_replaces_every_image_that_would_be_pulled():
+    """docker-compose.local.yml: every service of the stack on an image built on this machine (make image, or
+    deploy/postgres.Dockerfile), the servers with the same programs as docker-compose.yml's."""
+    for service, spec in SERVICES.items():
+        image = LOCAL.get(service, {}).get("image", spec["image"])
+        assert image in (PROJECT_IMAGE, "mclpipe-postgres:15"), f"{service} would pull {image}"
+    assert compose_command("prefect") == shlex.split(SERVICES["prefect"]["command"])
+    local_mlflow = shlex.split(LOCAL["mlflow"]["command"])
+    assert positional(local_mlflow) == positional(compose_command("mlflow"))
+    assert set(options(local_mlflow)) == set(options(compose_command("mlflow")))
+    assert options(local_mlflow)["--app-name"] == "basic-auth"
+    assert "ports" not in str(LOCAL)  # the base's loopback ports stay as they are
+
+
+def test_the_gpu_reservation_is_its_own_override():
+    gpu = yaml.safe_load((REPO / "docker-compose.gpu.yml").read_text())["services"]
+    [device] = gpu["worker"]["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+    assert "deploy" not in SERVICES["worker"]
+    assert "docker-compose.gpu.yml" in dotenv(REPO / ".env.example")["COMPOSE_FILE"].split(":")
