@@ -223,3 +223,60 @@ def test_within_group_order_is_a_fair_shuffle():
     firsts = [plan_batches(groups=groups, batch_size=4, seed=0, epoch=e).indices[0] for e in range(400)]
     counts = np.bincount(firsts, minlength=4)
     assert counts.min() > 60, counts
+
+
+# ---------------------------------------------------------------- helpers the reference shares (so tested alone)
+def test_the_shuffle_key_packs_group_random_and_index_bits_into_63_bits():
+    """(random_bits, index_bits) by the docstring's rule, computed by hand: g = bits of G - 1 (at least 1),
+    x = bits of M - 1 (at least 1), r = 63 - g - x when r >= 24, else (62 - g, 0): not packed. The reference
+    plan calls this same function, so only these values guard it."""
+    layout = batch_plan._shuffle_key_layout
+    assert layout(num_groups=1, num_samples=1) == (61, 1)  # g = x = 1
+    assert layout(num_groups=4, num_samples=100) == (54, 7)  # g = 2 (3), x = 7 (99)
+    assert layout(num_groups=4, num_samples=128) == (54, 7)  # 127 still fits in 7 bits
+    assert layout(num_groups=5, num_samples=129) == (52, 8)  # g = 3 (4), x = 8 (128)
+    assert layout(num_groups=2 ** 18 + 1, num_samples=2 ** 19 + 1) == (24, 20)  # r = 24: still packed
+    assert layout(num_groups=2 ** 18 + 1, num_samples=2 ** 20 + 1) == (43, 0)  # r = 23: not packed
+
+
+def test_gathering_ranges_keeps_the_dtype_and_single_rows():
+    source = np.arange(10, 20, dtype=np.int32)
+    np.testing.assert_array_equal(batch_plan._gather_ranges(source, starts=np.array([3]), lengths=np.array([1])), [13])
+    np.testing.assert_array_equal(
+        batch_plan._gather_ranges(source, starts=np.array([8, 0]), lengths=np.array([2, 3])), [18, 19, 10, 11, 12])
+    empty = batch_plan._gather_ranges(source, starts=np.array([4, 5]), lengths=np.array([0, 0]))
+    assert empty.shape == (0,) and empty.dtype == np.int32
+
+
+def test_the_smallest_valid_arguments_plan_and_each_wrong_one_is_named_with_its_value():
+    groups = np.zeros(8, dtype=np.int64)
+    assert len(plan_batches(groups=groups, batch_size=1, seed=0, epoch=0)) == 8  # batch_size 1 is allowed
+    assert len(plan_batches(groups=None, num_samples=1, batch_size=1, seed=0, epoch=0)) == 1
+    with pytest.raises(ConfigError, match=r"^world_size must be >= 1, got 0\.$"):
+        plan_batches(groups=groups, batch_size=2, seed=0, epoch=0, world_size=0)
+    for seed, epoch in ((-1, 0), (0, -1)):
+        with pytest.raises(ConfigError, match=rf"^seed and epoch must be >= 0 \(got seed={seed}, epoch={epoch}\)\.$"):
+            plan_batches(groups=groups, batch_size=2, seed=seed, epoch=epoch)
+    with pytest.raises(ConfigError, match=r"^unknown remainder_policy 'keep'; use one of partial, pool, drop\.$"):
+        plan_batches(groups=groups, batch_size=2, seed=0, epoch=0, remainder_policy="keep")
+    with pytest.raises(ConfigError, match=r"^groups=None \(ordinary random batches\) needs num_samples=len\(dataset\); "
+                                          r"pass it, or pass the pseudo-labels as groups\.$"):
+        plan_batches(groups=None, num_samples=0, batch_size=2, seed=0, epoch=0)
+    with pytest.raises(DataError, match=r"^groups is empty: there are no samples to plan batches for\.$"):
+        plan_batches(groups=np.zeros(0, dtype=np.int64), batch_size=2, seed=0, epoch=0)
+    with pytest.raises(DataError, match=r"^groups must hold integer cluster ids"):
+        plan_batches(groups=np.array([0.5, 1.5]), batch_size=2, seed=0, epoch=0)
+
+
+def test_a_plan_indexes_from_minus_its_length_and_names_a_batch_out_of_range():
+    plan = plan_batches(groups=_groups_with_sizes([6, 6]), batch_size=3, seed=0, epoch=0)
+    np.testing.assert_array_equal(plan.batch(-len(plan)), plan.batch(0))
+    with pytest.raises(IndexError, match=r"^batch 4 out of range for a plan of 4 batches$"):
+        plan.batch(4)
+    with pytest.raises(IndexError, match=r"^batch -5 out of range"):
+        plan.batch(-5)
+
+
+def test_a_group_of_exactly_the_global_batch_is_not_smaller_than_it():
+    plan = plan_batches(groups=_groups_with_sizes([4, 8, 3]), batch_size=2, seed=0, epoch=0, world_size=2, rank=0)
+    assert plan.stats["groups_smaller_than_batch"] == 1  # only the group of 3 < 2 x 2

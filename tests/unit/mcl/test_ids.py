@@ -90,3 +90,16 @@ def test_align_int_labels_errors_match_the_general_path():
     for missing in (4, 9):
         with pytest.raises(DataError, match=rf"1 of 3 dataset ids have no label \(e.g. \[{missing}\]\)"):
             align_labels_to_ids(label_ids=ids, labels=np.array([0, 1, 2, 3]), dataset_ids=np.array([1, missing, 3]))
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 9, 17, 100])
+def test_the_stable_argsort_of_nonnegative_values_is_numpys_stable_argsort(size):
+    """Every size around a power of two (the index bits), many ties, and value bits that fill the int64 exactly
+    (63 in all: the packed path) or overflow it (64: torch's stable sort)."""
+    from contrastive.mcl.codes import _argsort_nonnegative
+    rng = np.random.default_rng(size)
+    index_bits = max(1, (size - 1).bit_length())
+    for value_bits in (3, 63 - index_bits, 64 - index_bits):
+        values = rng.integers(0, 4, size=size, dtype=np.int64) << (value_bits - 2)  # ties, top bits used
+        got = _argsort_nonnegative(values, value_bits=value_bits)
+        np.testing.assert_array_equal(got, np.argsort(values, kind="stable"))

@@ -127,3 +127,12 @@ def test_the_sampler_errors_say_what_to_do():
     with pytest.raises(DataError, match=r"has only \d+; the groups, batch size or world size changed since the "
                                         r"checkpoint: resume with the same settings or start the stage afresh\.$"):
         sampler.load_state_dict({"epoch": 0, "batches_consumed": 10_000})
+
+
+def test_a_fresh_sampler_is_at_epoch_0_and_plans_with_its_remainder_policy():
+    """Without set_epoch, the first epoch's plan (epoch 0); the remainder policy reaches every epoch's plan."""
+    groups = _groups_with_sizes([30, 22, 9])
+    for policy in ("partial", "drop"):
+        plan = plan_batches(groups=groups, batch_size=4, seed=0, epoch=0, remainder_policy=policy)
+        assert list(_sampler(remainder_policy=policy)) == [b.tolist() for b in plan]
+    assert len(_sampler(remainder_policy="drop")) < len(_sampler(remainder_policy="partial"))
