@@ -8,6 +8,7 @@ import os
 import shlex
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -104,3 +105,42 @@ def test_the_image_brings_every_cuda_library_torch_links_but_the_driver():
     assert cuda and all("/site-packages/nvidia/" in os.path.normpath(where) for where in cuda.values()), cuda
     env = docker("image", "inspect", "-f", "{{json .Config.Env}}", built_image()).stdout
     assert "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in env
+
+
+def test_the_command_a_kubernetes_job_gives_its_pods_trains_a_stage_in_the_image(tmp_path):
+    """One image everywhere: the container of the Job the kubernetes launcher builds (its command, environment and
+    working directory, image make image's) run under `docker run`, the claim a bind mount at its mount path and
+    the c10d rendezvous host (pod 0 of the headless Service) and the pod's own host name (in a pod's /etc/hosts)
+    this container. No cluster runs here: the test stops
+    at that boundary (docs/launchers.md)."""
+    from contrastive.engine.launch import write_launch_args
+    from launchers.base import JobSpec
+    from launchers.kubernetes import KubernetesSpec, build_job
+    from tests.faults.tiny_data import tiny_trifeature
+    from tests.faults.train_tiny_stage import tiny_spec
+
+    shared = owned_by_image_user(tmp_path / "claim")  # the PersistentVolumeClaim every pod mounts
+    dataset = tiny_trifeature(shared / "data")
+    in_pods = lambda path: "/shared" / path.relative_to(shared)  # noqa: E731
+    stage = shared / "runs" / "train" / "ab12"
+    stage.mkdir(parents=True)
+    spec = tiny_spec(in_pods(dataset), in_pods(stage), epochs=1)
+    args = write_launch_args(entry="contrastive.modalities.image.steps:train_stage_from_json",
+                             kwargs={"spec": spec.to_json()}, backend="gloo", stage_dir=stage)
+    subprocess.run(["chown", "-R", f"{UID}:{UID}", str(shared)], check=True)
+    name = "mclpipe-mcl-train-ab12-0a1b2c"
+    job = build_job(name=name, job=JobSpec(name="mclpipe-mcl-train-ab12", stage_dir=in_pods(stage),
+                                           args_path=in_pods(args), nproc_per_node=1, nnodes=1, python="python",
+                                           workdir=Path("/shared"), env=(("PYTHONUNBUFFERED", "1"),)),
+                    spec=KubernetesSpec(image=built_image(), volume_claim="mclpipe-shared", nodes=1))
+    [pod] = job.spec.template.spec.containers
+    environment = [option for variable in pod.env or [] for option in ("-e", f"{variable.name}={variable.value}")]
+    done = docker("run", "--rm", "--network", "none", "--hostname", f"{name}-0",
+                  "--add-host", f"{name}-0.{name}:127.0.0.1", "--add-host", f"{name}-0:127.0.0.1", "-v", f"{shared}:/shared", "-w", pod.working_dir,
+                  *environment, "--entrypoint", pod.command[0], pod.image, *pod.command[1:], timeout=1200,
+                  check=False)
+
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert pod.image == built_image() and pod.command[:3] == ["python", "-m", "torch.distributed.run"]
+    summary = json.loads((stage / "train_summary.json").read_text())
+    assert summary["steps"] > 0 and (stage / "model" / "model.pt").stat().st_uid == UID
