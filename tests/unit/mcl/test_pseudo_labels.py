@@ -69,3 +69,22 @@ def test_combine_errors():
         combine_pseudo_labels(stage_assignments=[np.zeros(3, int), np.zeros(4, int)])
     with pytest.raises(DataError, match="integer"):
         combine_pseudo_labels(stage_assignments=[np.zeros(3, dtype=np.float32)])
+
+
+def test_combine_errors_name_the_stage_and_the_fix():
+    with pytest.raises(ConfigError, match=r"^combine_pseudo_labels got no stages; pass the cluster assignments of "
+                                          r"every earlier stage\.$"):
+        combine_pseudo_labels(stage_assignments=[])
+    with pytest.raises(DataError, match=r"^stage_assignments\[1\] must hold integer cluster ids"):
+        combine_pseudo_labels(stage_assignments=[np.zeros(3, dtype=np.int64), np.zeros(3)])
+    with pytest.raises(ConfigError, match=r"^stage assignments have different lengths \[3, 2\]; align every stage's "
+                                          r"assignments to the same sample ids \(align_labels_to_ids\) before "
+                                          r"combining\.$"):
+        combine_pseudo_labels(stage_assignments=[np.zeros(3, dtype=np.int64), np.zeros(2, dtype=np.int64)])
+
+
+def test_combining_reaches_the_largest_code_of_every_radix():
+    """Every tuple of 2 x 3 x 2 present: the codes are 0..11 in lexicographic order (stage 0 most significant)."""
+    grid = np.array([(a, b, c) for a in range(2) for b in range(3) for c in range(2)])[::-1]
+    codes = combine_pseudo_labels(stage_assignments=[grid[:, 0], grid[:, 1], grid[:, 2]])
+    np.testing.assert_array_equal(codes, np.arange(12)[::-1])
