@@ -26,9 +26,10 @@ CHANGES = [
                   "so the batches come back in step (the ones between are joined: one copy each).",
         "before": "bench.clip_reader --quick: ours 0.242 / 0.199 / 0.210 / 0.206 ms of the reading process's CPU a "
                   "sample at 1 / 4 / 8 / 12 workers, open_clip 0.093 / 0.052 / 0.060 / 0.105 (0.26x-0.51x)",
-        "after": "bench.clip_reader --quick (768 samples, batch 64, load 12-16): ours 0.048 / 0.048 / 0.056 / "
-                 "0.048 ms a sample at 1 / 4 / 8 / 12 workers, open_clip 0.110 / 0.065 / 0.083 / 0.135 (1.36x-2.83x); "
-                 "the workers' CPU a sample (ours with the tar-header reader) 2.1-2.4 ms against open_clip's 4.3-5.0",
+        "after": "bench.clip_reader, the same sizes (load 17): ours 0.028 / 0.032 / 0.029 / 0.030 ms a sample at "
+                 "1 / 4 / 8 / 12 workers, open_clip 0.106 / 0.071 / 0.071 / 0.123 (2.22x-4.04x, flat in the number "
+                 "of workers); the workers' CPU a sample (ours with the tar-header reader) 2.3-2.6 ms against "
+                 "open_clip's 4.6-5.2",
         "behaviour": "the same batches (keys, pixels, tokens) and skip counts as before for 0 and N workers, "
                      "exports included (test_data.py: the pool against the thread, the index against "
                      "iter_raw_samples on a cut shard and a pipe: URL, the reading process with tarfile.open broken); "
