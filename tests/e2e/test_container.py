@@ -22,6 +22,7 @@ EPOCHS = "train.epochs=4"  # 32-36 steps a stage: long enough for `docker stop` 
 @pytest.fixture(scope="module")
 def host_results(tmp_path_factory):
     """The table of the host's own run of the same config (the venv's mclpipe)."""
+    built_image()  # first: without Docker the tests skip (fail under CI) before a host run they cannot use
     workdir = tmp_path_factory.mktemp("host")
     done = subprocess.run([MCLPIPE, *tiny_run_args(workdir, EPOCHS)], cwd=workdir, env=cli_env(workdir),
                           capture_output=True, text=True, timeout=1800)
