@@ -169,11 +169,6 @@ class StageGraph:
     clusters: list[StepId] = field(default_factory=list)
     final: StepId | None = None
 
-    @property
-    def stage_runs(self) -> set[StageRun]:
-        """The stage runs the steps log into (each opened and closed by a task run of its own)."""
-        return {spec.run for spec in self.steps if spec.run is not None}
-
 
 class _Builder:
     """Builds the graph of one config (the control's variant config builds its own part with a builder of its own,
