@@ -1,5 +1,7 @@
 import math
+import re
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -39,3 +41,59 @@ def test_scale_invariant_and_gradient_flows():
     assert torch.allclose(loss, nt_xent(z1=z1 * 7, z2=z2 * 0.1, temperature=0.2), atol=1e-5)
     loss.backward()
     assert z1.grad is not None and torch.isfinite(z1.grad).all() and z1.grad.abs().sum() > 0
+
+
+# ---------------------------------------------------------------------------------------------------- refusals
+def test_the_losses_refuse_views_that_are_not_two_equal_b_by_d_matrices_and_say_which():
+    from contrastive.methods.losses import hex_info_nce
+    for z1, z2 in ((torch.ones(4, 3), torch.ones(5, 3)), (torch.ones(2, 3, 4), torch.ones(2, 3, 4))):
+        message = rf"^z1 and z2 must both be \(B, D\); got {re.escape(str(tuple(z1.shape)))} and " \
+                  rf"{re.escape(str(tuple(z2.shape)))}$"
+        with pytest.raises(ValueError, match=message):
+            nt_xent(z1=z1, z2=z2, temperature=0.5)
+        with pytest.raises(ValueError, match=message):
+            hex_info_nce(z1=z1, z2=z2, temperature=0.5, epsilon=0.5, q=0.5)
+    with pytest.raises(ValueError, match=r"^hex_info_nce needs epsilon or hierarchy_mask to choose H\(i\)$"):
+        hex_info_nce(z1=torch.ones(2, 3), z2=torch.ones(2, 3), temperature=0.5, epsilon=None, q=0.5)
+
+
+def test_hex_terms_refuse_disagreeing_shapes_and_weights_q_cannot_be():
+    from contrastive.errors import ConfigError
+    from contrastive.methods.losses import HardNegativeWeighting, hex_terms
+    positives, negatives = torch.zeros(3), torch.zeros(3, 4)
+    for hierarchy, positive in ((torch.zeros(3, 5, dtype=torch.bool), positives),
+                                (torch.zeros(3, 4, dtype=torch.bool), torch.zeros(2))):
+        with pytest.raises(ValueError, match=rf"^shapes disagree: positives {re.escape(str(tuple(positive.shape)))}, "
+                                             rf"negatives \(3, 4\), hierarchy {re.escape(str(tuple(hierarchy.shape)))}$"):
+            hex_terms(positive_logits=positive, negative_logits=negatives, hierarchy=hierarchy, q=0.5)
+    hierarchy = torch.zeros(3, 4, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"^the hard-negative HEX weighting needs the temperature \(its floor is "
+                                         r"M e\^\{-1/tau\}\)$"):
+        hex_terms(positive_logits=positives, negative_logits=negatives, hierarchy=hierarchy, q=HardNegativeWeighting())
+    for q in (torch.ones(4), torch.ones(3, 4, 1), torch.ones(4, 3)):  # neither a number nor one Q per pair
+        with pytest.raises(ValueError, match=rf"^q must be a float or a tensor of shape \(3, 4\), got "
+                                             rf"{re.escape(str(tuple(q.shape)))}$"):
+            hex_terms(positive_logits=positives, negative_logits=negatives, hierarchy=hierarchy, q=q)
+    for q in (-0.5, float("nan")):
+        with pytest.raises(ConfigError, match=r"^HEX weight Q must be finite and >= 0 \(0 removes the hierarchy "
+                                              r"negatives, 1 is plain InfoNCE\): fix method\.hex\.q$"):
+            hex_terms(positive_logits=positives, negative_logits=negatives, hierarchy=hierarchy, q=q)
+
+
+def test_hex_takes_only_similarities_above_epsilon_into_the_hierarchy():
+    """Orthogonal samples have similarity exactly 0: with epsilon = 0 none is in H(i), so even Q = 0 (which would
+    drop every hierarchy negative) leaves NT-Xent; a threshold that also took s = epsilon would give loss 0."""
+    from contrastive.methods.losses import hex_info_nce
+    z = torch.eye(4)
+    loss, _ = hex_info_nce(z1=z, z2=z.clone(), temperature=0.5, epsilon=0.0, q=0.0)
+    assert torch.allclose(loss, nt_xent(z1=z, z2=z.clone(), temperature=0.5)) and loss > 0.5
+
+
+def test_the_cross_view_loss_weights_the_hierarchy_by_1_unless_told():
+    from contrastive.methods.losses import cross_view_info_nce
+    a, b = torch.randn(5, 3, generator=torch.Generator().manual_seed(0)), torch.randn(5, 3)
+    hierarchy = torch.ones(5, 5, dtype=torch.bool)
+    plain = cross_view_info_nce(anchors=a, candidates=b, temperature=0.5)
+    assert torch.allclose(cross_view_info_nce(anchors=a, candidates=b, temperature=0.5, hierarchy=hierarchy), plain)
+    assert not torch.allclose(cross_view_info_nce(anchors=a, candidates=b, temperature=0.5, hierarchy=hierarchy,
+                                                  q=2.0), plain)
