@@ -11,7 +11,6 @@ import secrets
 import subprocess
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -84,9 +83,12 @@ def status_of(url: str, *, auth: str | None = None, body: dict | None = None) ->
         return 0
 
 
-def mlflow_get(compose: Compose, path: str) -> dict:
+def mlflow_get(compose: Compose, path: str, body: dict | None = None) -> dict:
+    """One call to MLflow's REST API with the admin's credentials: GET, or POST ``body`` (runs/search)."""
     user, password = compose.secrets["MLFLOW_TRACKING_USERNAME"], compose.secrets["MLFLOW_TRACKING_PASSWORD"]
-    request = urllib.request.Request(f"{compose.stack.mlflow_url}{path}", headers={
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"{compose.stack.mlflow_url}{path}", data=data, headers={
+        "Content-Type": "application/json",
         "Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()})
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read())
@@ -95,8 +97,8 @@ def mlflow_get(compose: Compose, path: str) -> dict:
 def tracked(compose: Compose) -> dict:
     """What MLflow holds of the test's experiment: {run name: metrics} and the registered models' versions."""
     experiment = mlflow_get(compose, f"/api/2.0/mlflow/experiments/get-by-name?experiment_name={EXPERIMENT}")
-    runs = mlflow_get(compose, "/api/2.0/mlflow/runs/search?" + urllib.parse.urlencode(
-        {"experiment_ids": experiment["experiment"]["experiment_id"], "max_results": 500}))["runs"]
+    runs = mlflow_get(compose, "/api/2.0/mlflow/runs/search", {
+        "experiment_ids": [experiment["experiment"]["experiment_id"]], "max_results": 500})["runs"]
     models = mlflow_get(compose, "/api/2.0/mlflow/registered-models/search?max_results=100").get(
         "registered_models", [])
     return {"runs": {run["info"]["run_name"]: {m["key"]: m["value"] for m in run["data"].get("metrics", [])}
