@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.container import REPO, built_image, docker
-from tests.e2e.stack import Stack
+from tests.e2e.stack import Stack, tiny_run_args
 from tests.e2e.worker import api
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -25,9 +25,9 @@ FILES = ["-f", "docker-compose.yml", "-f", "docker-compose.local.yml"]
 # a loopback address of its own: Prefect's and MLflow's fixed ports (4200, 5000) never meet another test's server
 BIND = "127.0.0.53"
 EXPERIMENT = "compose-stack"
-# where the flow run's process (the worker's, working in the installed package) writes: the worker's runs volume
-RUN_SETS = ["--set", "output_dir=/home/mcl/app/runs", "--set", "data.cache_dir=/home/mcl/app/data",
-            "--set", f"tracking.experiment={EXPERIMENT}"]
+# the team stack tests' shrunk tiny pipeline (two stages, no control), writing where the flow run's process (the
+# worker's, working in the installed package) can: absolute paths on the worker's runs volume
+RUN_SETS = tiny_run_args(Path("/home/mcl/app"), f"tracking.experiment={EXPERIMENT}")[1:]
 
 
 class Compose:
