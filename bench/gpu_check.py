@@ -883,7 +883,7 @@ def export_through_engine(*, model: torch.nn.Module, images: torch.Tensor, batch
                            inputs=(images[start:start + batch],)) for start in range(0, len(images), batch))
     compute_embeddings(encode=lambda x: model(x.float().div_(255).contiguous(memory_format=torch.channels_last)),
                        batches=batches, device=device, writer=writer, precision=precision,
-                       progress=lambda rows: written.append((time.perf_counter(), rows)))
+                       progress=lambda rows, _dim: written.append((time.perf_counter(), rows)))
     rows = int(writer.finish()["ids"].size)
     seconds = time.perf_counter() - started
     after_first = sum(r for _, r in written[1:])
