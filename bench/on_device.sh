@@ -4,6 +4,8 @@
 # the rows under a time limit (the report is rewritten after every row, so a stopped run keeps its finished rows)
 # and leaves BENCHMARKS.md and the log in $OUT (the lent machine's return folder) or ./gpu-check-out.
 #   bash bench/on_device.sh ROWS [SECONDS]      e.g. bash bench/on_device.sh clip,export,input 540
+# DRY=1 runs the rows' dry run instead (CPU, toy sizes; tests/bench/test_on_device.py proves the script that way
+# under another Python, without network, before a GPU is asked for).
 # A file, not a here-document: DataLoader workers start from a forkserver, which re-imports the main module from
 # its path (a script read from stdin fails there: the 2026-11-28 run lost a command to it).
 set -u
@@ -31,7 +33,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 python3 -c 'import torch, torchvision, numpy, PIL; print("torch", torch.__version__, "torchvision", torchvision.__version__,
 "numpy", numpy.__version__, "pillow", PIL.__version__, "cores", __import__("os").cpu_count())'
 date -u
-timeout "$limit" python3 -m bench.gpu_check --rows "$rows" > "$out/gpu_check.log" 2>&1
+dry=(); [ "${DRY:-0}" = 1 ] && dry=(--dry-run --report BENCHMARKS.md)
+timeout "$limit" python3 -m bench.gpu_check --rows "$rows" "${dry[@]}" > "$out/gpu_check.log" 2>&1
 rc=$?
 date -u
 cp BENCHMARKS.md "$out/"
