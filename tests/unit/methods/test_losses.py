@@ -97,3 +97,15 @@ def test_the_cross_view_loss_weights_the_hierarchy_by_1_unless_told():
     assert torch.allclose(cross_view_info_nce(anchors=a, candidates=b, temperature=0.5, hierarchy=hierarchy), plain)
     assert not torch.allclose(cross_view_info_nce(anchors=a, candidates=b, temperature=0.5, hierarchy=hierarchy,
                                                   q=2.0), plain)
+
+
+def test_the_queue_loss_weights_the_hierarchy_by_1_unless_told_and_returns_its_stats_when_asked():
+    from contrastive.methods.losses import queue_info_nce
+    generator = torch.Generator().manual_seed(1)
+    query, key, queue = (torch.randn(n, 3, generator=generator) for n in (4, 4, 6))
+    hierarchy = torch.ones(4, 6, dtype=torch.bool)
+    plain = queue_info_nce(query=query, key=key, queue=queue, temperature=0.5)
+    assert torch.allclose(queue_info_nce(query=query, key=key, queue=queue, temperature=0.5, hierarchy=hierarchy),
+                          plain)
+    loss, stats = queue_info_nce(query=query, key=key, queue=queue, temperature=0.5, with_stats=True)
+    assert torch.allclose(loss, plain) and stats == {}

@@ -159,3 +159,15 @@ def test_trains_as_an_mcl_stage_with_online_cluster_hex_and_resumes(tmp_path, na
         assert torch.allclose(value.float(), resumed_model.state_dict()[key].float(), atol=1e-4), key
     plain = build_method(model_kwargs=MODEL, method_kwargs={"name": name, "temperature": 0.2})
     assert not plain.wants_groups and plain.hex_rule is None
+
+
+def test_the_dimension_losses_log_their_terms_by_name_and_a_constant_dimension_standardises_to_0():
+    z1, z2 = pair()
+    _, vicreg_terms = vicreg_loss(z1=z1, z2=z2, sim_coeff=25.0, std_coeff=25.0, cov_coeff=1.0)
+    assert set(vicreg_terms) == {"vicreg/invariance", "vicreg/variance", "vicreg/covariance"}
+    _, barlow_terms = barlow_twins_loss(z1=z1, z2=z2, lambd=0.005)
+    assert set(barlow_terms) == {"barlow/on_diagonal", "barlow/off_diagonal"}
+    constant = torch.ones(5, 2)
+    constant[:, 1] = torch.arange(5.0)
+    out = standardise(constant)
+    assert torch.equal(out[:, 0], torch.zeros(5)) and torch.isfinite(out).all()
