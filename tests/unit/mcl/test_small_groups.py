@@ -114,3 +114,12 @@ def test_merge_errors_name_the_setting_and_the_fix(small_group_case):
         merge_small_groups(groups=groups, features=features[:4], min_size=3, policy="merge_nearest")
     with pytest.raises(DataError, match=r"^groups must hold integer cluster ids"):
         merge_small_groups(groups=np.array([0.5, 1.5]), features=None, min_size=1, policy="none")
+
+
+def test_the_nearest_large_group_is_by_angle_not_by_how_tight_a_group_is():
+    """A spread large group has a short mean (0.1 here) but points the small group's way: cosine picks it over a
+    tight group (norm 1) a little further in angle; a dot product of unnormalised centroids would not."""
+    from contrastive.mcl.small_groups import _nearest_large_group
+    centroids = np.array([[1.0, 0.3], [0.1, 0.0], [0.8, 0.6]])  # small, large and spread, large and tight
+    nearest = _nearest_large_group(centroids=centroids, small=np.array([True, False, False]))
+    np.testing.assert_array_equal(nearest, [1])
