@@ -51,14 +51,15 @@ def test_diagnose_separated_groups_and_plot(tmp_path):
     assert path.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_diagnose_stage_reads_a_stage(tmp_path):
-    from contrastive.mcl.clustering import KMeansResult, save_clusters
+def _tiny_exported_stage(tmp_path, *, image_size):
+    """A tiny Trifeature set, an untrained SimCLR model saved as a stage's model.pt, and its export in
+    tmp_path / "emb": what diagnose_stage reads of a finished stage. Returns (dataset_dir, dataset)."""
     from contrastive.data.dataset import ImageArrayDataset
-    from contrastive.modalities.image.datasets.trifeature import prepare_trifeature
     from contrastive.embeddings import save_embeddings
     from contrastive.methods import build_method
+    from contrastive.modalities.image.datasets.trifeature import prepare_trifeature
 
-    dataset_dir = prepare_trifeature(root=tmp_path / "data", num_train=48, num_test=16, image_size=16,
+    dataset_dir = prepare_trifeature(root=tmp_path / "data", num_train=48, num_test=16, image_size=image_size,
                                      num_colors=2, num_shapes=2, num_textures=2)
     dataset = ImageArrayDataset.load(dataset_dir)
     model_kwargs = dict(encoder="small_cnn", widths=[4, 8], projection_hidden=8, projection_dim=4)
@@ -69,6 +70,13 @@ def test_diagnose_stage_reads_a_stage(tmp_path):
     with torch.no_grad():
         embeddings = method.embed(dataset.get_batch(np.arange(len(dataset))).float() / 255).numpy()
     save_embeddings(embeddings=embeddings, ids=dataset.ids, directory=tmp_path / "emb")
+    return dataset_dir, dataset
+
+
+def test_diagnose_stage_reads_a_stage(tmp_path):
+    from contrastive.mcl.clustering import KMeansResult, save_clusters
+
+    dataset_dir, dataset = _tiny_exported_stage(tmp_path, image_size=16)
     train = dataset.indices("train")
     assignments = np.arange(len(train)) % 3
     save_clusters(result=KMeansResult(assignments=assignments, centroids=np.zeros((3, 8), np.float32),
@@ -100,22 +108,7 @@ def test_diagnose_stage_in_bf16_augments_views_with_blur_outside_autocast(tmp_pa
     """The photos preset's augmentation (blur_p 0.5) under bf16 autocast: the blur's convolutions returned bf16
     into the float32 batch (RuntimeError in `mclpipe plan photos` on an AVX512-BF16 CPU); views are augmented in
     float32 and only the encoder runs in bf16, so the bf16 alignment is the fp32 one up to bf16's rounding."""
-    from contrastive.data.dataset import ImageArrayDataset
-    from contrastive.embeddings import save_embeddings
-    from contrastive.methods import build_method
-    from contrastive.modalities.image.datasets.trifeature import prepare_trifeature
-
-    dataset_dir = prepare_trifeature(root=tmp_path / "data", num_train=48, num_test=16, image_size=32,
-                                     num_colors=2, num_shapes=2, num_textures=2)
-    dataset = ImageArrayDataset.load(dataset_dir)
-    model_kwargs = dict(encoder="small_cnn", widths=[4, 8], projection_hidden=8, projection_dim=4)
-    method_kwargs = {"name": "simclr", "temperature": 0.5}
-    method = build_method(model_kwargs=model_kwargs, method_kwargs=method_kwargs).eval()
-    torch.save({"state_dict": method.state_dict(), "model_kwargs": model_kwargs, "method_kwargs": method_kwargs},
-               tmp_path / "model.pt")
-    with torch.no_grad():
-        embeddings = method.embed(dataset.get_batch(np.arange(len(dataset))).float() / 255).numpy()
-    save_embeddings(embeddings=embeddings, ids=dataset.ids, directory=tmp_path / "emb")
+    dataset_dir, _ = _tiny_exported_stage(tmp_path, image_size=32)
     augment = dict(crop_scale=(0.3, 1.0), crop_ratio=(0.75, 1.33), hflip=True, color_jitter=0.4, blur_p=0.5)
     alignment = {precision: diagnose_stage(dataset_dir=dataset_dir, embeddings_dir=tmp_path / "emb",
                                            out_dir=tmp_path / precision, model_path=tmp_path / "model.pt",
