@@ -16,6 +16,7 @@
 # (re)starts only what is not answering. `.ci/setup-slurm-2node.sh down` stops both nodes, the controller, the
 # namespaces, the bridge and the /etc/hosts lines. Needs root.
 set -euo pipefail
+. "$(dirname "$0")/slurm-common.sh"
 
 if [ "$(id -u)" != 0 ]; then
   echo "setup-slurm-2node: must run as root (it creates network namespaces and starts slurmctld and slurmd)" >&2
@@ -128,24 +129,8 @@ SlurmctldPidFile=${CTL_PID}
 SlurmdPidFile=/run/slurmd-%n.pid
 SlurmctldLogFile=${LOGS}/slurmctld-2node.log
 SlurmdLogFile=${LOGS}/slurmd-%n.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SwitchType=switch/none
-MpiDefault=none
-ReturnToService=2
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-MinJobAge=300
-KillWait=5
-InactiveLimit=0
-SlurmctldTimeout=30
-# a node whose slurmd stops answering is DOWN after 10 s (the lost-node test waits for no more)
-SlurmdTimeout=10
-SlurmdParameters=config_overrides
+# SlurmdTimeout 10: a node whose slurmd stops answering is DOWN after 10 s (the lost-node test waits for no more)
+$(slurm_conf_common 10)
 NodeName=${NODES[0]} NodeAddr=${ADDRS[0]} CPUs=2 State=UNKNOWN
 NodeName=${NODES[1]} NodeAddr=${ADDRS[1]} CPUs=2 State=UNKNOWN
 PartitionName=pair Nodes=${NODES[0]},${NODES[1]} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO

@@ -4,6 +4,7 @@
 # Idempotent: installs what is missing, rewrites the config, (re)starts the daemons only when they are not answering.
 # Needs root and Debian's packages (apt). Usage: .ci/setup-slurm.sh   (then: sinfo; srun -N1 hostname)
 set -euo pipefail
+. "$(dirname "$0")/slurm-common.sh"
 
 if [ "$(id -u)" != 0 ]; then
   echo "setup-slurm: must run as root (it installs packages and starts munged, slurmctld and slurmd)" >&2
@@ -53,25 +54,7 @@ SlurmctldPidFile=/run/slurmctld.pid
 SlurmdPidFile=/run/slurmd.pid
 SlurmctldLogFile=${LOGS}/slurmctld.log
 SlurmdLogFile=${LOGS}/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SwitchType=switch/none
-MpiDefault=none
-ReturnToService=2
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-# finished jobs stay visible to squeue / scontrol for 5 minutes (the launcher reads their exit code there)
-MinJobAge=300
-KillWait=5
-InactiveLimit=0
-SlurmctldTimeout=30
-SlurmdTimeout=30
-# config_overrides: trust CPUs= below whatever this machine has (CI runners differ), never drain for it
-SlurmdParameters=config_overrides
+$(slurm_conf_common 30)
 NodeName=${HOST} NodeAddr=127.0.0.1 CPUs=${CPUS} State=UNKNOWN
 PartitionName=debug Nodes=${HOST} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 EOF
