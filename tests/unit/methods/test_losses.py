@@ -109,3 +109,25 @@ def test_the_queue_loss_weights_the_hierarchy_by_1_unless_told_and_returns_its_s
                           plain)
     loss, stats = queue_info_nce(query=query, key=key, queue=queue, temperature=0.5, with_stats=True)
     assert torch.allclose(loss, plain) and stats == {}
+
+
+def test_hex_cross_entropy_hands_the_temperature_to_the_hard_negative_weighting():
+    from contrastive.methods.losses import HardNegativeWeighting, hex_cross_entropy, hex_terms
+    generator = torch.Generator().manual_seed(2)
+    positive, negative = torch.randn(3, generator=generator), torch.randn(3, 5, generator=generator)
+    hierarchy = torch.rand(3, 5, generator=generator) > 0.5
+    kwargs = dict(positive_logits=positive, negative_logits=negative, hierarchy=hierarchy, q=HardNegativeWeighting())
+    assert torch.allclose(hex_cross_entropy(**kwargs, temperature=0.5), hex_terms(**kwargs, temperature=0.5)[0])
+
+
+def test_an_integer_hierarchy_mask_is_read_as_the_boolean_one():
+    from contrastive.methods.losses import cross_view_info_nce, hex_info_nce
+    generator = torch.Generator().manual_seed(3)
+    z1, z2 = torch.randn(4, 3, generator=generator), torch.randn(4, 3, generator=generator)
+    mask = torch.rand(8, 8, generator=generator) > 0.5
+    by_bool, _ = hex_info_nce(z1=z1, z2=z2, temperature=0.5, epsilon=None, q=0.3, hierarchy_mask=mask)
+    by_int, _ = hex_info_nce(z1=z1, z2=z2, temperature=0.5, epsilon=None, q=0.3, hierarchy_mask=mask.long())
+    assert torch.allclose(by_bool, by_int)
+    cross = mask[:4, :4]
+    assert torch.allclose(cross_view_info_nce(anchors=z1, candidates=z2, temperature=0.5, hierarchy=cross.long(), q=0.3),
+                          cross_view_info_nce(anchors=z1, candidates=z2, temperature=0.5, hierarchy=cross, q=0.3))
