@@ -1,7 +1,7 @@
 """How close `mclpipe plan` comes: its projected total against the measured wall time of `mclpipe run`, per preset
 (``python -m bench.plan_accuracy [--presets a,b]``; issue 46).
 
-For each preset, in a fresh work directory: the plan with a fresh calibration (``flows.planning.build_plan``,
+For each preset, in a fresh work directory: the plan with a fresh calibration (``flows.plan_steps.build_plan``,
 ``recalibrate``: what `mclpipe plan` does on a machine it has not seen), then `mclpipe run` of the same config as a
 user runs it (a subprocess with its own Prefect home and temporary server), timed from the outside. The run's task
 runs (start and end in its Prefect database) give each step's measured seconds, matched to the plan's rows by their
@@ -46,7 +46,7 @@ def task_seconds(prefect_home: Path) -> dict[str, float]:
 
 
 def measure(preset: str, work: Path) -> dict:
-    from flows.planning import build_plan
+    from flows.plan_steps import build_plan
     from pipeline_config.loader import load_config
     config = load_config(preset, settings(work))
     began = time.perf_counter()

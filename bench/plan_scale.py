@@ -61,7 +61,7 @@ def projected_at_target(pipeline: str, work: Path, *, target: int, run_costs) ->
     """{bench-scale step: projected seconds at 1M} from a calibration on the data in ``work``, and the
     calibration's facts (its size, seconds, each rate's basis)."""
     from bench import scale
-    from flows.planning import planned_steps
+    from flows.plan_steps import planned_steps
     from planning import model as P
     from planning.calibrate import calibrate
 

@@ -136,7 +136,7 @@ def run_pipeline(config, rerun_from: int | None = None, *, force: bool = False) 
         from tasks.steps import modality_of, tracker_for
         if not force:  # disk, memory, capacity and shards against this machine (`mclpipe plan`), in well under 1 s,
             # before anything is written under output_dir (the log file included)
-            from flows.planning import check_feasible
+            from flows.plan_steps import check_feasible
             check_feasible(config, warn=lambda line: shutdown.say(
                 err_console, f"[bold yellow]warning:[/] {line}", highlight=False, soft_wrap=True))
         modality_of(config).preflight(config)
@@ -463,7 +463,7 @@ def plan(config: ConfigArg, overrides: SetOpt = None,
          ) -> None:
     """What a run will cost before it runs: one row per step (time, peak RAM, disk written, GPU memory per
     device), the total and the critical path, what each figure rests on, and what this machine cannot hold."""
-    from flows.planning import build_plan
+    from flows.plan_steps import build_plan
     from planning.feasibility import feasibility
     from planning.report import summary_lines, table_rows
     cfg = load_or_fail(config, overrides)

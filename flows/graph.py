@@ -1,7 +1,7 @@
 """The pipeline's stage graph as data: every step a run of a config makes, in the flow's order, as a typed
 :class:`StepSpec` (which step: a frozen :class:`StepId`; the Prefect task; its inputs; its content key; the MLflow
 run it logs into). Two readers walk the same list: the runner executes it (``flows.runner.StepRunner.run_graph``:
-caching, the step lock, MLflow) and the planner projects it (``flows.planning.planned_steps``), so a plan cannot
+caching, the step lock, MLflow) and the planner projects it (``flows.plan_steps.planned_steps``), so a plan cannot
 drift from the run.
 
     for stage j:  train (fresh encoder; cluster-pure batches for j >= 1) -> export -> evaluate stage j alone

@@ -20,7 +20,7 @@ from prefect import flow
 
 from flows.pipeline_run import opened_pipeline, pipeline_dir
 from flows.run_parameters import check_run_parameters
-from flows.planning import ProgressRunner, run_all
+from flows.plan_steps import ProgressRunner, run_all
 from pipeline_config.schema import config_union
 from tasks import steps as t
 from tasks.links import log_pipeline_model, pipeline_run_name, publish_links

@@ -3,7 +3,7 @@ one nested MLflow run per stage, the step lock; the modality is an adapter behin
 
 The graph (``flows.graph.stage_graph``) says which steps a run makes, in order, with their content keys and
 inputs; :class:`StepRunner` runs them (:meth:`StepRunner.run_graph`), resolving each step's inputs to the records
-of the steps before it. The planner reads the same graph (``flows.planning``) without running it.
+of the steps before it. The planner reads the same graph (``flows.plan_steps``) without running it.
 
 Every step's output directory is named by a content key (digest of the typed config it reads and of the keys of
 what it consumes), so identical steps are shared and a rerun skips whatever already finished.

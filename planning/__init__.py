@@ -10,5 +10,5 @@
 
 Layers: this package sits above the library (``contrastive``) and the typed config (``pipeline_config``) and below
 ``tasks`` and ``flows``; it imports neither of those, and ``pipeline_config`` imports nothing from it
-(``tests/unit/test_layers.py``). The steps it plans come from the flows' stage graph (``flows.planning``).
+(``tests/unit/test_layers.py``). The steps it plans come from the flows' stage graph (``flows.plan_steps``).
 """

@@ -2,7 +2,7 @@
 
 Three inputs, joined here into one row per step:
 
-- the steps, as the flow builds them (``flows.planning.planned_steps``: the specs of the pipeline's own stage loop,
+- the steps, as the flow builds them (``flows.plan_steps.planned_steps``: the specs of the pipeline's own stage loop,
   the same the runner executes, so the list cannot drift from the pipeline);
 - the data's size from the config and cheap probes (:func:`data_size`: sample counts the config states, shard
   statistics files, the embedding width the model config implies);

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from flows.planning import planned_steps
+from flows.plan_steps import planned_steps
 from pipeline_config.loader import load_config
 from planning.model import calibration_path, run_costs_path
 from tests.faults.cli_process import ANSI, MCLPIPE, cli_env

@@ -151,3 +151,28 @@ def test_a_shell_key_can_never_be_made_overridable():
     for pattern in ("launcher.slurm.setup", "launcher", "*", "launcher.kubernetes", "output_dir"):
         with pytest.raises(ConfigError, match="which only the operator sets at deploy time"):
             build_deployments(["trifeature_tiny"], [f"run_policy.overridable=['{pattern}']"])
+
+
+def test_a_worker_loads_the_entrypoint_with_flows_first_on_sys_path():
+    """A worker runs ``flows/pipeline.py:mcl_pipeline`` as a script (import_object -> load_script_as_module puts flows/ at
+    the front of sys.path): a module of flows/ named like a top-level package of the project (flows/planning.py
+    beside planning/) hid that package and every deployment run failed at import. Loaded as the worker loads it,
+    in a fresh process from the repository root."""
+    import subprocess
+    import sys
+    import sysconfig
+
+    from flows.deployments import ENTRYPOINT, REPO_ROOT
+
+    # -S: no .pth files, so no editable-install finder maps `planning` to the checkout behind sys.path's back (as
+    # in the image, whose worker imports the code from the checkout it was given); the dependencies from purelib
+    load = (f"import sys; sys.path.append({sysconfig.get_paths()['purelib']!r}); "
+            "from prefect.utilities.importtools import import_object; "
+            f"print(import_object({ENTRYPOINT!r}).name)")
+    done = subprocess.run([sys.executable, "-S", "-c", load], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "mcl-pipeline"
+    packages = {p.name for p in REPO_ROOT.iterdir() if (p / "__init__.py").exists()}
+    shadowing = sorted(m.stem for m in (REPO_ROOT / "flows").glob("*.py") if m.stem in packages)
+    assert not shadowing, f"flows/ modules named like the project's packages: {shadowing}"

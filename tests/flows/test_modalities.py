@@ -139,11 +139,11 @@ def test_each_modality_says_what_it_is_in_the_parent_run(finished):
 
 
 def test_the_plan_lists_every_step_a_run_made(finished):
-    """`mclpipe plan`'s rows (flows.planning.planned_steps: the runner's own loop with a recording step) are the
+    """`mclpipe plan`'s rows (flows.plan_steps.planned_steps: the runner's own loop with a recording step) are the
     steps a run makes, for every modality: the same step directories under output_dir/steps (issue 46)."""
     from pathlib import Path
 
-    from flows.planning import planned_steps
+    from flows.plan_steps import planned_steps
     for key, (config, _) in finished.items():
         data = modality_for(key).prepare_data(config, log=lambda _: None)  # prepared by the run: its data record
         planned = planned_steps(config, data=data)
@@ -159,7 +159,7 @@ def test_the_plan_is_where_users_look(finished, tmp_path):
     (issue 46)."""
     from pathlib import Path
 
-    from flows.planning import planned_steps
+    from flows.plan_steps import planned_steps
 
     async def progress_of(flow_run_id):
         from prefect.client.orchestration import get_client

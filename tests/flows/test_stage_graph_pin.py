@@ -37,7 +37,7 @@ def calibration(P, config):
 
 def snapshot() -> dict:
     """What the pin holds, from today's code."""
-    from flows.planning import planned_results, planned_steps
+    from flows.plan_steps import planned_results, planned_steps
     from planning import model as P
     out = {}
     for preset in PRESETS:

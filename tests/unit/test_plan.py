@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flows.planning import planned_steps
+from flows.plan_steps import planned_steps
 from planning import feasibility as F
 from planning import model as P
 from planning import report as R
