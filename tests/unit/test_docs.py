@@ -241,6 +241,16 @@ def test_readme_has_marked_tables():
     assert len(re.findall(r"<!-- table: ", (ROOT / "README.md").read_text())) >= 1
 
 
+def test_readme_quick_start_gives_the_two_commands():
+    """The README's first code block holds the two commands a new user runs: the main job and the test suite that
+    CI (.ci/run) calls, each at the start of its line."""
+    readme = (ROOT / "README.md").read_text()
+    quick_start = readme.split("## Quick start", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    commands = [line.split("#")[0].strip() for line in quick_start.strip().splitlines()]
+    assert commands == ["make run", "make test"]
+    assert "\nphase \"make test\" make test\n" in (ROOT / ".ci" / "run").read_text()
+
+
 # ------------------------------------------------------------------------------ each check fails on its mistake
 def test_planted_broken_link_fails(tmp_path):
     (tmp_path / "docs").mkdir()
