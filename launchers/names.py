@@ -135,6 +135,16 @@ def image_reference(key: str, value: str) -> str:
                                                  "e.g. registry.example.org/mclpipe:0.1", max_length=512)
 
 
+def container_image(key: str, value: str) -> str:
+    """pyxis's --container-image: an image reference (``registry#name:tag`` or ``docker://...`` too) or an enroot
+    squashfs file (an absolute ``.sqsh`` path)."""
+    if isinstance(value, str) and value.endswith(".sqsh"):
+        return absolute_path(key, value)
+    reference = value.removeprefix("docker://").replace("#", "/", 1) if isinstance(value, str) else value
+    image_reference(key, reference)
+    return value
+
+
 def absolute_path(key: str, value: str) -> str:
     """A path inside a pod (a mount point, the working directory): absolute, of the script-path characters, no
     '..' part."""

@@ -5,6 +5,11 @@ The flow (on a login node) writes the script into the step directory, submits it
 polls ``squeue`` (``sacct`` / ``scontrol`` once the job left the queue), tails the job's log file (on the shared
 filesystem), and ``scancel``s the job when the flow run is cancelled.
 
+Containers: with ``container_image`` (pyxis / enroot, ``srun --container-image``) every node's torchrun agent runs
+in that image (``make image``'s: mclpipe and its dependencies installed, ``python`` on its PATH); the job's working
+directory, its step directory's ``output_dir`` and ``container_mounts`` are mounted at the same paths inside, so the
+flow, the nodes and the container read and write the same files.
+
 Preemption and time limits: with ``signal_lead_seconds`` the script asks Slurm for ``--signal=B:USR1@N`` and
 traps it: the job requeues itself (``scontrol requeue``), and the requeued job resumes from the stage's last
 checkpoint, so a stage longer than the time limit loses at most one checkpoint interval per requeue.
@@ -51,6 +56,13 @@ class SlurmSpec:
     signal_lead_seconds: int = 90
     rdzv_port: int = 0  # 0: 29500 + job id mod 10000, so jobs sharing a node do not collide
     poll_seconds: float = 10.0
+    #: pyxis's image (``registry#name:tag``, a ``docker://`` reference or an enroot ``.sqsh`` file); None: the
+    #: nodes' own environment
+    container_image: str | None = None
+    #: more host paths mounted at the same path in the container (the data, a model cache)
+    container_mounts: tuple[str, ...] = ()
+    #: the output_dir of the pipeline (mounted in the container at the same path)
+    output_dir: str | None = None
 
 
 def sbatch_directives(*, job: JobSpec, spec: SlurmSpec) -> list[str]:
@@ -87,11 +99,28 @@ def _checked(check, key: str, value: str) -> str:
         raise MclpipeError(f"refusing to write the batch script: {exc}") from None
 
 
+def container_options(*, job: JobSpec, spec: SlurmSpec) -> list[str]:
+    """pyxis's ``srun`` options that run a task in ``spec.container_image`` with the job's files at their own
+    paths: the working directory, the output_dir (else the step directory) and ``spec.container_mounts``."""
+    if spec.container_image is None:
+        return []
+    image = _checked(names.container_image, "launcher.slurm.container_image", spec.container_image)
+    shared = [str(job.workdir)] if job.workdir is not None else []
+    shared += [spec.output_dir or str(job.stage_dir), *spec.container_mounts]
+    mounts = ",".join(f"{path}:{path}" for path in dict.fromkeys(
+        _checked(names.script_path, "a container mount", path) for path in shared))
+    options = [f"--container-image={image}", f"--container-mounts={mounts}"]
+    if job.workdir is not None:
+        options.append(f"--container-workdir={job.workdir}")
+    return options
+
+
 def torchrun_line(*, job: JobSpec, spec: SlurmSpec) -> str:
-    """``srun`` one agent per node; c10d rendezvous at ``$head:$port`` (every agent computes the same head)."""
+    """``srun`` one agent per node (in the stage's container when there is one); c10d rendezvous at
+    ``$head:$port`` (every agent computes the same head)."""
     agent = [job.python, "-m", "torch.distributed.run", f"--nnodes={spec.nodes}",
              f"--nproc-per-node={job.nproc_per_node}", "--rdzv-backend=c10d"]
-    quoted = " ".join(shlex.quote(part) for part in agent)
+    quoted = " ".join(shlex.quote(part) for part in [*container_options(job=job, spec=spec), *agent])
     launch = " ".join(shlex.quote(part) for part in job.launch_module_args())
     return (f"srun --kill-on-bad-exit=1 --nodes={spec.nodes} --ntasks-per-node=1 {quoted} "
             f'--rdzv-endpoint="$head:$port" --rdzv-id="$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}" {launch}')

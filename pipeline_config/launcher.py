@@ -48,6 +48,23 @@ class SlurmLauncherConfig(_Launcher):
     rdzv_port: int = Field(0, ge=0, le=65535, description="c10d rendezvous port on the first node; 0 = 29500 + "
                                                        "job id mod 10000 (jobs sharing a node do not collide)")
     poll_seconds: float = Field(10.0, gt=0, description="how often the flow polls squeue and reads the log")
+    container_image: str | None = Field(None, description="run every node's processes in this image (pyxis: srun "
+                                                          "--container-image), e.g. the one `make image` builds "
+                                                          "pushed as registry.example.org#mclpipe:0.2.0, or an "
+                                                          "enroot .sqsh file; None: the nodes' own environment")
+    container_mounts: list[str] = Field(default_factory=list, description="host paths mounted at the same path "
+                                                                          "in the container besides output_dir "
+                                                                          "and the working directory (the data)")
+
+    @field_validator("container_image")
+    @classmethod
+    def _container_image(cls, value: str | None) -> str | None:
+        return None if value is None else names.container_image("", value)
+
+    @field_validator("container_mounts")
+    @classmethod
+    def _mounts(cls, value: list[str]) -> list[str]:
+        return [names.absolute_path("", path) for path in value]
 
     @field_validator("rdzv_port")
     @classmethod
@@ -294,7 +311,8 @@ def filesystem_of(path: Path, *, mounts: str = "/proc/mounts") -> tuple[str, str
     return best
 
 
-def build_launcher(launcher: LauncherConfig, *, rdzv_endpoint: str | None = None):
+def build_launcher(launcher: LauncherConfig, *, rdzv_endpoint: str | None = None,
+                   output_dir: str | None = None):
     """The library launcher of this section (None for ``local``: the caller keeps today's in-process / local
     torchrun path) and how often to poll it. ``rdzv_endpoint``: distributed.rdzv_endpoint, for a hand-made
     multi-node ``torchrun`` launch."""
@@ -310,7 +328,9 @@ def build_launcher(launcher: LauncherConfig, *, rdzv_endpoint: str | None = None
         spec = SlurmSpec(nodes=s.nodes, gpus_per_node=s.gpus_per_node, cpus_per_task=s.cpus_per_task,
                          partition=s.partition, time_limit=s.time_limit, account=s.account,
                          extra_sbatch=tuple(s.extra_sbatch), setup=tuple(s.setup),
-                         signal_lead_seconds=s.signal_lead_seconds, rdzv_port=s.rdzv_port, poll_seconds=s.poll_seconds)
+                         signal_lead_seconds=s.signal_lead_seconds, rdzv_port=s.rdzv_port, poll_seconds=s.poll_seconds,
+                         container_image=s.container_image, container_mounts=tuple(s.container_mounts),
+                         output_dir=output_dir)
         return SlurmLauncher(spec=spec), s.poll_seconds
     from launchers.kubernetes import KubernetesLauncher, KubernetesSpec
     k = launcher.kubernetes
@@ -323,5 +343,8 @@ def build_launcher(launcher: LauncherConfig, *, rdzv_endpoint: str | None = None
 
 
 def node_python(launcher: LauncherConfig) -> str | None:
-    """The interpreter the job's nodes run (None: the flow's own; the image's ``python`` on Kubernetes)."""
+    """The interpreter the job's nodes run (None: the flow's own; the image's ``python`` on Kubernetes and in a
+    Slurm job's container)."""
+    if launcher.kind == "slurm" and launcher.slurm.container_image and launcher.slurm.python is None:
+        return "python"
     return {"slurm": launcher.slurm.python, "kubernetes": "python"}.get(launcher.kind)

@@ -36,6 +36,7 @@ DEFAULT_OVERRIDABLE = [
 OPERATOR_ONLY = [
     "run_policy", "output_dir", "tracking.uri",
     "launcher.slurm.setup", "launcher.slurm.extra_sbatch", "launcher.slurm.python",
+    "launcher.slurm.container_image", "launcher.slurm.container_mounts",
     "launcher.kubernetes.image", "launcher.kubernetes.volume_claim", "launcher.kubernetes.mount_path",
     "launcher.kubernetes.service_account", "launcher.kubernetes.image_pull_secret",
     "launcher.kubernetes.kubeconfig", "launcher.kubernetes.context", "launcher.kubernetes.namespace",

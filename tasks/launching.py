@@ -73,7 +73,8 @@ def run_stage_processes(*, config, what: str, entry: str, kwargs: dict, stage_di
     if single_process:
         d = d.model_copy(update={"nproc_per_node": 1, "nnodes": 1})
     stage_dir = Path(stage_dir)
-    configured, poll_seconds = build_launcher(config.launcher, rdzv_endpoint=d.rdzv_endpoint)
+    configured, poll_seconds = build_launcher(config.launcher, rdzv_endpoint=d.rdzv_endpoint,
+                                              output_dir=str(Path(config.output_dir).resolve()))
     launcher = launcher or configured
     if launcher is None:  # launcher.kind=local with several processes: today's local torchrun
         return run_under_torchrun(entry=entry, kwargs=kwargs, stage_dir=stage_dir, nproc_per_node=d.nproc_per_node,

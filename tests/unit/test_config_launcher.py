@@ -97,6 +97,8 @@ SHELL_REACHING = [
     (SLURM, "launcher.slurm.time_limit", "04:00:00", lambda v: v),
     (SLURM, "launcher.slurm.python", "/shared/venv/bin/python", lambda v: v),
     (SLURM, "launcher.slurm.extra_sbatch", ["--qos=high"], lambda v: [f"--qos={v}"]),
+    (SLURM, "launcher.slurm.container_image", "registry.example.org#mclpipe:0.2.0", lambda v: v),
+    (SLURM, "launcher.slurm.container_mounts", ["/data"], lambda v: ["/data/" + v]),
     (KUBERNETES, "launcher.kubernetes.image", "registry.example.org/mclpipe:0.1", lambda v: v),
     (KUBERNETES, "launcher.kubernetes.namespace", "ml", lambda v: v),
     (KUBERNETES, "launcher.kubernetes.volume_claim", "mclpipe-shared", lambda v: v),
@@ -204,3 +206,15 @@ def test_a_two_node_job_refuses_an_output_dir_only_this_machine_sees(tmp_path):
     assert str(raised.value) == ("output_dir=/shared/scratch/runs is on tmpfs (/shared/scratch), which only this "
                                  "machine sees, but launcher.slurm.nodes=2: set output_dir to storage every node "
                                  "mounts at the same path (NFS, Lustre, GPFS, ...)")
+
+
+def test_a_slurm_container_runs_the_image_s_python_unless_one_is_named():
+    from pipeline_config.launcher import node_python
+
+    image = load_config("trifeature_tiny", ["launcher.kind=slurm",
+                                            "launcher.slurm.container_image=registry.example.org#mclpipe:0.2.0"])
+    assert node_python(image.launcher) == "python"
+    named = load_config("trifeature_tiny", ["launcher.kind=slurm", "launcher.slurm.container_image=/i/mclpipe.sqsh",
+                                            "launcher.slurm.python=/opt/venv/bin/python"])
+    assert node_python(named.launcher) == "/opt/venv/bin/python"
+    assert node_python(load_config("trifeature_tiny", ["launcher.kind=slurm"]).launcher) is None

@@ -275,3 +275,31 @@ def test_a_job_requeued_on_well_nodes_waits_in_the_queue(tmp_path):
     fake.answers["squeue"] = (0, "PENDING|\n")
     assert launcher.poll(handle).state is JobState.PENDING
     assert ["scancel", "5"] not in fake.calls
+
+
+def test_a_container_image_runs_each_node_s_agent_in_it_with_the_job_s_files_at_their_paths():
+    """launcher.slurm.container_image (pyxis): the agent's srun gets the image, the working directory, output_dir
+    and the extra mounts at their own paths, and the image's python; without it the line is unchanged. No pyxis
+    runs here: the line is checked as Slurm receives it (docs/launchers.md)."""
+    from launchers.slurm import torchrun_line
+
+    job = JobSpec(name="s", stage_dir=Path("/shared/runs/steps/train0-k"), args_path=Path("/shared/runs/a.json"),
+                  nproc_per_node=1, python="python", workdir=Path("/shared/mclpipe"))
+    spec = SlurmSpec(container_image="registry.example.org#mclpipe:0.2.0", output_dir="/shared/runs",
+                     container_mounts=("/data", "/shared/runs"))
+    line = torchrun_line(job=job, spec=spec)
+    assert line.startswith("srun --kill-on-bad-exit=1 --nodes=1 --ntasks-per-node=1 "
+                           "'--container-image=registry.example.org#mclpipe:0.2.0' "
+                           "--container-mounts=/shared/mclpipe:/shared/mclpipe,/shared/runs:/shared/runs,/data:/data "
+                           "--container-workdir=/shared/mclpipe python -m torch.distributed.run ")
+    assert "--container" not in torchrun_line(job=job, spec=SlurmSpec())
+    with pytest.raises(MclpipeError, match="container_image"):
+        torchrun_line(job=job, spec=SlurmSpec(container_image="mclpipe:0.2 ; rm -rf /"))
+
+
+def test_the_container_s_step_directory_is_mounted_when_output_dir_is_not_known():
+    from launchers.slurm import container_options
+
+    job = JobSpec(name="s", stage_dir=Path("/scratch/steps/t"), args_path=Path("/scratch/a.json"), nproc_per_node=1)
+    assert container_options(job=job, spec=SlurmSpec(container_image="/images/mclpipe.sqsh")) == [
+        "--container-image=/images/mclpipe.sqsh", "--container-mounts=/scratch/steps/t:/scratch/steps/t"]
