@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 import time
+import json
+import urllib.error
 import urllib.request
 import uuid
 from contextlib import contextmanager
@@ -192,3 +194,20 @@ def tiny_run_args(root: Path, *extra: str) -> list[str]:
             "data.trifeature.num_train=128", "data.trifeature.num_test=64", "train.batch_size=16",
             "tracking.system_metrics_seconds=0.5", *extra]
     return ["trifeature_tiny", *[arg for s in sets for arg in ("--set", s)]]
+
+
+def status_of(url: str, *, auth: str | None = None, body: dict | None = None, timeout: float = 120) -> int:
+    """The HTTP status of one request (GET, or POST of ``body`` as JSON), with ``auth`` ("user:password") as basic
+    authentication when given; 0 when nothing answers (the port closed: what an unpublished address gives)."""
+    headers = {"Content-Type": "application/json"}
+    if auth is not None:
+        headers["Authorization"] = "Basic " + base64.b64encode(auth.encode()).decode()
+    data = None if body is None else json.dumps(body).encode()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers),
+                                    timeout=timeout) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError:
+        return 0

@@ -10,14 +10,13 @@ import json
 import secrets
 import subprocess
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.container import REPO, built_image, docker
-from tests.e2e.stack import Stack, tiny_run_args
+from tests.e2e.stack import Stack, status_of, tiny_run_args
 from tests.e2e.worker import api
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -61,26 +60,13 @@ class Compose:
         self("up", "-d")
         for url in (f"{self.stack.prefect_url}/api/health", f"{self.stack.mlflow_url}/health"):
             deadline = time.monotonic() + 300
-            while status_of(url) != 200:
+            while status_of(url, timeout=10) != 200:
                 assert time.monotonic() < deadline, f"{url} did not answer: {self('logs', '--tail', '60').stdout}"
                 time.sleep(2)
 
     def logs(self) -> str:
         return self("logs", "--tail", "80", check=False).stdout[-8000:]
 
-
-def status_of(url: str, *, auth: str | None = None, body: dict | None = None) -> int:
-    headers = {"Content-Type": "application/json"}
-    if auth:
-        headers["Authorization"] = "Basic " + base64.b64encode(auth.encode()).decode()
-    data = None if body is None else json.dumps(body).encode()
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=10) as response:
-            return response.status
-    except urllib.error.HTTPError as error:
-        return error.code
-    except OSError:
-        return 0
 
 
 def mlflow_get(compose: Compose, path: str, body: dict | None = None) -> dict:

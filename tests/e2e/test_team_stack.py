@@ -2,9 +2,7 @@
 PostgreSQL, then the run tree, the registered model and the links between the two UIs read back from the servers.
 Closed by default (issue 36): both servers refuse a request without the credentials of the stack's .env, and no
 credential lands in their databases, the logs or the artifacts."""
-import base64
 import json
-import urllib.error
 import urllib.request
 
 import mlflow
@@ -13,7 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.tracking import TRAINING_VIEW
-from tests.e2e.stack import credentials_found
+from tests.e2e.stack import credentials_found, status_of
 
 # a flow run through the worker may wait 900 s on a loaded machine (tests/e2e/worker.py), plus the stack's start
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -67,18 +65,6 @@ def test_tiny_pipeline_on_the_postgres_stack(team_stack_run):
     assert f"{stack.mlflow_url}/#/experiments/{experiment.experiment_id}/runs/{parent.info.run_id}{TRAINING_VIEW}" in \
         result.stdout.splitlines()
 
-
-def status_of(url: str, *, auth: str | None = None, body: dict | None = None) -> int:
-    """The HTTP status of one request, with ``auth`` ("user:password") as basic authentication when given."""
-    headers = {"Content-Type": "application/json"}
-    if auth is not None:
-        headers["Authorization"] = "Basic " + base64.b64encode(auth.encode()).decode()
-    data = None if body is None else json.dumps(body).encode()
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=120) as response:
-            return response.status
-    except urllib.error.HTTPError as error:
-        return error.code
 
 
 def test_both_servers_refuse_requests_without_the_credentials(team_stack):
