@@ -181,6 +181,23 @@ def result_tensor(shape: tuple[int, ...], *, dtype: torch.dtype = torch.uint8) -
 
 
 _WORKER_MODULES = ("torch", "PIL.Image", "contrastive.data.loading")
+#: The longest temporary directory under which the forkserver's socket path fits: it is
+#: ``<tmp>/pymp-XXXXXXXX/listener-XXXXXXXX`` (32 characters past the directory), and a Unix socket's path holds at
+#: most 107 bytes (Linux's ``sun_path`` of 108, with its terminating NUL).
+LONGEST_SOCKET_TMPDIR = 107 - 32
+
+
+def _check_socket_dir(setting: str) -> None:
+    """Refuse, naming the fix, a temporary directory too long for the forkserver's socket: Python would fail on the
+    first worker with a bare ``OSError: AF_UNIX path too long`` (a TMPDIR deep inside a job's or a test's scratch)."""
+    import tempfile
+
+    directory = tempfile.gettempdir()
+    if len(directory.encode()) > LONGEST_SOCKET_TMPDIR:
+        raise ConfigError(f"worker processes talk through a Unix socket under the temporary directory {directory} "
+                          f"({len(directory.encode())} bytes), and its path would pass the 107 bytes a socket path "
+                          f"holds: set TMPDIR to a directory of at most {LONGEST_SOCKET_TMPDIR} bytes (export "
+                          f"TMPDIR=/tmp), or {setting}=0 to read in this process")
 
 
 def _worker_context(preload: tuple[str, ...] = ()) -> str:
@@ -242,6 +259,7 @@ class OrderedWorkers(ClosedOnExit):
         self.prefetch = prefetch
         self.pin_memory = pin_memory
         self.preload = preload
+        self.setting = setting
         self._plan = _Plan()
         self._loader: DataLoader | None = None
 
@@ -267,6 +285,8 @@ class OrderedWorkers(ClosedOnExit):
     def _data_loader(self) -> DataLoader:
         if self._loader is None:
             workers = self.workers
+            if workers:
+                _check_socket_dir(self.setting)
             # A worker's results in flight: those queued (prefetch), the one it computes, and a few the consumer
             # holds (a batch in its step, one being augmented); more than that and it falls back to fresh memory.
             buffers = _ResultBuffers(workers=workers, slots=self.prefetch + 4) if workers else None

@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -68,7 +69,7 @@ def working_tree(target: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-def test_on_device_runs_the_gpu_sessions_rows_from_a_fresh_bundle_under_the_image_s_python_offline(tmp_path):
+def test_on_device_runs_the_gpu_sessions_rows_from_a_fresh_bundle_under_the_image_s_python_offline(tmp_path, request):
     if shutil.which("unshare") is None or subprocess.run(["unshare", "-n", "true"]).returncode != 0:
         missing("unshare -n cannot make a network namespace here", fix="run as root (util-linux's unshare)")
     python = image_python()
@@ -76,11 +77,14 @@ def test_on_device_runs_the_gpu_sessions_rows_from_a_fresh_bundle_under_the_imag
     built = subprocess.run(["make", "-o", ".venv/.installed", "gpu-bundle",
                             f"ARGS=--out {tmp_path / 'site-py312.tar.xz'}"], cwd=ROOT, capture_output=True, text=True)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-    tree, out, scratch = tmp_path / "tree", tmp_path / "out", tmp_path / "tmp"
+    tree, out = tmp_path / "tree", tmp_path / "out"
     working_tree(tree)
     (tree / ".whl").mkdir()
     shutil.move(tmp_path / "site-py312.tar.xz", tree / ".whl" / "site-py312.tar.xz")
-    scratch.mkdir()
+    # a short TMPDIR, as a machine's /tmp: the data workers' forkserver socket lives under it, and tmp_path under
+    # xdist leaves no room for its 32 characters (contrastive/data/workers.py LONGEST_SOCKET_TMPDIR)
+    scratch = Path(tempfile.mkdtemp(prefix="on-device-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(scratch, ignore_errors=True))
     # No proxy variables (a lent machine has none, and httpx would send the flow's calls to its own local Prefect
     # server through one): unshare -n leaves loopback alone. The temporary Prefect server's first start compiles
     # the bundle's modules, which took minutes here at load 18 (2026-11-28), past the CLI's 120 s.

@@ -1,4 +1,9 @@
 """The one worker pool: fn over planned items in order, inline or in worker processes that persist across maps."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -39,6 +44,34 @@ def test_results_come_back_in_order_inline_and_from_two_processes():
 def test_a_bad_worker_count_names_the_setting():
     with pytest.raises(ConfigError, match="data.decode_workers"):
         OrderedWorkers(Square(), workers=-1, setting="data.decode_workers")
+
+
+def test_a_temporary_directory_too_long_for_the_forkserver_socket_names_the_fix(monkeypatch):
+    import shutil
+    import tempfile
+    from contrastive.data.workers import LONGEST_SOCKET_TMPDIR
+    base = tempfile.mkdtemp(dir="/tmp")  # not tmp_path: under xdist it alone is near the limit
+    try:
+        longest = Path(base) / ("d" * (LONGEST_SOCKET_TMPDIR - len(base) - 1))
+        longest.mkdir()
+        assert len(str(longest)) == LONGEST_SOCKET_TMPDIR
+        # at the limit the workers start and answer: in a fresh process, as this one's forkserver may run already
+        # with its socket made elsewhere
+        script = ("from contrastive.data.workers import OrderedWorkers\n"
+                  "with OrderedWorkers(abs, workers=1) as pool:\n    print(list(pool.map([-2])))")
+        started = subprocess.run([sys.executable, "-c", script], env={**os.environ, "TMPDIR": str(longest)},
+                                 capture_output=True, text=True, cwd=Path(__file__).resolve().parents[3])
+        assert started.returncode == 0 and started.stdout.strip() == "[2]", started.stderr[-2000:]
+        # a byte more: refused before any worker starts, naming both fixes
+        monkeypatch.setattr(tempfile, "tempdir", str(longest) + "e")
+        with OrderedWorkers(Square(), workers=1, setting="data.decode_workers") as pool:
+            with pytest.raises(ConfigError, match=r"TMPDIR=/tmp\), or data.decode_workers=0"):
+                list(pool.map([2]))
+            assert pool.worker_processes() == []
+        with OrderedWorkers(Square(), workers=0) as inline:  # no socket, no limit
+            assert [r for r, _ in inline.map([3])] == [9]
+    finally:
+        shutil.rmtree(base)
 
 
 class FilledResult:
