@@ -56,18 +56,6 @@ def current_info() -> DistInfo:
                     local_rank=int(os.environ.get("LOCAL_RANK", 0)))
 
 
-def single_process_info(*, threads: int, what: str) -> DistInfo:
-    """The DistInfo of a stage that runs in one process only (``what``: its modality, for the message), refusing a
-    torchrun launch, with torch's CPU threads set (0: torch's default)."""
-    info = current_info()
-    if info.is_distributed:
-        raise ConfigError(f"{what} stages run in one process: set distributed.nproc_per_node=1, distributed.nnodes=1 "
-                          "and launcher.kind=local")
-    if threads:
-        torch.set_num_threads(threads)
-    return info
-
-
 def is_initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 

@@ -5,6 +5,11 @@ batches otherwise) gives the rows of every batch. The views are made on the host
 (checkpointed by the engine, so a resumed stage draws exactly what an uninterrupted one would): each view keeps
 every feature with probability 1 - p (inverted dropout) and adds Gaussian noise scaled by the feature's standard
 deviation over the training split.
+
+Under DDP each rank holds its share of the global batch: the projections of all ranks are gathered with their
+gradient (``contrastive.engine.distributed.gather_with_grad``) and every rank computes NT-Xent over the global
+batch, so the negatives are every rank's and DDP's averaged gradient is the single-process gradient of that batch
+(the engine puts batch norm over the global batch too: ``sync_batch_norms``).
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from contrastive.engine.distributed import gather_with_grad
 from contrastive.engine.task import StageTask
 from contrastive.methods.losses import nt_xent
 
@@ -41,8 +47,10 @@ class FeatureSimCLR(nn.Module):
         self.temperature = temperature
 
     def forward(self, view1: torch.Tensor, view2: torch.Tensor):
-        """view1, view2: (B, in_dim) two views of the same B vectors -> (NT-Xent loss, metrics)."""
-        z1, z2 = self.projector(self.encoder(view1)), self.projector(self.encoder(view2))
+        """view1, view2: (B_r, in_dim) two views of this rank's B_r vectors -> (NT-Xent loss over the global batch
+        of all ranks' B = sum_r B_r vectors in rank order (B_r itself without a process group), metrics)."""
+        z1 = gather_with_grad(self.projector(self.encoder(view1)))
+        z2 = gather_with_grad(self.projector(self.encoder(view2)))
         loss = nt_xent(z1=z1.float(), z2=z2.float(), temperature=self.temperature)
         return loss, {}
 

@@ -108,8 +108,6 @@ class EmbeddingsPipelineConfig(_PipelineBase):
     train: FeaturesTrainConfig = FeaturesTrainConfig()
     mcl: FeaturesMclConfig = FeaturesMclConfig()
 
-    IN_PROCESS_ONLY = "feature vectors: seconds a stage"
-
 
 def check_features_feasible(config: EmbeddingsPipelineConfig, *, num_train: int) -> None:
     """Batch <= training vectors and MCL's prod(K) <= M / b, for every stage."""

@@ -8,7 +8,7 @@ from typing import Callable
 
 import numpy as np
 
-from contrastive.modalities.base import Member, Modality, ResultsTable, ServingInput
+from contrastive.modalities.base import Launch, Member, Modality, ResultsTable, ServingInput
 
 
 class EmbeddingsModality(Modality):
@@ -16,6 +16,8 @@ class EmbeddingsModality(Modality):
     title = "feature vectors"
     step_prefix = "emb-"
     export_batch_size = 4096
+    launch = Launch(train_entry="contrastive.modalities.embeddings.steps:train_feature_stage_from_json",
+                    export_entry="contrastive.modalities.embeddings.steps:export_features_from_json")
     # torchvision: the stage model is a contrastive.methods model, whose package imports contrastive.models.
     serving = ServingInput(dtype="float32", shape=(-1, -1), description="float32 feature vectors (n, D)",
                            requirements=("torch", "torchvision", "numpy"))
@@ -56,11 +58,17 @@ class EmbeddingsModality(Modality):
     # ------------------------------------------------------------------------------------------ training
     def train_content(self, config, *, stage: int, seed: int, data: dict, batches_key: str | None,
                       inherit_key: str | None) -> dict:
-        """What a stage's weights depend on: encoder, views, training, seed, data and its batches."""
-        return {"step": "emb-train", "model": config.model.content(), "method": config.method.content(),
-                "train": config.train_key_content(), "seed": seed, "data": data["digest"], "pseudo_labels": batches_key,
-                "remainder_policy": config.mcl.remainder_policy if batches_key else None,
-                "inherit_from": inherit_key}
+        """What a stage's weights depend on: encoder, views, training, seed, data and its batches, and the number of
+        processes when it is not 1 (each rank draws its own views; absent for one process, so the keys of
+        single-process stages are what they were)."""
+        content = {"step": "emb-train", "model": config.model.content(), "method": config.method.content(),
+                   "train": config.train_key_content(), "seed": seed, "data": data["digest"],
+                   "pseudo_labels": batches_key,
+                   "remainder_policy": config.mcl.remainder_policy if batches_key else None,
+                   "inherit_from": inherit_key}
+        if config.distributed.world_size() != 1:
+            content["processes"] = config.distributed.world_size()
+        return content
 
     def train_spec(self, config, *, stage: int, seed: int, out_dir: str, data: dict, batches_path: str | None,
                    init_model_path: str | None):

@@ -14,7 +14,6 @@ def test_tiny_preset_is_the_embeddings_pipeline():
 @pytest.mark.parametrize("overrides, message", [
     (["data.kind=files"], "data.files.features is not set"),
     (["data.kind=files", "data.files.features=/nowhere/x.npy"], "data.files.features '/nowhere/x.npy' does not exist"),
-    (["distributed.nproc_per_node=2"], "run in one process"),
     (["train.batch_size=4096"], "larger than the 512 training samples"),
     (["mcl.clusters=64"], "MCL needs prod"),
     (["data.synthetic.scales={a: 1.0}"], "must name the same attributes"),
