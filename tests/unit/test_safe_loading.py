@@ -364,3 +364,105 @@ def test_a_planted_cifar_batch_is_refused_and_real_ones_still_read(tmp_path, sen
     message = str(refused.value)
     assert "\n" not in message and str(batch) in message and "_create_sentinel" in message
     assert "cifar-10-python.tar.gz" in message
+
+
+# ---------------------------------------------------------------------------------------------------- the helpers
+def test_check_plain_names_the_first_entry_that_would_not_load_by_its_place():
+    """The writer's check: the message is the role, the entry's place (keys, indexes; a key marked as such), its
+    type and the fix."""
+    from contrastive.engine.safe_load import check_plain
+    fix = (": mclpipe's files hold only tensors and plain data (dicts, lists, numbers, strings), so that they load "
+           "without unpickling code; store it as one of those (contrastive.engine.safe_load)")
+    check_plain({"a": [1, 2.0, "s", None, torch.ones(1)], 3: (b"x", torch.float32)}, what="checkpoint")
+    for value, where in [({"a": [1, np.zeros(2)]}, "['a'][1] is a numpy.ndarray"),
+                         ({"a": {Path("k"): 1}}, "['a'][PosixPath('k')] (key) is a pathlib.PosixPath"),
+                         ([np.float32(1)], "[0] is a numpy.float32")]:
+        with pytest.raises(TypeError) as refused:
+            check_plain(value, what="checkpoint")
+        assert str(refused.value) == f"checkpoint{where}{fix}"
+
+
+class _Point(tuple):
+    """A tuple subclass (as a namedtuple is): converted to a plain list."""
+
+
+@dataclasses.dataclass
+class _Stats:
+    mean: float
+    where: Path
+
+
+def test_plain_copy_turns_what_earlier_versions_stored_into_plain_data():
+    from collections import OrderedDict
+
+    from contrastive.engine.safe_load import plain_copy
+    counts = np.arange(3)
+    copied = plain_copy(counts, what="model")
+    counts[0] = 99  # a copy, not a view of the caller's array
+    assert torch.equal(copied, torch.arange(3))
+    key = plain_copy(np.array([1, 2], dtype=np.uint32), what="model")  # numpy's RNG key: int64 (torch has no uint32)
+    assert key.dtype == torch.int64 and key.tolist() == [1, 2]
+    assert plain_copy(np.array([0.5]), what="model").dtype == torch.float64
+    assert plain_copy(np.array(["a", "bc"]), what="model") == ["a", "bc"]
+    assert plain_copy(_Stats(np.float32(0.5), Path("/r")), what="model") == {"mean": 0.5, "where": "/r"}
+    assert type(plain_copy({"a": 1}, what="model")) is dict
+    assert plain_copy(_Point((1, np.int64(2))), what="model") == [1, 2]
+    assert plain_copy((1, [2]), what="model") == (1, [2]) and plain_copy({3}, what="model") == {3}
+    state = OrderedDict(w=torch.ones(1))
+    state._metadata = {"": {"version": np.int64(2)}}  # a state dict's module versions
+    loaded = plain_copy(state, what="model")
+    assert type(loaded) is OrderedDict and list(loaded) == ["w"]
+    assert loaded._metadata == {"": {"version": 2}} and type(loaded._metadata[""]["version"]) is int
+
+
+def test_plain_copy_names_what_mclpipe_never_stored_by_its_place():
+    from collections import OrderedDict
+
+    from decimal import Decimal
+
+    from contrastive.engine.safe_load import plain_copy
+    state = OrderedDict(w=torch.ones(1))
+    state._metadata = {"x": object()}
+    fix = (", which mclpipe never stores: this file was not written by mclpipe and cannot be converted; delete it "
+           "and rerun the step that writes it")
+    for value, where in [({"outer": {object(): 1}}, "['outer'] is a builtins.object"),
+                         ({"a": [1, Decimal(1)]}, "['a'][1] is a decimal.Decimal"),
+                         (np.array([1, object()], dtype=object), "[1] is a builtins.object"),
+                         ({"s": state}, "['s']._metadata['x'] is a builtins.object")]:
+        with pytest.raises(DataError) as refused:
+            plain_copy(value, what="model")
+        assert str(refused.value) == f"model{where}{fix}"
+
+
+def test_load_array_pickle_reads_python_2_strings_and_names_the_global_it_refuses(tmp_path):
+    from contrastive.engine.safe_load import load_array_pickle
+    # CIFAR-10's batches were pickled by Python 2: its str is SHORT_BINSTRING, decoded with the encoding given
+    assert load_array_pickle(io.BytesIO(b"\x80\x02U\x03abcq\x00."), path="b", what="batch", fix="") == "abc"
+    with pytest.raises(UnsafeFileError) as refused:
+        load_array_pickle(io.BytesIO(b"\x80\x02cos\nsystem\nq\x00."), path="/d/b", what="CIFAR-10 batch", fix="Fix.")
+    assert str(refused.value) == ("CIFAR-10 batch /d/b holds a pickled os.system that loading would have to run, so "
+                                  "it was not loaded (mclpipe reads only tensors, arrays and plain data). Fix.")
+
+
+def test_load_torch_file_names_the_path_given_for_a_buffer_and_honours_map_location(tmp_path, sentinel):
+    from contrastive.engine.safe_load import load_torch_file, unsafe_file_error
+    buffer = io.BytesIO()
+    torch.save({"w": torch.ones(2)}, buffer)
+    buffer.seek(0)
+    assert load_torch_file(buffer, what="model", map_location="meta")["w"].device.type == "meta"
+    planted = plant(tmp_path / "model.pt", sentinel)
+    with pytest.raises(UnsafeFileError) as refused:
+        load_torch_file(io.BytesIO(planted.read_bytes()), what="stage model", path="runs/s1/model.pt")
+    assert str(refused.value).startswith("stage model runs/s1/model.pt holds a pickled ")
+    plain = unsafe_file_error("m.pt", what="model", exc=pickle.UnpicklingError("framed"), fix="F")
+    assert str(plain) == ("model m.pt holds pickled Python objects that loading would have to run, so it was not "
+                          "loaded (mclpipe reads only tensors, arrays and plain data). F")
+
+
+def test_a_planted_file_is_refused_even_where_the_user_turned_torch_s_safe_default_off(tmp_path, sentinel,
+                                                                                         monkeypatch):
+    """TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 turns ``torch.load``'s default off, but not an explicit weights_only."""
+    from contrastive.engine.safe_load import load_torch_file
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    with pytest.raises(UnsafeFileError):
+        load_torch_file(plant(tmp_path / "model.pt", sentinel), what="model")
