@@ -1,7 +1,7 @@
 """The slurm launcher on a REAL two-node cluster (.ci/setup-slurm-2node.sh: slurmctld here, two slurmd each in its
 own network namespace with its own host name and address, partition `pair`; the nodes share this file system):
 
-- every modality's stage type that runs as processes (image, CLIP, text) trains and exports split across the two
+- every modality's stage type (image, CLIP, text, embeddings) trains and exports split across the two
   nodes (one gloo process a node, the c10d rendezvous on node 1 reached by its name from node 2) and equals the
   same steps as two processes on one node: the same losses step for step, the same embeddings;
 - a node lost mid-stage (every process of node 2 killed: slurmd, the job step, its rank) fails the job within the
@@ -9,8 +9,8 @@ own network namespace with its own host name and address, partition `pair`; the 
   resumes from the last checkpoint to the same model as an undisturbed run;
 - the time-limit signal (USR1 before --time) requeues a two-node job, which resumes.
 
-One job runs the three modalities' steps (tests/launchers/several_steps.py): one rendezvous and one interpreter start
-instead of six."""
+One job runs the four modalities' steps (tests/launchers/several_steps.py): one rendezvous and one interpreter start
+instead of eight."""
 import json
 import os
 import signal
@@ -35,13 +35,12 @@ from tests.slurm import SETUP_TWO_NODES, require_two_nodes
 
 pytestmark = pytest.mark.slow
 
-# each modality's tiny preset whose stages run as processes (Modality.launch: a train and an export entry), its
-# stage 0 a few steps long. The embeddings modality has no launch entries: its stages run in the flow's process
-# whatever the launcher, so no job of it reaches a node.
+# each modality's tiny preset (Modality.launch: a train and an export entry), its stage 0 a few steps long
 PRESETS = {
     "image": ("trifeature_tiny", []),
     "clip": ("clip_tiny", ["device=cpu", "train.max_steps_per_epoch=4", "data.synthetic.num_train=288"]),
     "text": ("text_tiny", []),
+    "embeddings": ("embeddings_tiny", ["train.epochs=1", "train.log_every_steps=1"]),
 }
 
 
@@ -72,7 +71,7 @@ def four_modality_steps(prepared: dict, root: Path) -> list[dict]:
 
 
 def several_steps_job(steps: list[dict], stage_dir: Path, *, nproc_per_node: int, nnodes: int):
-    return stage_job(name="three-modalities", entry="tests.launchers.several_steps:run_steps_from_json",
+    return stage_job(name="four-modalities", entry="tests.launchers.several_steps:run_steps_from_json",
                      kwargs={"steps": steps}, backend="gloo", stage_dir=stage_dir, nproc_per_node=nproc_per_node,
                      nnodes=nnodes, result_file="none.json", env={"OMP_NUM_THREADS": "1"})
 
