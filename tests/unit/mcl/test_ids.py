@@ -103,3 +103,107 @@ def test_the_stable_argsort_of_nonnegative_values_is_numpys_stable_argsort(size)
         values = rng.integers(0, 4, size=size, dtype=np.int64) << (value_bits - 2)  # ties, top bits used
         got = _argsort_nonnegative(values, value_bits=value_bits)
         np.testing.assert_array_equal(got, np.argsort(values, kind="stable"))
+
+
+# ----------------------------------------------------------------- the paths taken, their edges, the messages
+def test_the_scatter_path_applies_to_compact_int_ids_and_non_negative_int_labels():
+    """``_scatter_int_labels`` returns labels (in the labels' dtype) where it applies, else None for the general
+    path: any id range start (not only 0), a label 0, a single id, gaps between ids; not for float labels, no ids,
+    a range wider than max(2 L, 2^22), dataset ids outside the labelled range or between labelled ids."""
+    from contrastive.mcl.ids import _scatter_int_labels as scatter
+
+    def run(label_ids, labels, dataset_ids):
+        return scatter(label_ids=np.array(label_ids, dtype=np.int64), labels=np.array(labels),
+                       dataset_ids=np.array(dataset_ids, dtype=np.int64))
+    out = run([5, 3, 4], np.array([0, 2, 1], dtype=np.int32), [4, 5, 3, 3])
+    assert out.dtype == np.int32 and out.tolist() == [1, 0, 2, 2]
+    assert run([7], [2], [7]).tolist() == [2] and run([3, 5], [1, 0], [5, 3]).tolist() == [0, 1]
+    assert run([10**7 + 1, 10**7], [1, 0], [10**7]).tolist() == [0]  # a far range start, a narrow range
+    assert run([0, (1 << 22) - 1], [1, 2], [(1 << 22) - 1]).tolist() == [2]  # a range of 2^22: a table
+    assert run([0, 1], np.array([2**62 + 1, 0]), [0]).tolist() == [2**62 + 1]  # int64 labels kept exactly
+    for label_ids, labels, dataset_ids in [([0, 1], [0.5, 1.5], [0]), ([], [], [0]), ([0, 1 << 22], [1, 2], [0]),
+                                           ([0, 1], [1, -1], [0]), ([3, 4], [1, 2], [5]), ([3, 4], [1, 2], [2]),
+                                           ([3, 5], [1, 2], [4])]:
+        assert run(label_ids, np.array(labels), dataset_ids) is None, (label_ids, labels, dataset_ids)
+
+
+def test_the_joins_mark_a_missing_id_minus_one_and_handle_one_id_and_none(monkeypatch):
+    from contrastive.mcl import ids
+
+    def no_sort(**_):
+        raise AssertionError("a compact range joins by its lookup table")
+    int64 = lambda *values: np.array(values, dtype=np.int64)  # noqa: E731
+    assert ids._join_int_ids(label_ids=int64(), dataset_ids=int64(1, 2)).tolist() == [-1, -1]
+    assert ids._join_sorted_ids(label_ids=np.array(["a"]), dataset_ids=np.array(["b", "a"])).tolist() == [-1, 0]
+    monkeypatch.setattr(ids, "_join_sorted_ids", no_sort)
+    assert ids._join_int_ids(label_ids=int64(7), dataset_ids=int64(7)).tolist() == [0]
+    assert ids._join_int_ids(label_ids=int64(0, 1, 2), dataset_ids=int64(3)).tolist() == [-1]  # just past the end
+    assert ids._join_int_ids(label_ids=int64(5, 6), dataset_ids=int64(4, 6, 7)).tolist() == [-1, 1, -1]
+    far = 10**7 + int64(2, 0, 1)
+    assert ids._join_int_ids(label_ids=far, dataset_ids=far[::-1]).tolist() == [2, 1, 0]
+    assert ids._join_int_ids(label_ids=int64(0, (1 << 22) - 1), dataset_ids=int64(0)).tolist() == [0]
+
+
+def test_the_int_sort_of_ids_is_numpys_stable_argsort():
+    from contrastive.mcl.ids import _argsort_ids
+    rng = np.random.default_rng(3)
+    for ids in (rng.integers(-50, 50, size=200), rng.integers(-(2**62), 2**62, size=50),
+                np.array([-(2**62), 0, 2**62 - 1, 5, -3]), np.array([2**63 - 1, -(2**63), 0, 1, -1])):
+        np.testing.assert_array_equal(_argsort_ids(ids), np.argsort(ids, kind="stable"))
+
+
+def test_ids_of_other_kinds_join_where_they_can_and_are_refused_where_they_cannot():
+    """uint ids join int ones (both numbers); uint64 ids past int64's range are not wrapped onto negative ids;
+    object ids are read as strings; StringDType ids join UTF-8 bytes ids."""
+    labels = np.array([10, 20])
+    assert align_labels_to_ids(label_ids=np.array([2, 1], dtype=np.uint32), labels=labels,
+                               dataset_ids=np.array([1, 2])).tolist() == [20, 10]
+    with pytest.raises(DataError, match="1 of 1 dataset ids have no label"):
+        align_labels_to_ids(label_ids=np.array([2**64 - 5], dtype=np.uint64), labels=labels[:1],
+                            dataset_ids=np.array([-5]))
+    assert align_labels_to_ids(label_ids=np.array([1, "a"], dtype=object), labels=labels,
+                               dataset_ids=np.array(["a", "1"])).tolist() == [20, 10]
+    strings = np.array(["b", "a"], dtype=np.dtypes.StringDType())
+    assert align_labels_to_ids(label_ids=strings, labels=labels,
+                               dataset_ids=np.array([b"a", b"b"])).tolist() == [20, 10]
+
+
+def test_aligned_ids_return_the_labels_themselves_and_the_messages_are_exact():
+    labels = np.array([4, 3, 2])
+    assert align_labels_to_ids(label_ids=np.arange(3), labels=labels, dataset_ids=np.arange(3)) is labels
+    cases = [(dict(label_ids=np.zeros((2, 2)), labels=labels, dataset_ids=np.arange(3)),
+              "label_ids must be a 1-D array of sample ids, got shape (2, 2)."),
+             (dict(label_ids=np.arange(3), labels=labels, dataset_ids=np.zeros((1, 3))),
+              "dataset_ids must be a 1-D array of sample ids, got shape (1, 3)."),
+             (dict(label_ids=np.arange(2), labels=labels, dataset_ids=np.arange(2)),
+              "labels has 3 rows but label_ids has 2; save the ids together with the assignments they belong to."),
+             (dict(label_ids=np.arange(2), labels=np.array(5), dataset_ids=np.arange(2)),
+              "labels has 0 rows but label_ids has 2; save the ids together with the assignments they belong to."),
+             (dict(label_ids=np.arange(3), labels=labels, dataset_ids=np.array(["0"])),
+              "label ids are int64 but dataset ids are <U1; use the same id type (e.g. both str) when exporting "
+              "embeddings and when loading the dataset."),
+             (dict(label_ids=np.array([0, 0, 1, 1, 2, 2, 3, 3]), labels=np.zeros(8), dataset_ids=np.arange(2)),
+              "4 label ids are duplicated (e.g. [0, 1, 2]); sample ids must be unique: fix the dataset's id column "
+              "and re-run the clustering stage."),
+             (dict(label_ids=np.array([0, 0, 1, 1, 2, 2, 3, 3]) * 10**15, labels=np.zeros(8),
+                   dataset_ids=np.arange(2)),
+              "4 label ids are duplicated (e.g. [0, 1000000000000000, 2000000000000000]); sample ids must be "
+              "unique: fix the dataset's id column and re-run the clustering stage."),
+             (dict(label_ids=np.arange(3), labels=labels, dataset_ids=np.array([0, 7])),
+              "1 of 2 dataset ids have no label (e.g. [7]); the labels were computed for a different dataset: "
+              "re-run the clustering stage for this dataset.")]
+    for kwargs, message in cases:
+        with pytest.raises(DataError) as refused:
+            align_labels_to_ids(**kwargs)
+        assert str(refused.value) == message
+
+
+def test_compact_int_ids_with_int_labels_are_aligned_by_the_scatter_alone(monkeypatch):
+    from contrastive.mcl import ids
+
+    def no_join(**_):
+        raise AssertionError("compact int ids with int labels need no join")
+    monkeypatch.setattr(ids, "_join_int_ids", no_join)
+    monkeypatch.setattr(ids, "_join_sorted_ids", no_join)
+    assert align_labels_to_ids(label_ids=np.array([2, 0, 1]), labels=np.array([7, 5, 6]),
+                               dataset_ids=np.array([1, 2])).tolist() == [6, 7]
