@@ -280,3 +280,76 @@ def test_kmeans_puts_its_index_on_the_named_gpus_only(blobs, monkeypatch):
         kmeans(features=x, k=4, seed=0, use_gpu=True, gpu_devices=(7,))
     monkeypatch.setattr(faiss, "get_num_gpus", lambda: 0)
     np.testing.assert_array_equal(kmeans(features=x, k=4, seed=0, spherical=False).assignments, on_one.assignments)
+
+
+# ------------------------------------------------------------------ the helpers, against closed forms (mutants)
+def test_the_inertia_is_the_sum_of_squared_distances_chunk_by_chunk(monkeypatch):
+    from contrastive.mcl import clustering
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(5, 3)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    centroids = rng.normal(size=(2, 3)).astype(np.float32)
+    assignments = np.array([0, 1, 1, 0, 1])
+    expected = float(((x.astype(np.float64) - centroids[assignments]) ** 2).sum())
+    monkeypatch.setattr(clustering, "_ROW_CHUNK", 2)  # three chunks, the last one short
+    scores = np.einsum("ij,ij->i", x, centroids[assignments])  # what the spherical (IP) index returns
+    got = clustering._inertia(x=x, centroids=centroids, assignments=assignments, scores=scores, inner_product=True)
+    assert got == pytest.approx(expected, rel=1e-6)
+    assert clustering._inertia(x=x, centroids=centroids, assignments=assignments, inner_product=False,
+                               scores=np.array([1.0, -1e-7, 2.0, 0.5, 0.0], np.float32)) == pytest.approx(3.5)
+
+
+def test_rows_are_normalised_chunk_by_chunk_and_non_finite_rows_found_without_warnings(monkeypatch):
+    import warnings
+
+    from contrastive.mcl import clustering
+    monkeypatch.setattr(clustering, "_ROW_CHUNK", 2)
+    x = np.array([[3, 4], [0, 0], [1, 0], [0, 2], [6, 8]], dtype=np.float32)
+    big = np.array([[3e38, 3e38], [np.inf, -np.inf], [1, np.nan], [1, 2]], dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an overflowing sum, inf - inf: expected here, so not reported
+        clustering._l2_normalize_rows_(x)
+        bad = clustering._non_finite_rows(big)
+        inf_row = np.array([[np.inf, 1.0]], dtype=np.float32)
+        clustering._l2_normalize_rows_(inf_row)
+    np.testing.assert_allclose(x, [[0.6, 0.8], [0, 0], [1, 0], [0, 1], [0.6, 0.8]], rtol=1e-6)
+    assert bad.dtype == bool and bad.tolist() == [False, True, True, False]
+    assert np.isnan(inf_row).any()
+
+
+def test_the_training_sample_edges_and_messages(tmp_path):
+    from contrastive.mcl.clustering import _placement, _training_rows
+    assert _training_rows(num_points=5, k=2, seed=0, max_train_points=5) is None
+    rows = _training_rows(num_points=10, k=3, seed=0, max_train_points=3)
+    assert rows.tolist() == sorted(set(rows.tolist())) and len(rows) == 3  # at the limit k: distinct rows
+    assert all(len(set(_training_rows(num_points=10, k=2, seed=s, max_train_points=8).tolist())) == 8
+               for s in range(5))  # without replacement
+    with pytest.raises(ConfigError) as refused:
+        _training_rows(num_points=10, k=3, seed=0, max_train_points=2)
+    assert str(refused.value) == ("max_train_points=2 is below k=3: k-means needs at least one training point per "
+                                  "cluster; raise it (or leave it unset to train on every point).")
+    with pytest.raises(ConfigError) as refused:
+        _placement(True, gpu_devices=())
+    assert str(refused.value) == "use_gpu=True but no GPU was given to k-means (gpu_devices is empty: device=cpu)"
+
+
+def test_loading_clusters_needs_both_files_and_matching_lengths_and_ami_flattens(tmp_path):
+    from contrastive.mcl.clustering import ASSIGNMENTS_FILE, SUMMARY_FILE, load_assignments
+    np.savez(tmp_path / ASSIGNMENTS_FILE, ids=np.arange(3), assignments=np.zeros(2, dtype=np.int64))
+    with pytest.raises(DataError) as refused:
+        load_assignments(directory=tmp_path)  # no summary: an interrupted save
+    assert str(refused.value) == (f"no complete clustering in {tmp_path} (missing {ASSIGNMENTS_FILE} or "
+                                  f"{SUMMARY_FILE}); re-run the clustering stage.")
+    (tmp_path / SUMMARY_FILE).write_text("{}")
+    with pytest.raises(DataError) as refused:
+        load_assignments(directory=tmp_path)
+    assert str(refused.value) == (f"{tmp_path / ASSIGNMENTS_FILE} holds 3 ids but 2 assignments; re-run "
+                                  "clustering.")
+    a = np.array([[0, 0, 1], [1, 2, 2]])
+    b = np.array([[1, 1, 0], [0, 2, 0]])
+    assert adjusted_mutual_information(a=a, b=b) == pytest.approx(
+        adjusted_mutual_information(a=a.ravel(), b=b.ravel()))
+    with pytest.raises(DataError) as refused:
+        adjusted_mutual_information(a=np.zeros(3), b=np.zeros(2))
+    assert str(refused.value) == ("cannot compare clusterings of 3 and 2 samples; align both to the same sample "
+                                  "ids first (align_labels_to_ids).")

@@ -119,3 +119,34 @@ def test_asking_for_a_gpu_that_neither_faiss_nor_torch_sees_names_the_fix(monkey
     with pytest.raises(ConfigError, match=r"neither faiss \(0 GPU\(s\)\) nor torch \(1 CUDA device\(s\)\) sees any "
                                           r"of \[3\].*faiss-gpu"):
         kmeans(features=_clustered(num=100, dim=4, centers=2), k=2, seed=0, use_gpu=True, gpu_devices=(3,))
+
+
+def _reference_lloyd(x: np.ndarray, c: np.ndarray, *, niter: int, spherical: bool) -> np.ndarray:
+    """Lloyd's iterations written out in float64 (no cluster empties in the data this is used on)."""
+    x, c = x.astype(np.float64), c.astype(np.float64)
+    for _ in range(niter):
+        near = (x @ c.T).argmax(1) if spherical else ((x[:, None] - c[None]) ** 2).sum(-1).argmin(1)
+        c = np.stack([x[near == j].mean(0) for j in range(len(c))])
+        if spherical:
+            c /= np.linalg.norm(c, axis=1, keepdims=True)
+    return c
+
+
+@pytest.mark.parametrize("spherical", [False, True])
+def test_lloyd_is_the_written_out_iteration_summed_in_chunks(spherical, monkeypatch):
+    """Two blobs and a lone point (a cluster of one), rows of other norms; sums over chunks of 2 rows."""
+    from contrastive.mcl import lloyd_torch
+    monkeypatch.setattr(lloyd_torch, "_SUM_ROWS", 2)
+    x = np.array([[1, 0.1], [3, -0.2], [2, 0.3], [0.1, 1], [-0.2, 4], [0.3, 2], [-1, -1.2]], dtype=np.float32)
+    initial = x[[0, 3, 6]] * np.float32(1.5)
+    got = lloyd_torch.lloyd(torch.from_numpy(x), torch.from_numpy(initial), niter=3, spherical=spherical, seed=0)
+    np.testing.assert_allclose(got.numpy(), _reference_lloyd(x, initial, niter=3, spherical=spherical), rtol=1e-5)
+
+
+def test_an_empty_last_cluster_is_reseeded_too():
+    from contrastive.mcl.lloyd_torch import lloyd, nearest_centroids
+    x = torch.tensor([[0.0, 0], [0.1, 0], [0.2, 0], [5, 0], [5.1, 0], [5.2, 0]])
+    initial = torch.tensor([[0.0, 0], [5, 0], [100, 100]])  # the last centroid wins no point
+    centroids = lloyd(x, initial, niter=2, spherical=False, seed=0)
+    labels, _ = nearest_centroids(x, centroids, inner_product=False)
+    assert torch.bincount(labels, minlength=3).min() > 0 and centroids[2].abs().max() < 10
