@@ -20,6 +20,9 @@ from contrastive.modalities.embeddings.steps import (FeatureStageSpec, export_fe
                                                      train_feature_stage_from_json)
 from tests.distributed import run_gloo_ranks
 
+# about 20 s on the shared 2-core CPU (two spawned gloo ranks, each importing torch): make test-slow
+pytestmark = pytest.mark.slow
+
 WORLD = 2
 #: SGD, not Adam: the bias of a Linear layer before batch norm has a true gradient of 0 (the norm subtracts the batch
 #: mean, the bias with it), which Adam's normalisation turns from either run's float noise into lr-sized steps, and
