@@ -83,7 +83,9 @@ fi
 
 # packages and munged (one key for every daemon): the one-node script installs and starts them
 if ! command -v slurmd >/dev/null || ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
-  bash "$(dirname "$0")/setup-slurm.sh"
+  # the one-node cluster reads its own config: a SLURM_CONF of the caller (the two-node one) would make its slurmd
+  # look for a node name of the two-node config and stop
+  env -u SLURM_CONF bash "$(dirname "$0")/setup-slurm.sh"
 fi
 mkdir -p "$CONF_DIR" "$STATE" "$LOGS"
 
