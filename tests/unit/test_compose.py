@@ -91,6 +91,8 @@ def test_prefect_and_mlflow_require_authentication():
     assert ini["mlflow"]["database_uri"].startswith("postgresql") and "admin_password" not in ini["mlflow"]
     assert not USERINFO_PASSWORD.search(ini["mlflow"]["database_uri"])
     assert ini["mlflow"]["authorization_function"] == "mlflow.server.auth:authenticate_request_basic_auth"
+    # a checked password cached: without it every request pays two or three slow hashes (BENCHMARKS.md)
+    assert 0 < ini.getint("mlflow", "auth_cache_ttl_seconds") <= 300
 
 
 def test_every_variable_is_in_env_example_with_a_placeholder():
