@@ -20,7 +20,7 @@ from bench.history import CHANGES, FINDINGS
 
 ROOT = Path(__file__).resolve().parent.parent
 MODULES = ["batch_plan", "pseudo_labels", "kmeans", "pipeline_overhead", "export", "shards", "image_input", "clip_reader",
-           "engine_throughput", "framework_overhead", "method_zoo", "text_hyper"]
+           "engine_throughput", "framework_overhead", "method_zoo", "text_hyper", "mlflow_auth"]
 MODULE_TIMEOUT_S = 600
 
 

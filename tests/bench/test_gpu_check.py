@@ -341,9 +341,11 @@ def test_a_gpu_this_torch_cannot_use_fails_with_the_fix(capsys, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------------- dry run
-#: Rows of the dry run left to make test-slow: two whole pipelines, and DDP's four spawned processes (minutes here).
-SLOW_ROWS = ("pipeline", "ddp", "table4")
-FAST_ROWS = [row for row in gpu_check.ROWS if row not in SLOW_ROWS]
+#: Rows of the dry run left to make test-slow: the Table 4 pipeline, and DDP's four spawned processes (minutes here).
+SLOW_ROWS = ("ddp", "table4")
+#: The pipeline row's dry run is tests/bench/test_on_device.py's (slow), from the bundle as a lent machine runs it.
+ON_DEVICE_ROWS = ("pipeline",)
+FAST_ROWS = [row for row in gpu_check.ROWS if row not in SLOW_ROWS + ON_DEVICE_ROWS]
 
 
 def _table(report) -> dict[str, list[str]]:
@@ -353,9 +355,12 @@ def _table(report) -> dict[str, list[str]]:
 
 
 def test_the_dry_run_runs_every_row_on_the_cpu_into_its_own_report(tmp_path, monkeypatch, capsys):
-    """`make gpu-check DRY=1`: every row (SLOW_ROWS in the slow test below) runs on the CPU at
+    """`make gpu-check DRY=1`: every row (SLOW_ROWS in the slow test below, ON_DEVICE_ROWS in the on-device test)
+    runs on the CPU at
     DRY_SIZES through the row functions a GPU runs, each comes out ok in a report of its own; BENCHMARKS.md is not
     touched (no --report: a temporary one)."""
+    from tests.bench.test_on_device import ROWS as on_device
+    assert set(ON_DEVICE_ROWS) <= set(on_device.split(","))  # every row is run somewhere
     monkeypatch.chdir(tmp_path)
     report = tmp_path / "dry.md"
     assert gpu_check.main(["--dry-run", "--rows", ",".join(FAST_ROWS), "--report", str(report)]) == 0
@@ -421,7 +426,7 @@ def test_every_rows_gpu_sizes_check_out_and_a_wrong_preset_setting_does_not():
 @pytest.mark.timeout(1200)  # a whole pipeline with its own Prefect server: 6.7 min for table4 on the loaded 2 cores
 @pytest.mark.parametrize("row", SLOW_ROWS)
 def test_the_dry_run_of_the_pipeline_and_ddp_rows(tmp_path, row):
-    """The pipeline row, DDP's stages under gloo and the Table 4 quick preset (ResNet-18, K = 5, 3 stages + control,
+    """DDP's stages under gloo and the Table 4 quick preset (ResNet-18, K = 5, 3 stages + control,
     at 2 steps a stage of 1,000 images of 16 px) end to end on the CPU, one test each (minutes each here); the
     table4 row reads the results table and the stages' rates."""
     report = tmp_path / "dry.md"
