@@ -121,7 +121,8 @@ def test_the_scatter_path_applies_to_compact_int_ids_and_non_negative_int_labels
     assert run([10**7 + 1, 10**7], [1, 0], [10**7]).tolist() == [0]  # a far range start, a narrow range
     assert run([0, (1 << 22) - 1], [1, 2], [(1 << 22) - 1]).tolist() == [2]  # a range of 2^22: a table
     assert run([0, 1], np.array([2**62 + 1, 0]), [0]).tolist() == [2**62 + 1]  # int64 labels kept exactly
-    for label_ids, labels, dataset_ids in [([0, 1], [0.5, 1.5], [0]), ([], [], [0]), ([0, 1 << 22], [1, 2], [0]),
+    for label_ids, labels, dataset_ids in [([0, 1], [0.5, 1.5], [0]), ([], np.array([], dtype=np.int64), [0]),
+                                           ([0, 1 << 22], [1, 2], [0]),
                                            ([0, 1], [1, -1], [0]), ([3, 4], [1, 2], [5]), ([3, 4], [1, 2], [2]),
                                            ([3, 5], [1, 2], [4])]:
         assert run(label_ids, np.array(labels), dataset_ids) is None, (label_ids, labels, dataset_ids)
@@ -139,6 +140,7 @@ def test_the_joins_mark_a_missing_id_minus_one_and_handle_one_id_and_none(monkey
     assert ids._join_int_ids(label_ids=int64(7), dataset_ids=int64(7)).tolist() == [0]
     assert ids._join_int_ids(label_ids=int64(0, 1, 2), dataset_ids=int64(3)).tolist() == [-1]  # just past the end
     assert ids._join_int_ids(label_ids=int64(5, 6), dataset_ids=int64(4, 6, 7)).tolist() == [-1, 1, -1]
+    assert ids._join_int_ids(label_ids=int64(3, 5), dataset_ids=int64(4, 5)).tolist() == [-1, 1]  # a gap
     far = 10**7 + int64(2, 0, 1)
     assert ids._join_int_ids(label_ids=far, dataset_ids=far[::-1]).tolist() == [2, 1, 0]
     assert ids._join_int_ids(label_ids=int64(0, (1 << 22) - 1), dataset_ids=int64(0)).tolist() == [0]
@@ -148,7 +150,9 @@ def test_the_int_sort_of_ids_is_numpys_stable_argsort():
     from contrastive.mcl.ids import _argsort_ids
     rng = np.random.default_rng(3)
     for ids in (rng.integers(-50, 50, size=200), rng.integers(-(2**62), 2**62, size=50),
-                np.array([-(2**62), 0, 2**62 - 1, 5, -3]), np.array([2**63 - 1, -(2**63), 0, 1, -1])):
+                np.array([-(2**62), 0, 2**62 - 1, 5, -3]), np.array([2**63 - 1, -(2**63), 0, 1, -1]),
+                2**59 - 1 + np.array([10, 0, 3, 1, 7]),  # shifted by -lo, not +lo: packed keys that overflow
+                np.array([-(2**61), 2**61 - 1, 0, 5, -3])):  # value bits of hi - lo, not hi + lo
         np.testing.assert_array_equal(_argsort_ids(ids), np.argsort(ids, kind="stable"))
 
 
