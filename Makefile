@@ -44,7 +44,7 @@ test: $(STAMP)
 SLOW_WORKERS ?= 2
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m slow -n $(SLOW_WORKERS) --dist loadgroup -rfE --durations=15
+	$(BIN)/python -m pytest -q -m slow -n $(SLOW_WORKERS) --dist loadgroup -rfE --durations=30
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -49,6 +49,13 @@ PIPELINES = [
 # The pairs that share stage 0 (the same stage-0 content key), and the one pair that shares nothing.
 SHARING = {"trifeature_tiny": True, "clip_tiny": True, "text_tiny": True, "embeddings_tiny": False}
 
+
+def distinct_trainings(pipelines) -> int:
+    """The stage trainings ``pipelines`` (PIPELINES entries) compute: two stages each, stage 0 once for a pair
+    that shares it."""
+    presets = {preset for _, preset, _ in pipelines}
+    return sum(STAGES * 2 - (1 if SHARING[preset] else 0) for preset in presets)
+
 DEPLOY = """
 import json, sys
 from flows.deployments import deploy_to_work_pool
@@ -159,21 +166,22 @@ def delete_limit(stack: Stack, name: str) -> None:
     api(stack, f"/v2/concurrency_limits/{name}", method="DELETE")
 
 
-def deploy_all(stack: Stack, *, tag: str, pool: str, limit: str, experiment: str, output_dir: Path) -> list[Pipeline]:
-    """The eight pipelines deployed to ``pool`` from this checkout, each with ``launcher.concurrency_limit`` set,
-    in one process (what `mclpipe deploy <preset> --work-pool <pool> --source <checkout> --set ...` calls, eight
-    times)."""
+def deploy_all(stack: Stack, *, tag: str, pool: str, limit: str, experiment: str, output_dir: Path,
+               pipelines=PIPELINES) -> list[Pipeline]:
+    """The ``pipelines`` (PIPELINES entries) deployed to ``pool`` from this checkout, each with
+    ``launcher.concurrency_limit`` set, in one process (what `mclpipe deploy <preset> --work-pool <pool> --source
+    <checkout> --set ...` calls, once a pipeline)."""
     common = [f"output_dir={output_dir}", f"data.cache_dir={stack.root / 'data'}", f"tracking.experiment={experiment}",
               f"launcher.concurrency_limit={limit}", f"launcher.concurrency_lease_seconds={LEASE_SECONDS}",
               "tracking.system_metrics_seconds=0", "device=cpu"]
     specs = [{"preset": preset, "pool": pool, "source": str(REPO),
-              "overrides": [*overrides, *common, f"name=load_{tag}_{short}"]} for short, preset, overrides in PIPELINES]
+              "overrides": [*overrides, *common, f"name=load_{tag}_{short}"]} for short, preset, overrides in pipelines]
     result = subprocess.run([str(BIN / "python"), "-c", DEPLOY, json.dumps(specs)], cwd=REPO, env=stack.env(),
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     ids = result.stdout.split()[-len(specs):]
     return [Pipeline(name=f"load_{tag}_{short}", preset=preset, deployment_id=deployment_id)
-            for (short, preset, _), deployment_id in zip(PIPELINES, ids)]
+            for (short, preset, _), deployment_id in zip(pipelines, ids)]
 
 
 class SlotWatch:
@@ -237,17 +245,18 @@ def computed_slot_steps(steps: Path) -> Counter:
 
 
 @contextmanager
-def load_stack(stack: Stack, tag: str):
-    """A process work pool, a global concurrency limit of ``SLOTS``, the eight deployments and a running worker;
-    yields the Load. The worker and its flow runs are ended however the test ends."""
+def load_stack(stack: Stack, tag: str, pipelines=PIPELINES):
+    """A process work pool, a global concurrency limit of ``SLOTS``, the deployments of ``pipelines`` (PIPELINES
+    entries) and a running worker; yields the Load. The worker and its flow runs are ended however the test ends."""
     pool, limit = f"load-pool-{tag}", f"load-gpus-{tag}"
     prefect_cli(stack, "work-pool", "create", pool, "--type", "process")
     create_limit(stack, limit)
     output_dir = stack.root / f"load-{tag}"
     experiment = f"mclpipe-load-{tag}"
-    pipelines = deploy_all(stack, tag=tag, pool=pool, limit=limit, experiment=experiment, output_dir=output_dir)
+    deployed = deploy_all(stack, tag=tag, pool=pool, limit=limit, experiment=experiment, output_dir=output_dir,
+                          pipelines=pipelines)
     load = Load(stack=stack, tag=tag, pool=pool, limit=limit, experiment=experiment, output_dir=output_dir,
-                pipelines=pipelines, log=stack.root / f"load-{tag}-worker.log")
+                pipelines=deployed, log=stack.root / f"load-{tag}-worker.log")
     try:
         load.slots = SlotWatch(stack, limit)
         load.start_worker()
@@ -297,7 +306,7 @@ def step_files(steps: Path) -> dict[Path, int]:
 
 
 def report(load: Load, runs: dict[str, dict]) -> dict:
-    """The wall time of the eight (first submission to the last flow run's end) against the sum of the flow runs'
+    """The wall time of the pipelines (first submission to the last flow run's end) against the sum of the flow runs'
     own times, and of their stages' training, each divided by the number of slots."""
     ends = [parse_time(r["end_time"]) for r in runs.values()]
     durations = [parse_time(r["end_time"]) - parse_time(r["start_time"]) for r in runs.values()]
