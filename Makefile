@@ -40,7 +40,7 @@ test: $(STAMP)
 # timings); "slurm_two_nodes", the two-node cluster of .ci/setup-slurm-2node.sh (one test kills a node of it).
 # The rest share nothing fixed: free ports, their own tmp_path (tmpfs mounts included), their own
 # PostgreSQL databases (.ci/setup-postgres.sh takes a lock), signals within their own process.
-# SLOW_WORKERS=0 runs them in one process. -rfE --durations=15: what failed and what took longest, in the log's tail.
+# SLOW_WORKERS=0 runs them in one process. -rfE --durations=30: what failed and what took longest, in the log's tail.
 SLOW_WORKERS ?= 2
 
 test-slow: $(STAMP)
