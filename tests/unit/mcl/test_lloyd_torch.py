@@ -138,7 +138,8 @@ def test_lloyd_is_the_written_out_iteration_summed_in_chunks(spherical, monkeypa
     from contrastive.mcl import lloyd_torch
     monkeypatch.setattr(lloyd_torch, "_SUM_ROWS", 2)
     x = np.array([[1, 0.1], [3, -0.2], [2, 0.3], [0.1, 1], [-0.2, 4], [0.3, 2], [-1, -1.2]], dtype=np.float32)
-    initial = x[[0, 3, 6]] * np.float32(1.5)
+    # spherical: seeds of other norms, so that the nearest by inner product is not the nearest by distance
+    initial = x[[0, 3, 6]] * (np.float32([[1.0], [5.0], [0.2]]) if spherical else np.float32(1.5))
     got = lloyd_torch.lloyd(torch.from_numpy(x), torch.from_numpy(initial), niter=3, spherical=spherical, seed=0)
     np.testing.assert_allclose(got.numpy(), _reference_lloyd(x, initial, niter=3, spherical=spherical), rtol=1e-5)
 
@@ -150,3 +151,18 @@ def test_an_empty_last_cluster_is_reseeded_too():
     centroids = lloyd(x, initial, niter=2, spherical=False, seed=0)
     labels, _ = nearest_centroids(x, centroids, inner_product=False)
     assert torch.bincount(labels, minlength=3).min() > 0 and centroids[2].abs().max() < 10
+    split = lloyd(x, initial, niter=1, spherical=False, seed=0)  # split off a populated centroid
+    assert split[2].abs().max() > 0.05  # the zero vector is what a mean of no points would leave
+
+
+def test_the_split_of_empty_clusters_draws_from_the_seed_alone():
+    from contrastive.mcl.lloyd_torch import lloyd
+    rng = np.random.default_rng(0)
+    corners = np.array([[0, 0], [10, 0], [0, 10], [10, 10]], dtype=np.float32)
+    x = torch.from_numpy(np.repeat(corners, 5, axis=0) + rng.normal(scale=0.1, size=(20, 2)).astype(np.float32))
+    initial = torch.from_numpy(np.concatenate([corners, 1000 + np.arange(8, dtype=np.float32).reshape(4, 2)]))
+    runs = []
+    for global_seed in (0, 1, 2):
+        np.random.seed(global_seed)  # numpy's global generator, which an unseeded split would draw from
+        runs.append(lloyd(x, initial, niter=1, spherical=False, seed=3))
+    assert all(torch.equal(runs[0], run) for run in runs[1:])
