@@ -353,3 +353,44 @@ def test_loading_clusters_needs_both_files_and_matching_lengths_and_ami_flattens
         adjusted_mutual_information(a=np.zeros(3), b=np.zeros(2))
     assert str(refused.value) == ("cannot compare clusterings of 3 and 2 samples; align both to the same sample "
                                   "ids first (align_labels_to_ids).")
+
+
+def test_the_summary_s_fields_object_ids_and_the_feature_checks_messages(tmp_path, monkeypatch):
+    from contrastive.errors import DiskFullError
+    from contrastive.mcl.clustering import KMeansResult, _validated_features, assignments_for, save_clusters
+    result = KMeansResult(assignments=np.array([0, 0, 2]), centroids=np.zeros((3, 2), np.float32),
+                          sizes=np.array([2, 0, 1]), inertia=1.5, k=3, seed=4, spherical=True, backend="faiss-cpu")
+    summary = save_clusters(result=result, ids=np.array(["a", "b", "c"], dtype=object), directory=tmp_path)
+    assert summary == {"k": 3, "sizes": [2, 0, 1], "inertia": 1.5, "seed": 4, "spherical": True, "num_points": 3,
+                       "empty_clusters": 1, "backend": "faiss-cpu"}
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    assert (tmp_path / "summary.json").read_text().startswith('{\n  "k": 3,')  # indented for a reader
+    assert assignments_for(directory=tmp_path, ids=np.array(["c", "a"])).tolist() == [2, 0]
+    (tmp_path / "summary.json").unlink()  # an interrupted save: the assignments alone are not read
+    with pytest.raises(DataError, match="no complete clustering"):
+        assignments_for(directory=tmp_path, ids=np.array(["a", "b", "c"]))
+    with pytest.raises(DataError) as refused:
+        save_clusters(result=result, ids=np.array(["a"]), directory=tmp_path)
+    assert str(refused.value) == ("1 ids for 3 assignments; pass the sample ids exported with the embeddings that "
+                                  "were clustered.")
+    import errno
+
+    from contrastive.engine import files
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(files.os, "fsync", full)
+    with pytest.raises(DiskFullError, match=r"while writing a clustering \(assignments.npz\)"):
+        save_clusters(result=result, ids=np.array(["a", "b", "c"]), directory=tmp_path)
+    monkeypatch.undo()
+    assert _validated_features(features=np.zeros((2, 1)), k=1).shape == (2, 1)  # one dimension, one cluster
+    assert _validated_features(features=np.zeros((1, 3)), k=1).shape == (1, 3)  # one point
+    for features, k, message in [
+            (np.zeros((0, 3)), 1, "features must be a non-empty (M, D) array, got shape (0, 3)."),
+            (np.zeros((3, 0)), 1, "features must be a non-empty (M, D) array, got shape (3, 0)."),
+            (np.array([["a"]]), 1, "features must be numeric, got dtype <U1."),
+            (np.zeros((2, 2)), 3, "k=3 clusters for 2 points: k must be in [1, 2]; lower k (MCL also needs K^N <= "
+                                  "M / batch_size so every cluster can fill a batch).")]:
+        with pytest.raises((DataError, ConfigError)) as refused:
+            _validated_features(features=features, k=k)
+        assert str(refused.value) == message
