@@ -140,8 +140,11 @@ def test_lloyd_is_the_written_out_iteration_summed_in_chunks(spherical, monkeypa
     x = np.array([[1, 0.1], [3, -0.2], [2, 0.3], [0.1, 1], [-0.2, 4], [0.3, 2], [-1, -1.2]], dtype=np.float32)
     # spherical: seeds of other norms, so that the nearest by inner product is not the nearest by distance
     initial = x[[0, 3, 6]] * (np.float32([[1.0], [5.0], [0.2]]) if spherical else np.float32(1.5))
-    got = lloyd_torch.lloyd(torch.from_numpy(x), torch.from_numpy(initial), niter=3, spherical=spherical, seed=0)
-    np.testing.assert_allclose(got.numpy(), _reference_lloyd(x, initial, niter=3, spherical=spherical), rtol=1e-5)
+    for niter in (1, 3):  # one: the first assignment (from the seeds) is checked before iterations converge
+        got = lloyd_torch.lloyd(torch.from_numpy(x), torch.from_numpy(initial), niter=niter, spherical=spherical,
+                                seed=0)
+        np.testing.assert_allclose(got.numpy(), _reference_lloyd(x, initial, niter=niter, spherical=spherical),
+                                   rtol=1e-5)
 
 
 def test_an_empty_last_cluster_is_reseeded_too():
