@@ -394,3 +394,17 @@ def test_the_summary_s_fields_object_ids_and_the_feature_checks_messages(tmp_pat
         with pytest.raises((DataError, ConfigError)) as refused:
             _validated_features(features=features, k=k)
         assert str(refused.value) == message
+
+
+def test_rows_are_float32_c_contiguous_viewed_where_they_can_be_and_faiss_runs_the_iterations_asked():
+    """``_unit_float32``: float32, C order, a view of float32 C rows when not normalising (no copy of M x D);
+    ``_train_faiss`` with niter=1 is one Lloyd step from the given seeds (assign, then average)."""
+    from contrastive.mcl.clustering import _train_faiss, _unit_float32
+    rows = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert np.shares_memory(_unit_float32(rows, spherical=False), rows)
+    transposed = _unit_float32(np.arange(12, dtype=np.float64).reshape(4, 3).T, spherical=False)
+    assert transposed.dtype == np.float32 and transposed.flags.c_contiguous
+    x = np.array([[0, 0], [0, 1], [1, 0], [9, 9], [9, 10], [10, 9.5]], dtype=np.float32)
+    seeds = np.array([[1, 1], [8, 8]], dtype=np.float32)
+    centroids, _ = _train_faiss(train_x=x, init_centroids=seeds, k=2, niter=1, seed=0, spherical=False, devices=())
+    np.testing.assert_allclose(centroids, [[1 / 3, 1 / 3], [28 / 3, 28.5 / 3]], rtol=1e-6)
