@@ -404,7 +404,7 @@ def test_rows_are_float32_c_contiguous_viewed_where_they_can_be_and_faiss_runs_t
     assert np.shares_memory(_unit_float32(rows, spherical=False), rows)
     transposed = _unit_float32(np.arange(12, dtype=np.float64).reshape(4, 3).T, spherical=False)
     assert transposed.dtype == np.float32 and transposed.flags.c_contiguous
-    x = np.array([[0, 0], [0, 1], [1, 0], [9, 9], [9, 10], [10, 9.5]], dtype=np.float32)
-    seeds = np.array([[1, 1], [8, 8]], dtype=np.float32)
+    x = np.array([[0, 0], [1, 0], [2, 0], [10, 0]], dtype=np.float32)
+    seeds = np.array([[0, 0], [1, 0]], dtype=np.float32)  # a second step would move both: [1, 0], [10, 0]
     centroids, _ = _train_faiss(train_x=x, init_centroids=seeds, k=2, niter=1, seed=0, spherical=False, devices=())
-    np.testing.assert_allclose(centroids, [[1 / 3, 1 / 3], [28 / 3, 28.5 / 3]], rtol=1e-6)
+    np.testing.assert_allclose(centroids, [[0, 0], [13 / 3, 0]], rtol=1e-6)
