@@ -318,7 +318,9 @@ def test_rows_are_normalised_chunk_by_chunk_and_non_finite_rows_found_without_wa
 
 
 def test_the_training_sample_edges_and_messages(tmp_path):
-    from contrastive.mcl.clustering import _placement, _training_rows
+    import torch
+
+    from contrastive.mcl.clustering import _placement, _training_rows, assignments_for
     assert _training_rows(num_points=5, k=2, seed=0, max_train_points=5) is None
     rows = _training_rows(num_points=10, k=3, seed=0, max_train_points=3)
     assert rows.tolist() == sorted(set(rows.tolist())) and len(rows) == 3  # at the limit k: distinct rows
@@ -331,6 +333,16 @@ def test_the_training_sample_edges_and_messages(tmp_path):
     with pytest.raises(ConfigError) as refused:
         _placement(True, gpu_devices=())
     assert str(refused.value) == "use_gpu=True but no GPU was given to k-means (gpu_devices is empty: device=cpu)"
+    if not torch.cuda.is_available():  # a GPU that neither faiss (CPU build) nor torch sees
+        with pytest.raises(ConfigError) as refused:
+            _placement(True, gpu_devices=(0,))
+        assert str(refused.value).endswith("or install faiss-gpu: docs/gpu.md), or set use_gpu to false/auto.")
+    (tmp_path / "assignments.npz").write_bytes(b"not an npz")
+    (tmp_path / "summary.json").write_text("{}")
+    with pytest.raises(DataError) as refused:
+        assignments_for(directory=tmp_path, ids=np.array(["a"]))
+    assert str(refused.value).startswith(f"{tmp_path / 'assignments.npz'} is corrupt or not a cluster file (")
+    assert str(refused.value).endswith("); re-run the clustering stage.")
 
 
 def test_loading_clusters_needs_both_files_and_matching_lengths_and_ami_flattens(tmp_path):
@@ -358,14 +370,14 @@ def test_loading_clusters_needs_both_files_and_matching_lengths_and_ami_flattens
 def test_the_summary_s_fields_object_ids_and_the_feature_checks_messages(tmp_path, monkeypatch):
     from contrastive.errors import DiskFullError
     from contrastive.mcl.clustering import KMeansResult, _validated_features, assignments_for, save_clusters
-    result = KMeansResult(assignments=np.array([0, 0, 2]), centroids=np.zeros((3, 2), np.float32),
-                          sizes=np.array([2, 0, 1]), inertia=1.5, k=3, seed=4, spherical=True, backend="faiss-cpu")
+    result = KMeansResult(assignments=np.array([0, 0, 3]), centroids=np.zeros((4, 2), np.float32),
+                          sizes=np.array([2, 0, 0, 1]), inertia=1.5, k=4, seed=4, spherical=True, backend="faiss-cpu")
     summary = save_clusters(result=result, ids=np.array(["a", "b", "c"], dtype=object), directory=tmp_path)
-    assert summary == {"k": 3, "sizes": [2, 0, 1], "inertia": 1.5, "seed": 4, "spherical": True, "num_points": 3,
-                       "empty_clusters": 1, "backend": "faiss-cpu"}
+    assert summary == {"k": 4, "sizes": [2, 0, 0, 1], "inertia": 1.5, "seed": 4, "spherical": True,
+                       "num_points": 3, "empty_clusters": 2, "backend": "faiss-cpu"}
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
-    assert (tmp_path / "summary.json").read_text().startswith('{\n  "k": 3,')  # indented for a reader
-    assert assignments_for(directory=tmp_path, ids=np.array(["c", "a"])).tolist() == [2, 0]
+    assert (tmp_path / "summary.json").read_text().startswith('{\n  "k": 4,')  # indented for a reader
+    assert assignments_for(directory=tmp_path, ids=np.array(["c", "a"])).tolist() == [3, 0]
     (tmp_path / "summary.json").unlink()  # an interrupted save: the assignments alone are not read
     with pytest.raises(DataError, match="no complete clustering"):
         assignments_for(directory=tmp_path, ids=np.array(["a", "b", "c"]))
