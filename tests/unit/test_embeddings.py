@@ -377,3 +377,16 @@ def test_loading_holds_one_float32_matrix_and_no_float16_copy_beside_it(tmp_path
         tracemalloc.stop()
     assert out.nbytes == matrix
     assert peak < matrix * 1.25, f"peak {peak:,} B for a {matrix:,} B matrix"
+
+
+def test_every_row_asked_is_written_not_left_from_a_freed_buffer(tmp_path):
+    """numpy hands a freed small buffer of the same size to the next ``np.empty``: a row the loader forgot to write
+    would still hold what was there (under mutation testing, the unmutated run's right answer), so NaN is left there
+    first."""
+    _, reference = _export_of(tmp_path / "e", rows=23, dim=3, shard_size=5)
+    rows = np.array([22, 0, 7, 7, 5, 4, 19])
+    for picked, shape in ((rows, (7, 3)), (None, (23, 3))):
+        poison = np.full(shape, np.nan, dtype=np.float32)
+        del poison
+        got = embeddings.load_embedding_rows(directory=tmp_path / "e", rows=picked)
+        np.testing.assert_array_equal(got, reference if picked is None else reference[picked])
