@@ -390,3 +390,14 @@ def test_every_row_asked_is_written_not_left_from_a_freed_buffer(tmp_path):
         del poison
         got = embeddings.load_embedding_rows(directory=tmp_path / "e", rows=picked)
         np.testing.assert_array_equal(got, reference if picked is None else reference[picked])
+
+
+def test_an_export_creates_its_directory_with_parents_and_a_missing_manifest_is_named(tmp_path):
+    from contrastive.errors import DataError
+    vectors = np.ones((2, 3), np.float16)
+    embeddings.save_embeddings(embeddings=vectors, ids=np.array(["a", "b"]), directory=tmp_path / "run" / "s1" / "e")
+    np.testing.assert_array_equal(embeddings.load_embedding_rows(directory=tmp_path / "run" / "s1" / "e"), vectors)
+    with pytest.raises(DataError) as refused:
+        embeddings.load_embedding_rows(directory=tmp_path / "run")
+    assert str(refused.value) == (f"no finished embedding export in {tmp_path / 'run'} (manifest.json missing): the "
+                                  "export was interrupted or deleted; rerun the pipeline to export again")
