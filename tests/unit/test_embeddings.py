@@ -401,3 +401,225 @@ def test_an_export_creates_its_directory_with_parents_and_a_missing_manifest_is_
         embeddings.load_embedding_rows(directory=tmp_path / "run")
     assert str(refused.value) == (f"no finished embedding export in {tmp_path / 'run'} (manifest.json missing): the "
                                   "export was interrupted or deleted; rerun the pipeline to export again")
+
+
+# ------------------------------------------------------- what the mutation run of embeddings.py found untested
+class Sized(Rows):
+    """An in-memory writer that knows its width once a block has come, as EmbeddingWriter does."""
+
+    def add(self, block, ids):
+        super().add(block, ids)
+        self.dim = block.shape[1]
+
+
+def test_a_batch_with_no_row_present_is_zeros_of_the_writers_width_and_every_missing_row_counted():
+    weight = torch.randn(3, 4)
+    batches = [ExportBatch(ids=np.array([0, 1]), inputs=(torch.ones(2, 3),)),
+               ExportBatch(ids=np.array([2, 3]), inputs=(torch.ones(0, 3),), present=np.array([False, False])),
+               ExportBatch(ids=np.array([4, 5, 6]), inputs=(torch.ones(1, 3),),
+                           present=np.array([False, True, False]))]
+    rows, progress = Sized(), []
+    missing = compute_embeddings(encode=lambda x: x @ weight, batches=batches, device=CPU, writer=rows,
+                                 progress=lambda n, dim: progress.append((n, dim)))
+    expected = (torch.ones(3) @ weight).numpy()
+    assert missing == 2 + 2 and progress == [(2, 4), (2, 4), (3, 4)]
+    assert [b.dtype for b in rows.blocks] == [np.float32] * 3 and [i.tolist() for i in rows.ids] == [[0, 1], [2, 3],
+                                                                                                       [4, 5, 6]]
+    np.testing.assert_array_equal(rows.blocks[1], np.zeros((2, 4), np.float32))
+    np.testing.assert_allclose(rows.blocks[2], [np.zeros(4), expected, np.zeros(4)], rtol=1e-6)
+
+
+def test_a_cuda_export_hands_its_cached_memory_back_and_a_cpu_one_does_not(monkeypatch):
+    """Run without a GPU: a CUDA export whose batches have no row present never touches the device."""
+    from contrastive.engine import loop
+    released = []
+    monkeypatch.setattr(loop, "release_device_memory", released.append)
+    cuda = torch.device("cuda")
+    assert embeddings.pinned_copies(cuda) and not embeddings.pinned_copies(CPU)
+    empty = [ExportBatch(ids=np.array([0]), inputs=(torch.ones(0, 3),), present=np.array([False]))]
+    compute_embeddings(encode=lambda x: x, batches=empty, device=CPU, writer=Rows())
+    assert released == []
+    compute_embeddings(encode=lambda x: x, batches=empty, device=cuda, writer=Rows())
+    assert released == [cuda]
+
+
+class CopyLog(torch.Tensor):
+    """A tensor whose ``.to`` calls are recorded as (positional arguments, keyword arguments)."""
+    calls: list = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.to:
+            cls.calls.append((args[1:], kwargs))
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+def test_inputs_are_copied_to_the_device_asked_and_non_blocking_from_pinned_buffers(monkeypatch):
+    """The meta device stands for another device than the CPU: a plain ``.to`` off CUDA; on the CUDA path (forced)
+    ``.to(device, non_blocking=True)`` of each staged buffer."""
+    meta = torch.device("meta")
+    assert HostToDevice(meta)((torch.ones(2, 3),))[0].device == meta
+    CopyLog.calls = []
+    monkeypatch.setattr(embeddings, "pinned_copies", lambda device: True)
+    monkeypatch.setattr(HostToDevice, "_allocate",
+                        staticmethod(lambda numel, *, dtype: torch.empty(numel, dtype=dtype).as_subclass(CopyLog)))
+    out = HostToDevice(meta)((torch.ones(2, 3), torch.zeros(2, dtype=torch.int64)))
+    assert [t.device for t in out] == [meta, meta]
+    assert CopyLog.calls == [((meta,), {"non_blocking": True})] * 2
+
+
+def test_the_writing_thread_is_a_named_daemon_and_an_aborted_writer_refuses_more_rows(tmp_path):
+    """A daemon: an export that dies without abort does not keep the interpreter alive; after abort, ``add`` says
+    so instead of queueing blocks for a thread that is gone (the ninth would wait forever)."""
+    writer = EmbeddingWriter(tmp_path)
+    assert writer.files.name == "embedding-shards" and writer.files.daemon is True
+    writer.abort()  # before any shard was opened: nothing to close or remove
+    with pytest.raises(RuntimeError, match="^export aborted$"):
+        writer.add(np.ones((1, 3), np.float32), np.arange(1))
+    assert shard_files(tmp_path) == []
+
+
+def test_an_export_failing_just_after_a_full_shard_keeps_that_shard_and_raises_its_own_error(tmp_path):
+    def embed(writer):
+        import time
+        writer.add(np.ones((4, 3), np.float32), np.arange(4))  # exactly one shard: closed, none in progress
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "part-00000.npy").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)  # the writing thread has closed and renamed it: no file is open when abort runs
+        raise RuntimeError("the encoder broke")
+    with pytest.raises(RuntimeError, match="the encoder broke"):
+        export_ranked(out_dir=tmp_path, info=DistInfo(rank=0, world_size=1, local_rank=0), embed=embed, shard_size=4)
+    assert shard_files(tmp_path) == ["part-00000.npy"]
+
+
+def test_an_io_error_that_is_not_a_full_disk_is_raised_as_it_is(tmp_path, monkeypatch):
+    import errno
+
+    from contrastive.errors import DiskFullError
+
+    def broken(self, block):
+        raise OSError(errno.EIO, "Input/output error")
+    monkeypatch.setattr(embeddings._ShardFiles, "_rows", broken)
+    writer = EmbeddingWriter(tmp_path)
+    writer.add(np.ones((2, 3), np.float32), np.arange(2))
+    with pytest.raises(OSError, match="Input/output error") as raised:
+        writer.finish()
+    assert not isinstance(raised.value, DiskFullError)
+
+
+def _sync_points(tmp_path, monkeypatch, *, every: int, blocks: list[int]) -> list[int]:
+    """The shard's data bytes on disk at each fdatasync, with SYNC_EVERY_BYTES = ``every`` and blocks of that many
+    bytes (rows of one float16)."""
+    import os
+    synced = []
+    monkeypatch.setattr(embeddings, "SYNC_EVERY_BYTES", every)
+    monkeypatch.setattr(os, "fdatasync", lambda fd: synced.append(os.fstat(fd).st_size - embeddings.NPY_HEADER_BYTES))
+    writer = EmbeddingWriter(tmp_path / str(every), shard_size=1000)
+    for size in blocks:
+        writer.add(np.ones((size // 2, 1), np.float32), np.arange(size // 2))
+    writer.finish()
+    return synced
+
+
+def test_a_shard_is_synced_each_time_its_unsynced_bytes_reach_the_limit(tmp_path, monkeypatch):
+    assert _sync_points(tmp_path, monkeypatch, every=100, blocks=[50, 50, 50, 50]) == [100, 200]
+    assert _sync_points(tmp_path, monkeypatch, every=99, blocks=[98, 2, 96, 2]) == [100]
+
+
+def test_fortran_ordered_rows_are_written_row_by_row(tmp_path):
+    rows = np.asfortranarray(np.arange(12, dtype=np.float32).reshape(4, 3))
+    writer = EmbeddingWriter(tmp_path)
+    writer.add(rows, np.arange(4))
+    writer.finish()
+    np.testing.assert_array_equal(np.load(tmp_path / "part-00000.npy"), rows.astype(np.float16))
+    with pytest.raises(ValueError, match="^3 embeddings but 2 ids$"):
+        writer.add(rows[:3], np.arange(2))
+
+
+def test_held_ids_are_strings_for_bytes_and_objects_and_an_empty_writer_has_integer_ids(tmp_path):
+    for ids in (np.array([b"a", b"bc"]), np.array(["a", "bc"], dtype=object)):
+        held = embeddings.held_ids(ids)
+        assert held.dtype == np.dtypes.StringDType() and held.tolist() == ["a", "bc"]
+    assert EmbeddingWriter(tmp_path).finish()["ids"].dtype == np.int64
+
+
+def test_the_shard_header_fills_128_bytes_exactly_and_refuses_one_that_does_not_fit():
+    import io
+    header = embeddings.npy_header(rows=10**30, dim=10**30)  # a dict of 117 characters: no padding left
+    assert len(header) == 128 and header.endswith(b")}\n")
+    assert np.lib.format.read_array_header_1_0(io.BytesIO(header[8:]))[0] == (10**30, 10**30)
+    with pytest.raises(ValueError, match=r"^a \(10+, 10+\) shard's header does not fit 128 bytes$"):
+        embeddings.npy_header(rows=10**31, dim=10**30)
+
+
+def test_an_export_with_a_pickled_or_inconsistent_ids_file_is_refused(tmp_path):
+    from contrastive.errors import DataError
+    _export_of(tmp_path / "e", rows=3, dim=2, shard_size=5)
+    np.save(tmp_path / "e" / "ids.npy", np.array(["a", "b", "c"], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError, match="allow_pickle=False"):
+        embeddings.load_embedding_ids(directory=tmp_path / "e")
+    np.save(tmp_path / "e" / "ids.npy", np.arange(2))
+    inconsistent = (f"embedding export in {tmp_path / 'e'} is inconsistent with its manifest: delete the directory "
+                    "and rerun the pipeline")
+    with pytest.raises(DataError) as refused:
+        embeddings.load_embedding_ids(directory=tmp_path / "e")
+    assert str(refused.value) == inconsistent
+    manifest = json.loads((tmp_path / "e" / embeddings.MANIFEST).read_text())
+    (tmp_path / "e" / embeddings.MANIFEST).write_text(json.dumps({**manifest, "num_samples": 4}))
+    with pytest.raises(DataError) as refused:
+        embeddings.load_embedding_rows(directory=tmp_path / "e")
+    assert str(refused.value) == inconsistent
+
+
+def test_the_manifest_names_every_field_and_no_rows_asked_is_an_empty_list(tmp_path):
+    _export_of(tmp_path / "e", rows=3, dim=2, shard_size=5)
+    assert json.loads((tmp_path / "e" / embeddings.MANIFEST).read_text()) == {
+        "num_samples": 3, "dim": 2, "dtype": "float16", "shards": ["part-00000.npy"], "ids": "ids.npy"}
+    assert embeddings.load_embedding_rows(directory=tmp_path / "e", rows=[]).shape == (0, 2)
+    empty = {"shards": ["a.npy"], "ids": np.zeros(0, np.int64), "dim": 0}
+    manifest = embeddings.write_manifest(directory=tmp_path, parts=[empty, {**empty, "shards": ["b.npy"]}])
+    assert manifest["shards"] == ["a.npy"]  # ranks with no samples: one empty shard listed, not one per rank
+
+
+def test_a_split_export_sums_counts_a_rank_lacks_refuses_pickled_rank_ids_and_passes_its_shard_size(tmp_path):
+    vectors = np.arange(12, dtype=np.float32).reshape(6, 2)
+
+    def run(rank, out, counts, before=None):
+        info = DistInfo(rank=rank, world_size=2)
+        mine = rank_share(6, info=info)
+
+        def embed(writer):
+            writer.add(vectors[mine], mine)
+            return counts
+        if before:
+            before()
+        return export_ranked(out_dir=out, info=info, embed=embed, shard_size=2)
+    run(1, tmp_path / "a", {"skipped": 2})
+    summary = run(0, tmp_path / "a", {"unreadable": 1})
+    assert summary == {"dir": str(tmp_path / "a"), "num_samples": 6, "dim": 2, "world_size": 2, "skipped": 2,
+                       "unreadable": 1}
+    assert json.loads((tmp_path / "a" / embeddings.MANIFEST).read_text())["shards"] == [
+        f"rank{r:03d}-part-{s:05d}.npy" for r in range(2) for s in range(2)]
+    run(1, tmp_path / "b", {})
+    pickled = lambda: np.save(tmp_path / "b" / "rank001-ids.npy", np.arange(3).astype(object), allow_pickle=True)
+    with pytest.raises(ValueError, match="allow_pickle=False"):
+        run(0, tmp_path / "b", {}, before=pickled)
+
+
+def test_a_full_disk_while_writing_the_ids_names_the_embedding_export(tmp_path, monkeypatch):
+    import errno
+
+    from contrastive.errors import DiskFullError
+
+    def full(file, array):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(embeddings, "write_npy", full)
+    with pytest.raises(DiskFullError, match=r"while writing an embedding export \(ids\.npy\);"):
+        embeddings.write_manifest(directory=tmp_path, parts=[{"shards": [], "ids": np.arange(2), "dim": 1}])
+
+
+def test_save_embeddings_cuts_shards_of_65_536_rows_by_default(tmp_path):
+    manifest = embeddings.save_embeddings(embeddings=np.ones((65_537, 1), np.float32), ids=np.arange(65_537),
+                                          directory=tmp_path)
+    assert manifest["shards"] == ["part-00000.npy", "part-00001.npy"]
