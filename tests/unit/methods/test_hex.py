@@ -7,7 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from contrastive.errors import ConfigError
-from contrastive.methods.hex import EpsilonRule, HexRule, QRule, cosine_schedule, percentile, step_schedule
+from contrastive.methods.hex import (EpsilonRule, HardNegativeSettings, HexRule, HexSettings, OnlineClusterSettings,
+                                     QRule, cosine_schedule, minmax_rows, percentile, progress_of, row_percentiles,
+                                     step_schedule)
 from contrastive.methods.losses import (cross_view_info_nce, hex_cross_entropy, hex_info_nce,
                                 nt_xent, queue_info_nce, two_view_negatives)
 
@@ -230,3 +232,120 @@ def test_schema_rejects_bad_hex_values_with_the_fix():
                               ({"epsilon": {"percentile": 0}}, r"\(0, 100\)")]:
         with pytest.raises(ConfigError, match=message):
             config_from_dict({"method": {"hex": {"enabled": True, **override}}})
+
+
+# ------------------------------------------------------- what the mutation run of hex.py found untested
+def _refusal(make) -> str:
+    with pytest.raises(ConfigError) as refused:
+        make()
+    return str(refused.value)
+
+
+def test_every_hex_setting_refused_says_which_and_what_to_use():
+    assert _refusal(lambda: EpsilonRule(mode="linear")) == (
+        "method.hex.epsilon.mode 'linear' is unknown: use one of fixed, step, cosine, adaptive")
+    assert _refusal(lambda: EpsilonRule(scale="rank")) == (
+        "method.hex.epsilon.scale 'rank' is unknown: use one of cosine, minmax")
+    assert _refusal(lambda: EpsilonRule(reduce="max")) == (
+        "method.hex.epsilon.reduce 'max' is unknown: use one of pooled, row_mean")
+    assert _refusal(lambda: EpsilonRule(mode="step", milestones=(0.6, 0.3))) == (
+        "method.hex.epsilon.milestones=[0.6, 0.3] must be increasing fractions of training in (0, 1), e.g. [0.5]")
+    assert _refusal(lambda: QRule(mode="learnt")) == (
+        "method.hex.q.mode 'learnt' is unknown: use one of constant, schedule, similarity")
+    assert _refusal(lambda: HexRule(hierarchy="labels")) == (
+        "method.hex.hierarchy 'labels' is unknown: use one of threshold, earlier_clusters, online_clusters")
+    assert _refusal(lambda: HexRule(weighting="p")) == "method.hex.weighting 'p' is unknown: use one of q, hard_negative"
+    assert _refusal(lambda: HexRule(warmup_epochs=-1.0)) == (
+        "method.hex.warmup_epochs=-1.0 must be >= 0 (0: HEX from the first step; the authors use 10)")
+    assert _refusal(lambda: HardNegativeSettings(beta=-1.0)) == (
+        "method.hex.hard.beta=-1.0 must be a finite value >= 0 (0: uniform weights, the authors use 1)")
+    assert _refusal(lambda: OnlineClusterSettings(k=1)) == (
+        "method.hex.online.k=1 must be >= 2: one online cluster cannot split a batch")
+    assert _refusal(lambda: OnlineClusterSettings(min_rate=0.0)) == (
+        "method.hex.online.min_rate=0.0 must be in (0, 1], e.g. 0.05")
+
+
+@pytest.mark.parametrize("make", [
+    lambda: EpsilonRule(mode="fixed", value=-1.5), lambda: EpsilonRule(mode="step", milestones=(1.5,)),
+    lambda: EpsilonRule(mode="step", milestones=(0.0, 0.5)), lambda: EpsilonRule(mode="step", milestones=(0.5, 1.0)),
+    lambda: HardNegativeSettings(beta=math.inf), lambda: HexRule(warmup_epochs=math.inf),
+    lambda: OnlineClusterSettings(min_rate=1.5)])
+def test_a_hex_setting_just_outside_its_range_is_refused(make):
+    with pytest.raises(ConfigError):
+        make()
+
+
+def test_the_ends_of_each_hex_settings_range_are_accepted():
+    assert [EpsilonRule(mode="fixed", value=v).value for v in (-1.0, 1.0)] == [-1.0, 1.0]
+    assert EpsilonRule(percentile=0.5).percentile == 0.5
+    assert EpsilonRule(mode="cosine", milestones=(0.6, 0.3)).milestones == (0.6, 0.3)  # read by "step" only
+    assert (HardNegativeSettings(tau_plus=0.0, beta=0.0).tau_plus, OnlineClusterSettings(min_rate=1.0).min_rate) == (
+        0.0, 1.0)
+
+
+def test_a_schedule_asked_without_the_run_length_or_before_its_warm_up_names_the_fix():
+    assert _refusal(lambda: progress_of(step=3, total_steps=None)) == (
+        "HEX epsilon/Q schedules need the run length: call method.on_train_start(total_steps=...) before "
+        "training_loss (the engine loop does, through the task's on_train_start), or use a fixed epsilon and a "
+        "constant Q")
+    assert _refusal(lambda: HexRule(warmup_epochs=2.0).warmup_steps(total_steps=None, epochs=None)) == (
+        "method.hex.warmup_epochs needs the run length in steps and epochs: call method.on_train_start("
+        "total_steps=..., epochs=...) before training_loss (the image task does), or set method.hex.warmup_epochs=0")
+    assert HexRule(warmup_epochs=0.5).warmup_steps(total_steps=100, epochs=10) == 5  # half an epoch of 10 steps
+
+
+def test_schedules_past_the_end_of_training_stay_at_their_end():
+    assert progress_of(step=15, total_steps=10) == 1.0
+    assert cosine_schedule(start=0.9, end=0.5, progress=1.5) == pytest.approx(0.5)
+
+
+def test_percentiles_of_one_entry_and_of_none():
+    assert percentile(torch.tensor([3.0]), 50) == 3.0 and math.isnan(percentile(torch.zeros(0), 50))
+    values = torch.tensor([[0.3, 0.9, 0.1], [0.5, 0.7, 0.2]])
+    mask = torch.tensor([[False, True, False], [False, False, False]])
+    got = row_percentiles(values, mask, 40)
+    assert got[0].item() == pytest.approx(0.9) and math.isnan(got[1].item())
+    rule = EpsilonRule(mode="adaptive", reduce="row_mean", percentile=40)
+    assert math.isnan(rule(progress=0.0, scores=values, negatives=torch.zeros(2, 3, dtype=torch.bool)))
+
+
+def test_minmax_rows_rescales_a_narrow_row_to_zero_one_and_leaves_the_rest_zero():
+    """(c - min) / (max - min) over each row's masked entries: a span of 0.5 is stretched to [0, 1] too."""
+    values = torch.tensor([[0.2, 0.7, 0.45, -0.9], [0.3, 0.3, 0.8, 0.1]])
+    mask = torch.tensor([[True, True, True, False], [True, True, False, False]])
+    expected = torch.tensor([[0.0, 1.0, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    assert torch.allclose(minmax_rows(values, mask), expected, rtol=0, atol=1e-6)
+
+
+def test_similarity_q_is_never_negative_for_a_cosine_rounded_above_one():
+    q = QRule(mode="similarity", value=2.0, max=1.0)(progress=0.0, cosines=torch.tensor([[1.0 + 1e-6, 0.75, -1.0]]))
+    assert torch.equal(q, torch.tensor([[0.0, 0.5, 1.0]]))  # exactly 0: a weight of -2e-6 is within assert_close's
+
+
+def test_a_hex_section_read_from_json_keeps_every_field_and_its_defaults():
+    assert HexRule.from_config({"hierarchy": "online_clusters"}) is None  # "enabled" absent: HEX is off
+    assert HexRule.from_config({"enabled": True}) == HexRule()
+    section = {"enabled": True, "hierarchy": "online_clusters", "warmup_epochs": 2, "online": {"k": 4}}
+    assert HexRule.from_config(section) == HexRule(hierarchy="online_clusters", warmup_epochs=2.0,
+                                                   online=OnlineClusterSettings(k=4))
+    assert HexSettings(enabled=True, online=OnlineClusterSettings(k=4)).rule().online.k == 4
+    assert HexSettings(online=OnlineClusterSettings(k=4)).rule() is None
+
+
+def test_the_authors_settings_are_the_posters():
+    authors = HexSettings.authors()
+    assert authors.epsilon.milestones == (1 / 3, 2 / 3) and authors.hard == HardNegativeSettings(tau_plus=0.1, beta=1.0)
+    assert (authors.hierarchy, authors.weighting, authors.warmup_epochs) == ("threshold", "hard_negative", 10.0)
+
+
+def test_the_weights_are_the_rules_of_this_step():
+    from contrastive.methods.losses import HardNegativeWeighting
+    hard = HexRule(weighting="hard_negative", hard=HardNegativeSettings(tau_plus=0.2, beta=2.0))
+    assert hard.weights(progress=0.0, cosines=torch.zeros(1, 1)) == HardNegativeWeighting(tau_plus=0.2, beta=2.0)
+    scheduled = HexRule(q=QRule(mode="schedule", start=1.0, end=0.5))
+    assert scheduled.weights(progress=1.0, cosines=torch.zeros(1, 1)) == pytest.approx(0.5)
+    similar = HexRule(q=QRule(mode="similarity", value=1.0)).weights(progress=0.0, cosines=torch.tensor([[0.25]]))
+    assert torch.equal(similar, torch.tensor([[0.75]]))
+    selection = HexRule(epsilon=EpsilonRule(mode="fixed", value=0.7)).select(
+        cosines=torch.tensor([[0.9, 0.1]]), negatives=torch.ones(1, 2, dtype=torch.bool), step=0, total_steps=10)
+    assert selection.stats()["hex/epsilon"] == pytest.approx(0.7)
