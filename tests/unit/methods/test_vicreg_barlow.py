@@ -171,3 +171,19 @@ def test_the_dimension_losses_log_their_terms_by_name_and_a_constant_dimension_s
     constant[:, 1] = torch.arange(5.0)
     out = standardise(constant)
     assert torch.equal(out[:, 0], torch.zeros(5)) and torch.isfinite(out).all()
+
+
+def test_a_batch_without_groups_gathers_only_the_projections(monkeypatch):
+    """Two ranks stood for by a gather that concatenates: the real one, under a process group, reads ``x.shape``,
+    so a gather of the absent groups would fail there (without a process group it is the identity, None included)."""
+    from contrastive.methods import dimension_hex
+    gathered = []
+
+    def two_ranks(x):
+        gathered.append(tuple(x.shape))
+        return torch.cat([x, x])
+    monkeypatch.setattr(dimension_hex, "gather_with_grad", two_ranks)
+    v1, v2 = (x.float() for x in pair(batch=8, dim=4, seed=5))
+    method = identity_method(VICReg, HexRule(epsilon=EpsilonRule(mode="fixed", value=0.2), q=QRule(value=0.5)))
+    loss, stats = method.training_loss(v1, v2, step=0)
+    assert gathered == [(8, 4), (8, 4)] and bool(torch.isfinite(loss)) and stats["hex/local_term"] >= 0
