@@ -21,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 
+from tests.e2e.small_runs import SMALLER
 from tests.e2e.stack import BIN, REPO, Stack
 from tests.e2e.worker import TERMINAL, api, end_process_tree, flow_run, prefect_cli, wait_until_ready
 
@@ -30,21 +31,18 @@ SLOTS = 2  # the size of the global concurrency limit: "two GPUs"
 LEASE_SECONDS = 90
 STAGES = 2  # every pipeline below has two MCL stages (and no control run)
 
-# (short name, preset, overrides): each modality's tiny preset made smaller (as in tests/flows/test_modalities.py),
-# and a second variant of it. A different K leaves stage 0's content key alone, so those pairs share stage 0's
-# training, export and evaluation; the embeddings pair differs by seed and shares nothing.
-_TRIFEATURE = ["mcl.num_stages=2", "mcl.control=false", "data.trifeature.num_train=128",
-               "data.trifeature.num_test=64", "train.batch_size=16"]
-_CLIP = ["train.max_steps_per_epoch=3", "data.synthetic.num_train=288", "eval.soup=false"]
+# (short name, preset, overrides): each modality's tiny preset made smaller (tests/e2e/small_runs.py), and a second
+# variant of it. A different K leaves stage 0's content key alone, so those pairs share stage 0's training, export
+# and evaluation; the embeddings pair differs by seed and shares nothing.
 PIPELINES = [
-    ("tri_k4", "trifeature_tiny", [*_TRIFEATURE, "mcl.clusters=4"]),
-    ("tri_k3", "trifeature_tiny", [*_TRIFEATURE, "mcl.clusters=3"]),
-    ("clip_k4", "clip_tiny", [*_CLIP, "mcl.clusters=4"]),
-    ("clip_k3", "clip_tiny", [*_CLIP, "mcl.clusters=3"]),
-    ("text_k4", "text_tiny", ["mcl.control=false", "mcl.clusters=4"]),
-    ("text_k3", "text_tiny", ["mcl.control=false", "mcl.clusters=3"]),
-    ("emb_s0", "embeddings_tiny", ["mcl.control=false", "train.epochs=2"]),
-    ("emb_s1", "embeddings_tiny", ["mcl.control=false", "train.epochs=2", "seed=1"]),
+    ("tri_k4", "trifeature_tiny", [*SMALLER["trifeature_tiny"], "mcl.clusters=4"]),
+    ("tri_k3", "trifeature_tiny", [*SMALLER["trifeature_tiny"], "mcl.clusters=3"]),
+    ("clip_k4", "clip_tiny", [*SMALLER["clip_tiny"], "mcl.clusters=4"]),
+    ("clip_k3", "clip_tiny", [*SMALLER["clip_tiny"], "mcl.clusters=3"]),
+    ("text_k4", "text_tiny", [*SMALLER["text_tiny"], "mcl.clusters=4"]),
+    ("text_k3", "text_tiny", [*SMALLER["text_tiny"], "mcl.clusters=3"]),
+    ("emb_s0", "embeddings_tiny", SMALLER["embeddings_tiny"]),
+    ("emb_s1", "embeddings_tiny", [*SMALLER["embeddings_tiny"], "seed=1"]),
 ]
 # The pairs that share stage 0 (the same stage-0 content key), and the one pair that shares nothing.
 SHARING = {"trifeature_tiny": True, "clip_tiny": True, "text_tiny": True, "embeddings_tiny": False}

@@ -1,7 +1,8 @@
 """The release as a user installs it: ``python -m build`` makes an sdist and, from that sdist, a wheel; ``twine
 check`` passes both; the wheel holds every file of the packages that git tracks (presets, model configs: what a
 non-editable install would miss); installed (not editable) into a fresh venv, ``mclpipe --version`` is
-pyproject.toml's and a tiny preset of each modality runs from a directory outside this checkout.
+pyproject.toml's and a tiny preset of each modality (made smaller: tests/e2e/small_runs.py) runs from a directory
+outside this checkout.
 
 The fresh venv gets mclpipe from the wheel alone (``pip install --no-deps --no-index``) and its dependencies
 (torch, Prefect, MLflow...: GBs to copy) through one ``.pth`` line naming this project's .venv site-packages,
@@ -26,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.components import require_modules
+from tests.e2e.small_runs import SMALLER
 
 pytestmark = pytest.mark.slow
 
@@ -126,6 +128,8 @@ def test_a_tiny_preset_of_each_modality_runs_from_the_wheel(installed, preset):
     summary.json under that directory, the registered model named."""
     work = installed["work"] / preset
     work.mkdir()
-    out = _run([installed["venv"] / "bin" / "mclpipe", "run", preset], cwd=work, env=installed["env"], timeout=580)
+    sets = [arg for value in SMALLER[preset] for arg in ("--set", value)]  # smaller: what the wheel holds is the check
+    out = _run([installed["venv"] / "bin" / "mclpipe", "run", preset, *sets], cwd=work, env=installed["env"],
+               timeout=580)
     assert TINY_RUNS[preset] in out and f'models:/{preset}@current' in out, out[-3000:]
     assert list((work / "runs" / "pipelines").glob("*/summary.json")), out[-3000:]
