@@ -82,8 +82,7 @@ def local_offdiagonal_penalty(*, a: torch.Tensor, b: torch.Tensor, members: torc
     the (N, N) Gram matrices (chunks of anchors, ``chunk_elements`` floats at a time), never a (D, D) per anchor.
     Returns (A,).
     """
-    dtype = torch.promote_types(a.dtype, torch.float32)  # half precision would lose the centring
-    a, b = a.to(dtype), b.to(dtype)
+    # half precision would lose the centring: @fp32_logits hands a and b over in float32 (or float64)
     masks = members.to(a.dtype)
     counts = masks.sum(dim=1)
     gram_a, gram_b = a @ a.T, b @ b.T

@@ -131,3 +131,32 @@ def test_an_integer_hierarchy_mask_is_read_as_the_boolean_one():
     cross = mask[:4, :4]
     assert torch.allclose(cross_view_info_nce(anchors=z1, candidates=z2, temperature=0.5, hierarchy=cross.long(), q=0.3),
                           cross_view_info_nce(anchors=z1, candidates=z2, temperature=0.5, hierarchy=cross, q=0.3))
+
+
+def test_hard_negative_estimate_per_anchor_in_a_batch_mixing_empty_and_single_member_hierarchies():
+    """hard_negative_hierarchy_term against its closed form, anchor by anchor (tau+ = 0.5, beta = 1, tau = 0.5, no
+    shift): anchor 0 has H = {0, 1} and an estimate above its floor; anchor 1 an empty H (0, not clamped); anchor 2
+    a single member whose estimate (e^0 - tau+ e^5) / (1 - tau+) is negative: it sits on its floor 1 e^{-1/tau} and
+    counts as clamped (mutmut: ``size > 1`` missed a one-member H(i)). Then hex_terms' ``hex/q_effective`` is the
+    mean of H~_i / sum_{h in H(i)} e^{s_ih} over the two anchors with an H(i) (mutmut: the empty anchor counted as 1)."""
+    from contrastive.methods.losses import HardNegativeWeighting, hard_negative_hierarchy_term, hex_terms
+    weighting = HardNegativeWeighting(tau_plus=0.5, beta=1.0)
+    negative = torch.tensor([[1.0, 0.5, 0.2], [0.3, 0.1, -0.2], [0.0, 0.4, 0.1]], dtype=torch.float64)
+    positive = torch.tensor([0.0, 0.0, 5.0], dtype=torch.float64)
+    hierarchy = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 0, 0]], dtype=torch.bool)
+    term, clamped = hard_negative_hierarchy_term(positive_logits=positive, negative_logits=negative,
+                                                 hierarchy=hierarchy, weighting=weighting, temperature=0.5,
+                                                 shift=torch.zeros(3, dtype=torch.float64))
+    weights = [2 * math.exp(s) / (math.exp(1.0) + math.exp(0.5)) for s in (1.0, 0.5)]  # beta = 1, mean 1 on H(0)
+    anchor0 = (weights[0] * math.exp(1.0) + weights[1] * math.exp(0.5) - 0.5 * 2 * math.exp(0.0)) / 0.5
+    assert (math.exp(0.0) - 0.5 * math.exp(5.0)) / 0.5 < math.exp(-2.0)  # anchor 2 below its floor
+    assert torch.allclose(term, torch.tensor([anchor0, 0.0, math.exp(-2.0)], dtype=torch.float64), rtol=1e-12)
+    assert clamped.tolist() == [False, False, True]
+
+    # hex_terms shifts every row by its largest logit; the ratio H~_i / sum e^{s_ih} does not move with it
+    _, stats = hex_terms(positive_logits=positive, negative_logits=negative, hierarchy=hierarchy, q=weighting,
+                         temperature=0.5)
+    q0 = anchor0 / (math.exp(1.0) + math.exp(0.5))
+    q2 = math.exp(-2.0) / math.exp(0.0)
+    assert math.isclose(float(stats["hex/q_effective"]), (q0 + q2) / 2, rel_tol=1e-6)
+    assert math.isclose(float(stats["hex/clamped_share"]), 0.5, rel_tol=1e-12)

@@ -187,3 +187,18 @@ def test_a_batch_without_groups_gathers_only_the_projections(monkeypatch):
     method = identity_method(VICReg, HexRule(epsilon=EpsilonRule(mode="fixed", value=0.2), q=QRule(value=0.5)))
     loss, stats = method.training_loss(v1, v2, step=0)
     assert gathered == [(8, 4), (8, 4)] and bool(torch.isfinite(loss)) and stats["hex/local_term"] >= 0
+
+
+def test_local_penalty_of_bfloat16_features_is_computed_and_returned_in_float32():
+    """bf16 features reach the centring in float32 (the function is @fp32_logits): the penalty equals the float32
+    penalty of the same bf16 values, in float32. Offset features make the case where bf16 arithmetic would lose the
+    centring (checked: without the decorator the penalties come out in bf16, negative)."""
+    a, b = pair(batch=8, dim=4, seed=5)
+    a16, b16 = (a + 40).to(torch.bfloat16), (b - 40).to(torch.bfloat16)
+    members = torch.ones(3, 8, dtype=torch.bool)
+    members[1, :3] = False
+    members[2, 5:] = False
+    got = local_offdiagonal_penalty(a=a16, b=b16, members=members, unbiased=True)
+    expected = local_offdiagonal_penalty(a=a16.float(), b=b16.float(), members=members, unbiased=True)
+    assert got.dtype == torch.float32
+    assert torch.allclose(got, expected, rtol=1e-6, atol=1e-7), (got, expected)
