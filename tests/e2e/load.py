@@ -34,15 +34,21 @@ STAGES = 2  # every pipeline below has two MCL stages (and no control run)
 # (short name, preset, overrides): each modality's tiny preset made smaller (tests/e2e/small_runs.py), and a second
 # variant of it. A different K leaves stage 0's content key alone, so those pairs share stage 0's training, export
 # and evaluation; the embeddings pair differs by seed and shares nothing.
+# The trifeature and embeddings pairs (the kill test's, tests/e2e/test_load.py KILLED) train longer: a stage of 8 steps
+# checkpointed at step 4, or of two 8-step epochs checkpointed at each end, is under way past a checkpoint for well
+# under a second, which the kill test's poll missed on a quiet machine (all four finished before the kill,
+# 2026-11-29). Trifeature's stage 1 trains 6 epochs (embeddings has no per-stage settings: 5 epochs a stage).
+_LONG_STAGE1 = ["stage_overrides.1.train.epochs=6"]
+_LONG_EMBEDDINGS = ["train.epochs=5"]
 PIPELINES = [
-    ("tri_k4", "trifeature_tiny", [*SMALLER["trifeature_tiny"], "mcl.clusters=4"]),
-    ("tri_k3", "trifeature_tiny", [*SMALLER["trifeature_tiny"], "mcl.clusters=3"]),
+    ("tri_k4", "trifeature_tiny", [*SMALLER["trifeature_tiny"], *_LONG_STAGE1, "mcl.clusters=4"]),
+    ("tri_k3", "trifeature_tiny", [*SMALLER["trifeature_tiny"], *_LONG_STAGE1, "mcl.clusters=3"]),
     ("clip_k4", "clip_tiny", [*SMALLER["clip_tiny"], "mcl.clusters=4"]),
     ("clip_k3", "clip_tiny", [*SMALLER["clip_tiny"], "mcl.clusters=3"]),
     ("text_k4", "text_tiny", [*SMALLER["text_tiny"], "mcl.clusters=4"]),
     ("text_k3", "text_tiny", [*SMALLER["text_tiny"], "mcl.clusters=3"]),
-    ("emb_s0", "embeddings_tiny", SMALLER["embeddings_tiny"]),
-    ("emb_s1", "embeddings_tiny", [*SMALLER["embeddings_tiny"], "seed=1"]),
+    ("emb_s0", "embeddings_tiny", [*SMALLER["embeddings_tiny"], *_LONG_EMBEDDINGS]),
+    ("emb_s1", "embeddings_tiny", [*SMALLER["embeddings_tiny"], *_LONG_EMBEDDINGS, "seed=1"]),
 ]
 # The pairs that share stage 0 (the same stage-0 content key), and the one pair that shares nothing.
 SHARING = {"trifeature_tiny": True, "clip_tiny": True, "text_tiny": True, "embeddings_tiny": False}
