@@ -102,3 +102,21 @@ def test_on_device_refuses_a_bundle_built_for_another_python(tmp_path):
 def test_on_device_refuses_rows_or_seconds_that_are_not_plain(tmp_path, args):
     done = run_on_device(tmp_path, *args)
     assert done.returncode == 2 and "on_device.sh:" in done.stdout
+
+
+@pytest.mark.parametrize("no_verify", [False, True])
+def test_the_bundle_is_verified_under_the_target_python_unless_no_verify_says_the_next_step_repeats_it(
+        tmp_path, monkeypatch, capsys, no_verify):
+    verified = []
+    monkeypatch.setattr(gpu_bundle, "carried", lambda python_version: {"app": "1.0"})
+    monkeypatch.setattr(gpu_bundle, "build_site", lambda pins, *, site, python_version, wheels: site.mkdir())
+    monkeypatch.setattr(gpu_bundle, "verify", lambda site, *, python: verified.append(python) or ["no server"])
+    monkeypatch.setattr(gpu_bundle, "pack", lambda site, out: out.write_bytes(b"x") or 1)
+    out = tmp_path / "site-py312.tar.xz"
+    code = gpu_bundle.main(["--out", str(out), "--python", "/usr/bin/python3.12", *(["--no-verify"] * no_verify)])
+    printed = capsys.readouterr().out
+    if no_verify:
+        assert (code, verified, out.exists()) == (0, [], True) and "not verified here (--no-verify)" in printed
+    else:  # the verify ran, under the named interpreter, and its failure stops the build before the archive
+        assert (code, verified, out.exists()) == (1, ["/usr/bin/python3.12"], False)
+        assert "make gpu-bundle: no server" in printed
