@@ -28,9 +28,14 @@ run: $(STAMP)
 # starts its own Prefect test server); TEST_WORKERS=0 runs everything in one process. --durations=15: the slowest
 # tests at the end of the log, where CI time is tuned from.
 TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))")
+# torch's CPU threads in each test process: its share of the cores (WORKERS=0: one process, all of them). torch takes
+# every core by default, and N processes each spinning that many OpenMP threads oversubscribe the machine: two slow
+# tests side by side on 2 cores took 25 % longer that way (BENCHMARKS.md, "CI runs"). OMP_NUM_THREADS set by hand wins.
+threads_per = $(or $(OMP_NUM_THREADS),$(shell $(PYTHON) -c "import os; print(max(1, len(os.sched_getaffinity(0)) // max(1, $(1))))"))
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist worksteal --durations=15
+	OMP_NUM_THREADS=$(call threads_per,$(TEST_WORKERS)) $(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) \
+	  --dist worksteal --durations=15
 
 # make test-slow runs in SLOW_WORKERS pytest-xdist processes (default 2) with --dist loadgroup: the tests of a group
 # run in one process, one after the other, because they share a singleton (tests/conftest.py lists each group's
@@ -44,7 +49,8 @@ test: $(STAMP)
 SLOW_WORKERS ?= 2
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m slow -n $(SLOW_WORKERS) --dist loadgroup -rfE --durations=30
+	OMP_NUM_THREADS=$(call threads_per,$(SLOW_WORKERS)) $(BIN)/python -m pytest -q -m slow -n $(SLOW_WORKERS) \
+	  --dist loadgroup -rfE --durations=30
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -17,6 +17,12 @@ import psutil
 
 MCLPIPE = str(Path(sys.executable).with_name("mclpipe"))
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+#: Stages of the tiny preset long enough to be stopped in the middle of one: 10 epochs of 8 or 9 steps (80-90),
+#: checkpointed every 4. A test signals within about 0.1 s of a checkpoint; at one torch thread a step takes about
+#: 12 ms on the 2-core CI machine with another test beside it (`make test-slow`, 2026-11-29), so the 70-odd steps
+#: after the first checkpoint leave nearly a second. Each test asserts it stopped mid-stage.
+MID_STAGE_EPOCHS = "train.epochs=10"
+MID_STAGE_STEPS = 80  # the fewest steps such a stage has
 
 
 def cli_env(workdir: Path) -> dict[str, str]:

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.faults.cli_process import (MCLPIPE, checkpoint_of, cli_env, gone, one_line, prefect_states, start,
-                                      tiny_run_args)
+from tests.faults.cli_process import (MCLPIPE, MID_STAGE_EPOCHS, MID_STAGE_STEPS, checkpoint_of, cli_env, gone,
+                                      one_line, prefect_states, start, tiny_run_args)
 
 pytestmark = pytest.mark.slow
-EPOCHS = "train.epochs=4"  # 32-36 steps a stage: long enough to be stopped in the middle of one
+EPOCHS = MID_STAGE_EPOCHS
 STARTUP = 600  # seconds for the CLI to reach training on a loaded 2-core machine
 
 
@@ -55,7 +55,7 @@ def test_ctrl_c_in_a_terminal_stops_cleanly_and_the_printed_command_resumes(tmp_
     assert [state for _, state in states["flow_runs"]] == ["CRASHED"]
     assert sum(state == "CRASHED" for name, state in states["task_runs"] if name.startswith("train stage")) == 1
     stopped_at = torch.load(checkpoint, weights_only=True)["step"]
-    assert 0 < stopped_at < 32  # mid-stage: 4 epochs of 8 or 9 steps
+    assert 0 < stopped_at < MID_STAGE_STEPS  # mid-stage
 
     resume = shlex.split(line.split("Resume with: ", 1)[1])
     assert resume[:2] == ["mclpipe", "resume"]

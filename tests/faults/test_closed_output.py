@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.faults.cli_process import MCLPIPE, checkpoint_of, cli_env, tiny_run_args
+from tests.faults.cli_process import MCLPIPE, MID_STAGE_EPOCHS, checkpoint_of, cli_env, tiny_run_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -48,7 +48,7 @@ def test_ctrl_c_with_output_piped_to_tee_exits_130_and_keeps_the_line(tmp_path):
     read, write = os.pipe()
     tee = subprocess.Popen(["cat"], stdin=read, stdout=subprocess.DEVNULL)  # the `| tee run.log` of the shell
     os.close(read)
-    cli = subprocess.Popen([MCLPIPE, *tiny_run_args(workdir, "train.epochs=4")], cwd=workdir, env=cli_env(workdir),
+    cli = subprocess.Popen([MCLPIPE, *tiny_run_args(workdir, MID_STAGE_EPOCHS)], cwd=workdir, env=cli_env(workdir),
                            stdin=slave, stdout=write, stderr=write, start_new_session=True,
                            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
     os.close(slave)

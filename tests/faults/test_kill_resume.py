@@ -78,10 +78,10 @@ def test_sigkill_of_the_cli_mid_stage_then_a_rerun_leaves_mlflow_whole(tmp_path)
 
     from mlflow.tracking import MlflowClient
 
-    from tests.faults.cli_process import MCLPIPE, checkpoint_of, cli_env, start, tiny_run_args
+    from tests.faults.cli_process import MCLPIPE, MID_STAGE_EPOCHS, checkpoint_of, cli_env, start, tiny_run_args
     from tests.flows.mlflow_runs import run_tree
 
-    args = tiny_run_args(tmp_path, "train.epochs=4", "mcl.control=false", "mcl.num_stages=2")
+    args = tiny_run_args(tmp_path, MID_STAGE_EPOCHS, "mcl.control=false", "mcl.num_stages=2")
     cli = start(tmp_path, args)
     cli.wait_for(lambda: (found := checkpoint_of(tmp_path, "train1")) is not None
                  and torch.load(found, weights_only=True)["step"] >= 8, timeout=900, what="stage 1 at step 8")

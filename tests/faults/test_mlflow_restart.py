@@ -25,12 +25,13 @@ from tests.faults.cli_process import MCLPIPE, checkpoint_of, cli_env, one_line, 
 
 pytestmark = pytest.mark.slow
 # 8 steps an epoch, checkpoints at epoch ends only (the preset's every 4 steps cost half the time): the restart
-# test's stage 0 trains 800 steps, longer than the 3 s its server stays away and its restart; the outage test's stage 0
-# 640 steps, longer than a stop past its grace takes (the 5 s grace, tries every 2.5 s): about 4x either on the
-# 2-core CI machine (about 10 steps/s, each logging to the server, 2026-11-29). Each test checks that its stage was
+# test's stage 0 trains 1,200 steps, longer than the 3 s its server stays away and its restart; the outage test's
+# stage 0 2,560 steps, longer than a stop past its grace takes (the 5 s grace, tries every 2.5 s): about 4x either
+# at 80 steps/s, the rate of two such runs side by side on the 2-core CI machine with one torch thread each (each step
+# logging to the server; `make test-slow` sets OMP_NUM_THREADS, 2026-11-29). Each test checks that its stage was
 # still training when it needed to be, so a faster machine fails with that line rather than passing without an
 # outage.
-EPOCHS, OUTAGE_EPOCHS = 100, 80
+EPOCHS, OUTAGE_EPOCHS = 150, 320
 STAGE1_EPOCHS = 4  # the restart test's stage 1, trained after the outage
 LOG_EVERY = 2  # the preset's train.log_every_steps
 
