@@ -41,7 +41,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -49,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import Result, fmt_count, log, median, module_main, threads_note
+from contrastive.engine.ports import free_port
 
 BATCH = 64
 IMAGE_SIZE = 32  # training resolution
@@ -346,12 +346,6 @@ def unimodal(*, quick: bool, work: Path) -> list[Result]:
 
 
 # ---------------------------------------------------------------------------------------------------- 2. DDP
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _ddp_rank(rank: int, world: int, port: int, dataset_dir: str, work: str) -> None:
     """One rank of the 2-process run (spawned: module-level so the child can import it)."""
     import torch
@@ -391,7 +385,7 @@ def ddp_scaling(*, dataset_dir: Path, work: Path, num_images: int) -> Result:
     single = run_ours(dataset_dir=dataset_dir, work=work, name="single", threads=1, workers=1)
     log(f"engine: 1 process {single['samples_per_second']:.0f} images/s")
     started = time.perf_counter()
-    mp.spawn(_ddp_rank, args=(DDP_WORLD, _free_port(), str(dataset_dir), str(work)), nprocs=DDP_WORLD, join=True)
+    mp.spawn(_ddp_rank, args=(DDP_WORLD, free_port(), str(dataset_dir), str(work)), nprocs=DDP_WORLD, join=True)
     spawn_seconds = time.perf_counter() - started
     double = json.loads((work / "ddp" / "train_summary.json").read_text())
     double_steady = _steady(json.loads((work / "ddp-arrivals.json").read_text()))

@@ -24,7 +24,6 @@ import importlib.metadata as metadata
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,8 @@ from typing import Callable
 from packaging.markers import Marker
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+from contrastive.engine.ports import free_port
 
 #: Distributions the GPU machine's image provides: torch and everything built against one torch (a second copy
 #: would not match the image's CUDA), and the large compiled libraries any CUDA PyTorch image holds (carrying
@@ -157,12 +158,6 @@ def pack(site: Path, out: Path) -> int:
     return out.stat().st_size
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as answer:
@@ -180,7 +175,7 @@ def verify(site: Path, *, python: str, timeout: float = 300.0) -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "PYTHONPATH": str(site), "PREFECT_HOME": tmp, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                "PREFECT_UI_ENABLED": "false"}
-        port = _free_port()
+        port = free_port()
         log = Path(tmp) / "server.log"
         with open(log, "w") as sink:
             server = subprocess.Popen([python, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",

@@ -60,6 +60,7 @@ from typing import Callable
 import torch
 
 from bench.common import replace_section
+from contrastive.engine.ports import free_port
 from contrastive.engine.task import StageTask
 
 ROWS = ("pipeline", "simclr", "kmeans", "host_syncs", "ddp", "clip", "export", "checkpoint", "input", "table4")
@@ -660,13 +661,6 @@ def _ddp_rank(rank: int, world: int, port: int, entry: str, spec: dict, backend:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    import socket
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def stage_difference(*, single: Path, double: Path) -> dict[str, float]:
     """Max |loss difference| over the recorded steps and max |weight difference| of the saved models of one
     process and of 2 ranks (rank 0's record)."""
@@ -725,7 +719,7 @@ def ddp_row(*, work: Path, device: str = "cuda") -> Row:
         single, double = work / f"{name}-1", work / f"{name}-2"
         module, function = entry.rsplit(".", 1)
         getattr(importlib.import_module(module), function)(spec=spec_for(single).to_json())
-        mp.spawn(_ddp_rank, args=(DDP_WORLD, _free_port(), entry, spec_for(double).to_json(),
+        mp.spawn(_ddp_rank, args=(DDP_WORLD, free_port(), entry, spec_for(double).to_json(),
                                   "nccl" if device == "cuda" else "gloo"), nprocs=DDP_WORLD, join=True)
         diff = stage_difference(single=single, double=double)
         # The first step's loss is the same forward on the same data: it agrees to float rounding or the ranks'

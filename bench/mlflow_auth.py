@@ -15,7 +15,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import urllib.request
 from pathlib import Path
 
 from bench.common import Result, log, module_main, threads_note
+from contrastive.engine.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 AUTH_INI = ROOT / "deploy" / "mlflow-basic-auth.ini"
@@ -44,9 +44,7 @@ class AuthServer:
         config["mlflow"]["auth_cache_ttl_seconds"] = str(cache_ttl)
         with open(root / "auth.ini", "w") as f:
             config.write(f)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.token = base64.b64encode(f"{config['mlflow']['admin_username']}:{password}".encode()).decode()
         env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(root / "auth.ini"), "MLFLOW_AUTH_ADMIN_PASSWORD": password,

@@ -42,6 +42,7 @@ import threading
 import time
 from pathlib import Path
 
+from contrastive.engine.ports import free_port
 from contrastive.engine.signals import set_parent_death_signal
 from contrastive.errors import MclpipeError
 
@@ -77,14 +78,6 @@ def spawn_server_process(*, port: int, output) -> subprocess.Popen:
          "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
          "--log-level", "error", "--lifespan", "on"],
         env=env, start_new_session=True, stdout=output, stderr=subprocess.STDOUT)
-
-
-def _free_port() -> int:
-    """A port nobody listens on now (as Prefect's ``find_available_port`` picks one)."""
-    import socket
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _server_class():
@@ -310,7 +303,7 @@ def starting_local_server():
     output = open_server_log(home)
     with _startup_lock(home):
         seed_database()
-        port = _free_port()
+        port = free_port()
         early_process = spawn_server_process(port=port, output=output)
         started = StartingServer()
         try:

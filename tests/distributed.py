@@ -1,18 +1,13 @@
 """Test helpers for real multi-process runs on this machine: free loopback ports and gloo process groups."""
 import gc
 import os
-import socket
 import sys
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from contrastive.engine.ports import free_port
 
 
 def _in_group(rank: int, world: int, port: int, function, args: tuple) -> None:

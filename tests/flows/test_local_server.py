@@ -3,7 +3,6 @@ is started again on the same port, once per death, up to MAX_RESTARTS, and never
 HTTP server that answers /api/health stands in for Prefect's (fast, no Prefect server started)."""
 import logging
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -13,6 +12,7 @@ import time
 import httpx
 import pytest
 
+from contrastive.engine.ports import free_port
 from contrastive.errors import MclpipeError
 from flows import local_server
 
@@ -29,17 +29,11 @@ HEALTHY = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class FakeServer:
     """What supervise reads of an OwnedServer: its process, port, address and the command that starts it."""
 
     def __init__(self):
-        self.port = _free_port()
+        self.port = free_port()
         self.address = f"http://127.0.0.1:{self.port}"
         self.api_url = f"{self.address}/api"
         self._stopping, self.restarts, self.started = False, 0, 0
