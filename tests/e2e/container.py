@@ -52,11 +52,20 @@ def owned_by_image_user(directory: Path) -> Path:
     return directory
 
 
+#: Variables that set torch's CPU threads, passed into the container as the host's runs have them: a CPU run's
+#: floats depend on the thread count (how a reduction is split), so the container's table equals the host's only with
+#: the same one (`make test-slow` sets OMP_NUM_THREADS; a container sees every core otherwise).
+THREAD_SETTINGS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 def run_in_image(run_root: Path, *args: str, name: str | None = None, detach: bool = False,
                  timeout: float = 1200) -> subprocess.CompletedProcess:
     """`docker run` of the image (its entrypoint, mclpipe) with ``run_root`` as its working directory (runs/,
-    data/, mlflow.db) and no network; as the image's non-root user."""
+    data/, mlflow.db) and no network; as the image's non-root user; with this process's torch thread settings
+    (:data:`THREAD_SETTINGS`)."""
     options = ["--network", "none", "-v", f"{run_root}:/home/mcl/app"]
+    options += [option for name in THREAD_SETTINGS if name in os.environ
+                for option in ("-e", f"{name}={os.environ[name]}")]
     if name:
         options += ["--name", name]
     options += ["-d"] if detach else ["--rm"]
