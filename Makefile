@@ -30,7 +30,7 @@ run: $(STAMP)
 TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))")
 # torch's CPU threads in each test process: its share of the cores (WORKERS=0: one process, all of them). torch takes
 # every core by default, and N processes each spinning that many OpenMP threads oversubscribe the machine: two slow
-# tests side by side on 2 cores took 25 % longer that way (BENCHMARKS.md, "CI runs"). OMP_NUM_THREADS set by hand wins.
+# tests side by side on 2 cores took 30 % longer that way (BENCHMARKS.md, "CI runs"). OMP_NUM_THREADS set by hand wins.
 threads_per = $(or $(OMP_NUM_THREADS),$(shell $(PYTHON) -c "import os; print(max(1, len(os.sched_getaffinity(0)) // max(1, $(1))))"))
 
 test: $(STAMP)

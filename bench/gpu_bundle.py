@@ -239,10 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         site = Path(tmp) / "site"
         build_site(pins, site=site, python_version=args.python_version, wheels=Path(tmp) / "wheels")
-        python = None if args.no_verify else args.python or local_python(args.python_version)
         if args.no_verify:
             print("not verified here (--no-verify)")
-        elif python:
+        elif python := args.python or local_python(args.python_version):
             failures = verify(site, python=python)
             for failure in failures:
                 print(f"make gpu-bundle: {failure}")

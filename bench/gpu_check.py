@@ -1064,7 +1064,8 @@ DRY_SIZES: dict[str, dict] = {
     # the Table 4 quick preset itself (ResNet-18, CIFAR stem, K = 5, with control) at a few steps and 2 of its 3
     # stages (a third repeats the second's code); fp32, as bf16 autocast on a CPU without bf16 instructions is
     # emulated (2 steps of ResNet-18: ~1 min instead of seconds)
-    "table4": dict(overrides=("device=cpu", "train.precision=fp32", "mcl.num_stages=2", "data.trifeature_paper.per_combination=1",
+    "table4": dict(overrides=("device=cpu", "train.precision=fp32", "mcl.num_stages=2",
+                              "data.trifeature_paper.per_combination=1",
                               "data.trifeature_paper.test_per_combination=1", "data.trifeature_paper.image_size=16",
                               "train.epochs=1", "train.max_steps_per_epoch=2", "train.batch_size=32",
                               "eval.probe_max_iter=10", "eval.probe_max_train=200")),

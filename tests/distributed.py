@@ -1,4 +1,4 @@
-"""Test helpers for real multi-process runs on this machine: free loopback ports and gloo process groups."""
+"""Test helpers for real multi-process runs on this machine: gloo process groups on a free loopback port."""
 import gc
 import os
 import sys

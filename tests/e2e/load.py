@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-
 from tests.e2e.small_runs import SMALLER
 from tests.e2e.stack import BIN, REPO, Stack
 from tests.e2e.worker import TERMINAL, api, end_process_tree, flow_run, prefect_cli, wait_until_ready

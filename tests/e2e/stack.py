@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.distributed import free_port
+from contrastive.engine.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -21,8 +21,9 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 #: checkpointed every 4. A test signals within about 0.1 s of a checkpoint; at one torch thread a step takes about
 #: 12 ms on the 2-core CI machine with another test beside it (`make test-slow`, 2026-11-29), so the 70-odd steps
 #: after the first checkpoint leave nearly a second. Each test asserts it stopped mid-stage.
-MID_STAGE_EPOCHS = "train.epochs=10"
-MID_STAGE_STEPS = 80  # the fewest steps such a stage has
+_MID_STAGE_EPOCH_COUNT = 10
+MID_STAGE_EPOCHS = f"train.epochs={_MID_STAGE_EPOCH_COUNT}"
+MID_STAGE_STEPS = 8 * _MID_STAGE_EPOCH_COUNT  # the fewest steps such a stage has
 
 
 def cli_env(workdir: Path) -> dict[str, str]:

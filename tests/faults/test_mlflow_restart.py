@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from contrastive.engine.ports import free_port
 from tasks.tracking import PENDING_FILE
-from tests.distributed import free_port
 from tests.e2e.stack import BIN, PG_PORT, REPO, psql, wait_for
 from tests.faults.cli_process import MCLPIPE, checkpoint_of, cli_env, one_line, start
 

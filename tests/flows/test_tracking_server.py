@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from contrastive.engine.ports import free_port
 from flows.pipeline import mcl_pipeline
 from tasks.tracking import Tracker, TrackingError
-from tests.distributed import free_port
 
 
 @pytest.fixture(scope="module")
