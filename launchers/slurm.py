@@ -40,6 +40,9 @@ _STATES = {
     "DEADLINE": JobState.FAILED, "SPECIAL_EXIT": JobState.FAILED, "REVOKED": JobState.FAILED,
 }
 
+# the states in which squeue's %N is the job's whole allocation (not the part still completing)
+_NODES_ARE_THE_ALLOCATION = frozenset({"CONFIGURING", "RUNNING", "SUSPENDED", "STOPPED", "SIGNALING", "RESIZING"})
+
 
 @dataclass(frozen=True)
 class SlurmSpec:
@@ -181,9 +184,14 @@ def parse_scontrol(text: str) -> dict[str, str]:
     return fields
 
 
+def state_name(state: str) -> str:
+    """The bare Slurm state name of what squeue / sacct / scontrol print (``CANCELLED by 0``, ``RUNNING+``)."""
+    return state.split()[0].rstrip("+") if state.strip() else "UNKNOWN"
+
+
 def status_from(state: str, exit_code: str | None = None) -> JobStatus:
     """Our state for a Slurm state name (``CANCELLED by 0`` -> CANCELLED)."""
-    name = state.split()[0].rstrip("+") if state.strip() else "UNKNOWN"
+    name = state_name(state)
     ours = _STATES.get(name)
     if ours is None:
         raise MclpipeError(f"Slurm reported job state {state!r}, which mclpipe does not know: check the job with "
@@ -268,12 +276,15 @@ class SlurmLauncher:
         return lost
 
     def _state(self, handle: JobHandle) -> tuple[JobStatus, str]:
-        """The job's state and the node list of its current run ("" while pending, or when only sacct /
-        scontrol still know it)."""
+        """The job's state and the node list of its current run ("" while pending or completing, or when only
+        sacct / scontrol still know it)."""
         queued = self._call(["squeue", "-h", "-t", "all", "-j", handle.job_id, "-o", "%T|%N"], check=False)
         if queued.returncode == 0 and queued.stdout.strip():
             state, _, nodes = queued.stdout.strip().splitlines()[0].partition("|")
-            return status_from(state), nodes.strip()
+            # A COMPLETING job lists only the nodes still cleaning up: after a node failure, the well ones. Taken as
+            # its nodes, they would hide the lost one once Slurm requeues the job.
+            whole_allocation = state_name(state) in _NODES_ARE_THE_ALLOCATION
+            return status_from(state), nodes.strip() if whole_allocation else ""
         accounted = self._call(["sacct", "-n", "-P", "-X", "-j", handle.job_id, "-o", "State,ExitCode"],
                                check=False)  # fails on clusters without accounting: then scontrol
         if accounted.returncode == 0 and accounted.stdout.strip():

@@ -265,6 +265,32 @@ def test_a_job_slurm_requeued_after_losing_a_node_is_cancelled_and_names_it(tmp_
     assert ["sinfo", "-h", "-N", "-n", "mcl-node[1-2]", "-o", "%N|%T|%E"] in fake.calls
 
 
+def test_the_lost_node_is_named_though_the_job_was_seen_completing_on_the_well_one(tmp_path):
+    """Between a node's failure and Slurm's requeue the job is COMPLETING, and squeue's %N lists only the nodes
+    still cleaning up (the well one): the launcher keeps the whole allocation, so the requeued job still names and
+    ends on the lost node (the two-node CI run that waited 2 minutes on the queue)."""
+    def sinfo_of_the_named_nodes(args, **kwargs):
+        if args[0] != "sinfo":
+            return fake(args, **kwargs)
+        fake.calls.append(args)
+        named = args[args.index("-n") + 1]
+        lines = {"mcl-node1": "mcl-node1|mixed|none\n", "mcl-node2": "mcl-node2|down*|Not responding\n"}
+        out = "".join(line for node, line in lines.items() if node == named or named == "mcl-node[1-2]")
+        return subprocess.CompletedProcess(args, 0, stdout=out, stderr="")
+
+    fake = FakeSlurm({**LOST, "squeue": (0, "RUNNING|mcl-node[1-2]\n")})
+    launcher = SlurmLauncher(run=sinfo_of_the_named_nodes)
+    handle = JobHandle(kind="slurm", job_id="5", log=LogTail(tmp_path / "log"))
+    assert launcher.poll(handle).state is JobState.RUNNING
+    fake.answers["squeue"] = (0, "COMPLETING|mcl-node1\n")
+    assert launcher.poll(handle).state is JobState.RUNNING
+    fake.answers["squeue"] = (0, "PENDING|\n")
+    status = launcher.poll(handle)
+    assert (status.state, status.detail) == (
+        JobState.FAILED, "NODE_FAIL: Slurm requeued it after losing node mcl-node2 (down*: Not responding); cancelled")
+    assert fake.calls[-1] == ["scancel", "5"]
+
+
 def test_a_job_requeued_on_well_nodes_waits_in_the_queue(tmp_path):
     """Its own requeue before the time limit (USR1) or a preemption: the job comes back, nothing is cancelled."""
     fake = FakeSlurm({**LOST, "squeue": (0, "RUNNING|mcl-node[1-2]\n"),
