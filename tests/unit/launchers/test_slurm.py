@@ -116,14 +116,16 @@ def test_parse_scontrol():
 
 
 class FakeSlurm:
-    """Answers the Slurm commands like a cluster without accounting (sacct fails)."""
+    """Answers the Slurm commands like a cluster without accounting (sacct fails): ``answers`` maps a command to
+    (exit code, stdout), or to a function of its arguments that returns them."""
 
     def __init__(self, answers):
         self.calls, self.answers = [], answers
 
     def __call__(self, args, **kwargs):
         self.calls.append(args)
-        code, out = self.answers.get(args[0], (0, ""))
+        answer = self.answers.get(args[0], (0, ""))
+        code, out = answer(args) if callable(answer) else answer
         return subprocess.CompletedProcess(args, code, stdout=out, stderr="boom" if code else "")
 
 
@@ -269,17 +271,13 @@ def test_the_lost_node_is_named_though_the_job_was_seen_completing_on_the_well_o
     """Between a node's failure and Slurm's requeue the job is COMPLETING, and squeue's %N lists only the nodes
     still cleaning up (the well one): the launcher keeps the whole allocation, so the requeued job still names and
     ends on the lost node (the two-node CI run that waited 2 minutes on the queue)."""
-    def sinfo_of_the_named_nodes(args, **kwargs):
-        if args[0] != "sinfo":
-            return fake(args, **kwargs)
-        fake.calls.append(args)
+    def sinfo_of_the_named_nodes(args):
         named = args[args.index("-n") + 1]
         lines = {"mcl-node1": "mcl-node1|mixed|none\n", "mcl-node2": "mcl-node2|down*|Not responding\n"}
-        out = "".join(line for node, line in lines.items() if node == named or named == "mcl-node[1-2]")
-        return subprocess.CompletedProcess(args, 0, stdout=out, stderr="")
+        return 0, "".join(line for node, line in lines.items() if named in (node, "mcl-node[1-2]"))
 
-    fake = FakeSlurm({**LOST, "squeue": (0, "RUNNING|mcl-node[1-2]\n")})
-    launcher = SlurmLauncher(run=sinfo_of_the_named_nodes)
+    fake = FakeSlurm({**LOST, "squeue": (0, "RUNNING|mcl-node[1-2]\n"), "sinfo": sinfo_of_the_named_nodes})
+    launcher = SlurmLauncher(run=fake)
     handle = JobHandle(kind="slurm", job_id="5", log=LogTail(tmp_path / "log"))
     assert launcher.poll(handle).state is JobState.RUNNING
     fake.answers["squeue"] = (0, "COMPLETING|mcl-node1\n")
