@@ -420,3 +420,29 @@ def test_rows_are_float32_c_contiguous_viewed_where_they_can_be_and_faiss_runs_t
     seeds = np.array([[0, 0], [1, 0]], dtype=np.float32)  # a second step would move both: [1, 0], [10, 0]
     centroids, _ = _train_faiss(train_x=x, init_centroids=seeds, k=2, niter=1, seed=0, spherical=False, devices=())
     np.testing.assert_allclose(centroids, [[0, 0], [13 / 3, 0]], rtol=1e-6)
+
+
+@pytest.mark.parametrize("full_at, file_named", [(1, "assignments.npz"), (2, "centroids.npy"), (3, "summary.json")])
+def test_a_disk_full_at_any_write_names_that_file_and_leaves_no_summary(tmp_path, monkeypatch, full_at, file_named):
+    """The summary is written last, so its presence means a complete clustering: a disk that fills at the
+    assignments', the centroids' or the summary's own write is named in one line (which file of a clustering), no
+    summary and no temporary file are left, and the clustering stage's rerun is not misled by the earlier files."""
+    import errno
+
+    from contrastive.engine import files
+    from contrastive.errors import DiskFullError
+    result = KMeansResult(assignments=np.array([0, 1, 1]), centroids=np.eye(2, dtype=np.float32),
+                          sizes=np.array([1, 2]), inertia=0.5, k=2, seed=0, spherical=True, backend="faiss-cpu")
+    fsync, calls = files.os.fsync, []
+
+    def fills_at_the_chosen_write(fd):
+        calls.append(fd)
+        if len(calls) == full_at:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        fsync(fd)
+    monkeypatch.setattr(files.os, "fsync", fills_at_the_chosen_write)
+    with pytest.raises(DiskFullError, match=rf"while writing a clustering \({file_named}\)"):
+        save_clusters(result=result, ids=np.array(["a", "b", "c"]), directory=tmp_path)
+    assert not (tmp_path / "summary.json").exists() and not list(tmp_path.glob("*.tmp*"))
+    with pytest.raises(DataError, match="no complete clustering"):
+        load_assignments(directory=tmp_path)
