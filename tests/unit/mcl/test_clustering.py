@@ -134,6 +134,25 @@ def test_spherical_clusters_directions_and_ignores_norms():
     np.testing.assert_array_equal(kmeans(features=unit, k=3, seed=0).assignments, result.assignments)
     expected = ((unit.astype(np.float64) - result.centroids[result.assignments]) ** 2).sum()
     assert result.inertia == pytest.approx(expected, rel=1e-3)
+    by_default = kmeans(features=scaled, k=3, seed=0)  # spherical unless asked otherwise: the norms play no part
+    assert by_default.spherical and not kmeans(features=scaled, k=3, seed=0, spherical=False).spherical
+    np.testing.assert_array_equal(by_default.assignments, result.assignments)
+
+
+def test_a_centroid_no_point_is_nearest_to_counts_as_an_empty_cluster(monkeypatch):
+    """After the last centroid update a centroid can be nearest to no point (of all M when trained on a sample):
+    ``sizes`` still has k entries, the empty one 0."""
+    import contrastive.mcl.clustering as clustering
+
+    def third_centroid_opposite(*, train_x, **unused):
+        centroids = np.array([[1, 0], [0, 1], [-1, 0]], dtype=np.float32)
+        index = faiss.IndexFlatIP(2)
+        index.add(centroids)
+        return centroids, lambda rows: index.search(rows, 1)
+    monkeypatch.setattr(clustering, "_train_faiss", third_centroid_opposite)
+    x = np.array([[1, 0.1], [1, 0.2], [0.1, 1], [0.2, 1], [0.3, 1]], dtype=np.float32)
+    result = kmeans(features=x, k=3, seed=0)
+    assert result.sizes.tolist() == [2, 3, 0] and result.assignments.tolist() == [0, 0, 1, 1, 1]
 
 
 def test_float16_and_k_equal_m(blobs):
