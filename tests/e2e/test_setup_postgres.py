@@ -14,8 +14,9 @@ pytestmark = pytest.mark.slow
 def test_the_running_server_leaves_the_setup_lock_free_and_a_second_setup_returns():
     setup = ["bash", str(REPO / ".ci" / "setup-postgres.sh")]
     subprocess.run(setup, check=True, capture_output=True, text=True, timeout=600)
-    # the server is running now; nobody but a setup in progress may hold the directory's lock
-    free = subprocess.run(["flock", "--nonblock", "--conflict-exit-code", "9", PG_DIR, "true"], timeout=60)
+    # the server is running now; nobody but a setup in progress (the other test process's, a second or two) may hold
+    # the directory's lock: wait for that, not for a server that holds it for its whole life
+    free = subprocess.run(["flock", "--wait", "60", "--conflict-exit-code", "9", PG_DIR, "true"], timeout=90)
     assert free.returncode == 0, f"the lock on {PG_DIR} is held: {subprocess.run(['fuser', PG_DIR], capture_output=True, text=True).stdout}"
     again = subprocess.run(setup, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and again.stdout.startswith("postgresql://"), again.stderr[-2000:]

@@ -111,8 +111,8 @@ def test_sigterm_to_the_launcher_stops_torchrun_ranks_after_a_checkpoint_then_re
     from contrastive.engine.launch import run_under_torchrun
     from tests.faults.train_tiny_stage import tiny_spec
 
-    def launch(stage_dir):
-        return run_under_torchrun(entry="contrastive.modalities.image.steps:train_stage_from_json",
+    def launch(stage_dir, entry="contrastive.modalities.image.steps:train_stage_from_json"):
+        return run_under_torchrun(entry=entry,
                                   kwargs={"spec": tiny_spec(dataset_dir, stage_dir, epochs=6).to_json()},
                                   stage_dir=stage_dir, nproc_per_node=2, backend="gloo",
                                   log_path=tmp_path / f"{stage_dir.name}.log")
@@ -127,8 +127,8 @@ def test_sigterm_to_the_launcher_stops_torchrun_ranks_after_a_checkpoint_then_re
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=stop_when_training, daemon=True).start()
-    with pytest.raises(StageInterrupted) as stopped:
-        launch(stage_dir)
+    with pytest.raises(StageInterrupted) as stopped:  # 50 ms a step more: the stop lands mid-stage on a busy machine
+        launch(stage_dir, entry="tests.launchers.slow_stage:train_slow_from_json")
     assert stopped.value.signum == signal.SIGTERM and stopped.value.checkpoint == str(checkpoint)
     assert 3 <= stopped.value.step < 48 and load_checkpoint(checkpoint)["step"] == stopped.value.step
     assert not (stage_dir / "model" / "model.pt").exists()

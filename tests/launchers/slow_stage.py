@@ -1,4 +1,5 @@
-"""Entry points the Slurm tests' jobs run (importable on the nodes through PYTHONPATH = the repo root)."""
+"""Entry points of the tiny stage slowed down, for the jobs of tests that stop one mid-stage (Slurm, torchrun):
+importable by every rank through PYTHONPATH or the working directory = the repo root."""
 import time
 
 from contrastive.modalities.image import steps as stages

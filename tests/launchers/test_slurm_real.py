@@ -37,7 +37,9 @@ def reference(dataset_dir, tmp_path_factory):
 
 
 def tiny_job(dataset_dir, stage_dir, *, slow: bool):
-    entry = "tests.launchers.slow_stage:train_slow_from_json" if slow else "contrastive.modalities.image.steps:train_stage_from_json"
+    # slow: a quarter of a second a step, so a cancel or a USR1 sent after step 5 lands seconds before the stage's end
+    entry = ("tests.launchers.slow_stage:train_slower_from_json" if slow
+             else "contrastive.modalities.image.steps:train_stage_from_json")
     return stage_job(name=f"tiny-{stage_dir.name}", entry=entry,
                      kwargs={"spec": tiny_spec(dataset_dir, stage_dir).to_json()}, backend="gloo",
                      stage_dir=stage_dir, nproc_per_node=2, env={"OMP_NUM_THREADS": "1"})
